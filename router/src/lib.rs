@@ -1,0 +1,3 @@
+pub mod pb {
+    tonic::include_proto!("textgen.shard.v1");
+}

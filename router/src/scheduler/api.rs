@@ -1,0 +1,106 @@
+//! The scheduler's public surface: what the request lifecycle (`infer.rs`) submits,
+//! what it gets back, and what the scheduler needs from the shards.
+use std::future::Future;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+
+use crate::pb;
+
+/// A validated, tokenized generation request, ready to be scheduled.
+#[derive(Debug, Clone)]
+pub struct SequenceRequest {
+    pub input_ids: Vec<u32>,
+    pub sampling: pb::SamplingParameters,
+    /// The sequence finishes with `FinishReason::Length` after this many tokens.
+    pub max_new_tokens: u32,
+    /// Sampling one of these finishes the sequence with `FinishReason::EosToken`.
+    /// Empty means: ignore EOS.
+    pub stop_token_ids: Vec<u32>,
+    pub prefill_logprobs: bool,
+    pub top_n_tokens: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinishReason {
+    Length,
+    EosToken,
+}
+
+/// What a submitted sequence hears back, in order.
+#[derive(Debug, Clone)]
+pub enum SequenceEvent {
+    /// The sequence was scheduled for the first time, after waiting this long.
+    Started { queue_time: Duration },
+    /// Logprobs of prompt tokens 1.. (only with `prefill_logprobs`), sent once before
+    /// the first token.
+    Prefill { logprobs: Vec<f32> },
+    /// One generated token. The last one is followed by `Finished`.
+    Token(pb::Token),
+    Finished { reason: FinishReason, generated_tokens: u32 },
+    /// The sequence cannot continue (a shard failed). Nothing follows.
+    Error(String),
+}
+
+/// Receives a sequence's events. Dropping it cancels the sequence: the scheduler notices
+/// before its next step and frees the sequence's KV blocks.
+pub type SequenceStream = mpsc::UnboundedReceiver<SequenceEvent>;
+
+/// A step failed on a shard; the message says which and why.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{0}")]
+pub struct StepError(pub String);
+
+/// Runs one step on every shard and returns rank 0's answer.
+/// Implemented over gRPC by `shards.rs`, and by fakes in tests.
+pub trait StepExecutor: Send + Sync + 'static {
+    fn step(
+        &self,
+        request: pb::StepRequest,
+    ) -> impl Future<Output = Result<pb::StepResponse, StepError>> + Send;
+}
+
+/// Sizes the scheduler works within; KV capacity comes from the shards' warmup.
+#[derive(Debug, Clone)]
+pub struct SchedulerConfig {
+    /// Tokens per KV block (from the shard's `Info`).
+    pub block_size: u32,
+    /// Blocks in the KV pool (smallest `Warmup` answer across shards).
+    pub num_blocks: u32,
+    /// Token budget of one step: prefill chunks plus one token per decode.
+    pub max_batch_prefill_tokens: u32,
+    /// Most sequences in one step, if limited.
+    pub max_batch_size: Option<u32>,
+}
+
+/// A request handed to the scheduler together with the channel its events go to.
+#[derive(Debug)]
+pub struct Submission {
+    pub request: SequenceRequest,
+    pub events: mpsc::UnboundedSender<SequenceEvent>,
+}
+
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("the scheduler has stopped")]
+pub struct SchedulerClosed;
+
+/// Cheap to clone; every request task holds one.
+#[derive(Debug, Clone)]
+pub struct SchedulerHandle {
+    submissions: mpsc::UnboundedSender<Submission>,
+}
+
+impl SchedulerHandle {
+    pub fn new(submissions: mpsc::UnboundedSender<Submission>) -> Self {
+        Self { submissions }
+    }
+
+    /// Queues a sequence; its events arrive on the returned stream.
+    pub fn submit(&self, request: SequenceRequest) -> Result<SequenceStream, SchedulerClosed> {
+        let (events, stream) = mpsc::unbounded_channel();
+        self.submissions
+            .send(Submission { request, events })
+            .map_err(|_| SchedulerClosed)?;
+        Ok(stream)
+    }
+}
