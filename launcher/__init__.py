@@ -1,0 +1,1 @@
+"""textgen-launcher: resolves a model, then spawns and supervises the shards and the router."""
