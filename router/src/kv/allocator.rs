@@ -1,0 +1,168 @@
+//! The KV block pool. Block ids live in `[0, num_blocks)`; a block is free when no
+//! `KvBlocks` references it. Blocks are reference-counted so the radix prefix cache can
+//! share a cached prefix between requests; `Drop` returns a block once its last holder
+//! lets go, so a request frees its KV however it ends.
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// Not enough free blocks for an all-or-nothing request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("KV pool exhausted: {requested} blocks requested, {free} free")]
+pub struct OutOfBlocks {
+    pub requested: usize,
+    pub free: usize,
+}
+
+#[derive(Debug)]
+struct Pool {
+    /// Free block ids; popped from the end.
+    free: Vec<u32>,
+    /// Holders per block id; 0 means free.
+    ref_counts: Vec<u32>,
+}
+
+impl Pool {
+    fn retain(&mut self, id: u32) {
+        let count = &mut self.ref_counts[id as usize];
+        assert!(*count > 0, "retaining free KV block {id}");
+        *count += 1;
+    }
+
+    fn release(&mut self, id: u32) {
+        let count = &mut self.ref_counts[id as usize];
+        assert!(*count > 0, "double free of KV block {id}");
+        *count -= 1;
+        if *count == 0 {
+            self.free.push(id);
+        }
+    }
+}
+
+/// Handle to the shared pool. Cheap to clone; every clone sees the same blocks.
+#[derive(Debug, Clone)]
+pub struct BlockAllocator {
+    pool: Arc<Mutex<Pool>>,
+    total: u32,
+}
+
+impl BlockAllocator {
+    pub fn new(num_blocks: u32) -> Self {
+        // Reversed so that blocks are handed out in ascending order (easier to read in logs).
+        let free = (0..num_blocks).rev().collect();
+        let pool = Pool { free, ref_counts: vec![0; num_blocks as usize] };
+        Self { pool: Arc::new(Mutex::new(pool)), total: num_blocks }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Pool> {
+        // A panic elsewhere cannot leave the pool half-updated (each method mutates
+        // it in one step), so a poisoned lock is still safe to use.
+        self.pool.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    pub fn total(&self) -> u32 {
+        self.total
+    }
+
+    pub fn free(&self) -> u32 {
+        self.lock().free.len() as u32
+    }
+
+    pub fn used(&self) -> u32 {
+        self.total - self.free()
+    }
+
+    /// An empty table tied to this pool; grow it with [`KvBlocks::grow`].
+    pub fn empty(&self) -> KvBlocks {
+        KvBlocks { allocator: self.clone(), ids: Vec::new() }
+    }
+
+    /// `count` fresh blocks, or none at all if fewer are free.
+    pub fn allocate(&self, count: usize) -> Result<KvBlocks, OutOfBlocks> {
+        let mut blocks = self.empty();
+        blocks.grow(count)?;
+        Ok(blocks)
+    }
+
+    /// How many holders a block has (0 = free). For tests and the radix cache.
+    pub fn ref_count(&self, id: u32) -> u32 {
+        self.lock().ref_counts[id as usize]
+    }
+}
+
+/// An ordered list of blocks held by one owner (a sequence's block table, or a radix
+/// cache node). Each listed block counts one reference; dropping releases them all.
+#[derive(Debug)]
+pub struct KvBlocks {
+    allocator: BlockAllocator,
+    ids: Vec<u32>,
+}
+
+impl KvBlocks {
+    pub fn ids(&self) -> &[u32] {
+        &self.ids
+    }
+
+    pub fn len(&self) -> usize {
+        self.ids.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ids.is_empty()
+    }
+
+    /// Appends `count` fresh blocks, all or nothing.
+    pub fn grow(&mut self, count: usize) -> Result<(), OutOfBlocks> {
+        let mut pool = self.allocator.lock();
+        let free = pool.free.len();
+        if count > free {
+            return Err(OutOfBlocks { requested: count, free });
+        }
+        for _ in 0..count {
+            let id = pool.free.pop().expect("free list length checked above");
+            pool.ref_counts[id as usize] = 1;
+            self.ids.push(id);
+        }
+        Ok(())
+    }
+
+    /// A new holder of the first `count` blocks (a cached prefix), sharing them.
+    pub fn share_prefix(&self, count: usize) -> KvBlocks {
+        let count = count.min(self.ids.len());
+        let mut pool = self.allocator.lock();
+        for &id in &self.ids[..count] {
+            pool.retain(id);
+        }
+        KvBlocks { allocator: self.allocator.clone(), ids: self.ids[..count].to_vec() }
+    }
+
+    /// Appends `other`'s blocks to this table, taking over its references.
+    pub fn append(&mut self, mut other: KvBlocks) {
+        assert!(
+            Arc::ptr_eq(&self.allocator.pool, &other.allocator.pool),
+            "KV blocks from different pools"
+        );
+        self.ids.append(&mut other.ids);
+    }
+
+    /// Releases the blocks past the first `len`.
+    pub fn truncate(&mut self, len: usize) {
+        if len >= self.ids.len() {
+            return;
+        }
+        let mut pool = self.allocator.lock();
+        for id in self.ids.drain(len..) {
+            pool.release(id);
+        }
+    }
+}
+
+impl Clone for KvBlocks {
+    fn clone(&self) -> Self {
+        self.share_prefix(self.ids.len())
+    }
+}
+
+impl Drop for KvBlocks {
+    fn drop(&mut self) {
+        self.truncate(0);
+    }
+}
