@@ -73,6 +73,30 @@ pub struct SchedulerConfig {
     pub max_batch_size: Option<u32>,
 }
 
+impl SchedulerConfig {
+    /// Rejects sizes the scheduler cannot work with.
+    pub fn validate(&self) -> Result<(), InvalidSchedulerConfig> {
+        let fail = |message: &str| Err(InvalidSchedulerConfig(message.to_string()));
+        if self.block_size == 0 {
+            return fail("block_size must be at least 1");
+        }
+        if self.num_blocks == 0 {
+            return fail("the KV pool has no blocks");
+        }
+        if self.max_batch_prefill_tokens == 0 {
+            return fail("max_batch_prefill_tokens must be at least 1");
+        }
+        if self.max_batch_size == Some(0) {
+            return fail("max_batch_size must be at least 1");
+        }
+        Ok(())
+    }
+}
+
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("invalid scheduler configuration: {0}")]
+pub struct InvalidSchedulerConfig(pub String);
+
 /// A request handed to the scheduler together with the channel its events go to.
 #[derive(Debug)]
 pub struct Submission {

@@ -1,21 +1,44 @@
 //! The scheduler: one actor that owns the waiting queue, the running set and the KV
 //! block pool, and drives one step per iteration through a [`StepExecutor`].
+//!
+//! Planning (`plan.rs`) and applying a response (`apply.rs`) are pure methods on
+//! [`SchedulerState`]; `step_loop.rs` is the thin async actor around them. The plan
+//! tracks positions scheduled, not tokens received, so a later change can plan step
+//! N+1 before step N's tokens arrive.
 mod api;
+mod apply;
+pub mod budget;
+mod plan;
+pub mod queue;
+mod sequence;
+mod state;
+mod step_loop;
+
+#[cfg(test)]
+mod test_support;
+#[cfg(test)]
+mod tests_plan;
+#[cfg(test)]
+mod tests_actor;
 
 pub use api::*;
+pub use plan::PlannedStep;
+pub use state::{Delivery, SchedulerState};
 
 /// Starts the step loop on the current tokio runtime and returns the handle that
-/// request tasks submit through.
+/// request tasks submit through. An invalid config makes every request fail with the
+/// reason (callers should run [`SchedulerConfig::validate`] at startup).
 pub fn spawn<E: StepExecutor>(config: SchedulerConfig, executor: E) -> SchedulerHandle {
-    let (submissions, mut receiver) = tokio::sync::mpsc::unbounded_channel::<Submission>();
-    let _ = (config, executor);
-    tokio::spawn(async move {
-        // Placeholder until the step loop lands: fail every request clearly.
-        while let Some(submission) = receiver.recv().await {
-            let _ = submission
-                .events
-                .send(SequenceEvent::Error("scheduler not implemented yet".into()));
+    let (submissions, receiver) = tokio::sync::mpsc::unbounded_channel::<Submission>();
+    match config.validate() {
+        Ok(()) => {
+            let state = SchedulerState::new(config);
+            tokio::spawn(step_loop::run(state, executor, receiver));
         }
-    });
+        Err(error) => {
+            tracing::error!(%error, "scheduler cannot start");
+            tokio::spawn(step_loop::refuse_all(error.to_string(), receiver));
+        }
+    }
     SchedulerHandle::new(submissions)
 }

@@ -1,0 +1,91 @@
+//! Applying a step's response (pure): sampled tokens become events, stop conditions
+//! finish sequences, and finished sequences give their blocks back at once.
+use std::collections::HashMap;
+
+use super::api::{FinishReason, SequenceEvent};
+use super::state::{Delivery, SchedulerState};
+use crate::pb;
+
+impl SchedulerState {
+    /// Applies rank 0's answer to the step in flight and returns the events to deliver.
+    pub fn apply(&mut self, response: pb::StepResponse) -> Vec<Delivery> {
+        let Some(step) = self.in_flight.take() else {
+            tracing::error!(step = response.step_id, "response without a step in flight");
+            return Vec::new();
+        };
+        if response.step_id != step.step_id {
+            let message = format!(
+                "shard answered step {} while step {} was in flight",
+                response.step_id, step.step_id
+            );
+            return self.fail_all(&message);
+        }
+        let mut outputs: HashMap<u64, pb::SequenceOutput> =
+            response.outputs.into_iter().map(|output| (output.id, output)).collect();
+        let mut deliveries = Vec::new();
+        for (id, _num_tokens, sample) in step.scheduled {
+            let output = outputs.remove(&id);
+            self.apply_output(id, sample, output, &mut deliveries);
+        }
+        deliveries
+    }
+
+    fn apply_output(
+        &mut self,
+        id: u64,
+        sample: bool,
+        output: Option<pb::SequenceOutput>,
+        deliveries: &mut Vec<Delivery>,
+    ) {
+        let Some(sequence) = self.running.get_mut(&id) else {
+            return; // cancelled while the step ran
+        };
+        let (token, prefill_logprobs) = match output {
+            Some(output) => (output.token, output.prefill_logprobs),
+            None => (None, Vec::new()),
+        };
+        if sequence.wants_prefill_logprobs() {
+            sequence.prefill_logprobs.extend(prefill_logprobs);
+        }
+        if !sample {
+            return;
+        }
+        let Some(token) = token else {
+            let message = format!("the shard returned no token for sequence {id}");
+            self.finish_with_error(id, message, deliveries);
+            return;
+        };
+        if sequence.wants_prefill_logprobs() {
+            let logprobs = std::mem::take(&mut sequence.prefill_logprobs);
+            deliveries.push(Delivery::new(id, SequenceEvent::Prefill { logprobs }));
+        }
+        sequence.first_token_sent = true;
+        sequence.generated.push(token.id);
+        let finish = if sequence.request.stop_token_ids.contains(&token.id) {
+            Some(FinishReason::EosToken)
+        } else if sequence.generated.len() as u32 >= sequence.request.max_new_tokens {
+            Some(FinishReason::Length)
+        } else {
+            None
+        };
+        let generated_tokens = sequence.generated.len() as u32;
+        deliveries.push(Delivery::new(id, SequenceEvent::Token(token)));
+        if let Some(reason) = finish {
+            self.finish(id);
+            deliveries.push(Delivery::new(id, SequenceEvent::Finished { reason, generated_tokens }));
+        }
+    }
+
+    /// Drops a running sequence: blocks back now, shards told next step.
+    fn finish(&mut self, id: u64) {
+        if let Some(sequence) = self.running.remove(&id) {
+            self.release_on_shards(&sequence);
+        }
+    }
+
+    fn finish_with_error(&mut self, id: u64, message: String, deliveries: &mut Vec<Delivery>) {
+        tracing::error!(sequence = id, "{message}");
+        self.finish(id);
+        deliveries.push(Delivery::new(id, SequenceEvent::Error(message)));
+    }
+}

@@ -1,0 +1,208 @@
+//! Planning one step (pure): decodes of running sequences first, then their pending
+//! prefill chunks, then admissions from the waiting queue, within the step budget and
+//! the KV pool. When the pool runs dry the youngest running sequence is preempted, so
+//! the oldest one always progresses and the scheduler never deadlocks.
+use std::time::Instant;
+
+use super::api::SequenceEvent;
+use super::budget::{blocks_for, max_running, StepBudget};
+use super::state::{Delivery, InFlightStep, SchedulerState};
+use crate::pb;
+
+/// A step ready to send, with the events it caused (`Started`) and its shape.
+#[derive(Debug)]
+pub struct PlannedStep {
+    pub request: pb::StepRequest,
+    pub events: Vec<Delivery>,
+    /// Tokens computed in this step (prefill chunks plus decodes).
+    pub num_tokens: u32,
+}
+
+/// Whether a sequence got the KV room it asked for.
+enum Room {
+    /// Room for this many tokens (never more than asked, at least one).
+    Granted(u32),
+    /// The sequence itself was the youngest and has been preempted.
+    Preempted,
+}
+
+#[derive(Default)]
+struct StepBuilder {
+    new_sequences: Vec<pb::NewSequence>,
+    decodes: Vec<pb::ScheduledSequence>,
+    prefills: Vec<pb::ScheduledSequence>,
+    events: Vec<Delivery>,
+}
+
+impl SchedulerState {
+    /// Plans the next step, or `None` when there is nothing to send. Call
+    /// [`SchedulerState::apply`] with its response (or `fail_all`) before planning again.
+    pub fn plan_step(&mut self, now: Instant) -> Option<PlannedStep> {
+        assert!(self.in_flight.is_none(), "planning a step while one is in flight");
+        let mut budget = StepBudget::for_config(&self.config);
+        let mut step = StepBuilder::default();
+
+        let preempted = self.schedule_running(&mut budget, &mut step);
+        // Room freed by a preemption goes to the running sequences first: admitting now
+        // would only thrash (and could readmit the sequence just preempted).
+        if !preempted {
+            self.admit_waiting(&mut budget, &mut step, now);
+        }
+        if step.decodes.is_empty() && step.prefills.is_empty() {
+            self.reject_unschedulable_head();
+        }
+
+        let released_ids = std::mem::take(&mut self.pending_releases);
+        let sequences: Vec<pb::ScheduledSequence> =
+            step.decodes.into_iter().chain(step.prefills).collect();
+        if sequences.is_empty() && released_ids.is_empty() {
+            return None;
+        }
+        let step_id = self.next_step_id;
+        self.next_step_id += 1;
+        self.in_flight = Some(InFlightStep {
+            step_id,
+            scheduled: sequences.iter().map(|s| (s.id, s.num_tokens, s.sample)).collect(),
+        });
+        Some(PlannedStep {
+            num_tokens: budget.tokens_used(),
+            request: pb::StepRequest {
+                step_id,
+                new_sequences: step.new_sequences,
+                sequences,
+                released_ids,
+            },
+            events: step.events,
+        })
+    }
+
+    /// Decodes and continued prefill chunks, oldest sequence first. Returns whether
+    /// anything was preempted.
+    fn schedule_running(&mut self, budget: &mut StepBudget, step: &mut StepBuilder) -> bool {
+        // Reserve every decode first so that prefill chunks only get what is left.
+        let decoding = self.running.values().filter(|s| !s.is_prefilling()).count();
+        for _ in 0..decoding {
+            let reserved = budget.consume(1);
+            debug_assert!(reserved, "running is capped so every decode fits");
+        }
+        let mut preempted = false;
+        let ids: Vec<u64> = self.running.keys().copied().collect();
+        for id in ids {
+            let Some(sequence) = self.running.get(&id) else {
+                continue; // preempted earlier in this pass
+            };
+            let decode = !sequence.is_prefilling();
+            let wanted = if decode { 1 } else { budget.chunk_for(sequence.prefill_remaining()) };
+            if wanted == 0 {
+                continue; // the step is full; this chunk waits
+            }
+            let granted = match self.make_room(id, wanted, budget, &mut preempted) {
+                Room::Granted(tokens) => tokens,
+                Room::Preempted => {
+                    if decode {
+                        budget.refund(1);
+                    }
+                    continue;
+                }
+            };
+            if !decode {
+                let taken = budget.consume(granted);
+                debug_assert!(taken, "chunk was sized from the budget");
+            }
+            let sequence = self.running.get_mut(&id).expect("room was granted");
+            let scheduled = sequence.schedule(granted);
+            if decode {
+                step.decodes.push(scheduled);
+            } else {
+                step.prefills.push(scheduled);
+            }
+        }
+        preempted
+    }
+
+    /// Grows sequence `id`'s blocks for `wanted` more tokens. A decode needs its one
+    /// token; a prefill chunk shrinks to the room there is. With no room at all, the
+    /// youngest running sequence is preempted until there is (it may be `id` itself).
+    fn make_room(
+        &mut self,
+        id: u64,
+        wanted: u32,
+        budget: &mut StepBudget,
+        preempted: &mut bool,
+    ) -> Room {
+        let block_size = self.config.block_size;
+        loop {
+            let sequence = &self.running[&id];
+            let spare = sequence.spare_slots(block_size);
+            let free = self.allocator.free();
+            let room = spare.saturating_add(free.saturating_mul(block_size));
+            if room >= 1 {
+                let tokens = wanted.min(room);
+                let extra_blocks = blocks_for(u64::from(tokens.saturating_sub(spare)), block_size);
+                let sequence = self.running.get_mut(&id).expect("looked up above");
+                sequence.blocks.grow(extra_blocks as usize).expect("room was counted");
+                return Room::Granted(tokens);
+            }
+            let youngest = *self.running.keys().next_back().expect("`id` is running");
+            // Younger sequences are planned after this one, so preempting them cannot
+            // take back anything already put in this step; give back their decode seat.
+            let youngest_decodes = !self.running[&youngest].is_prefilling();
+            self.preempt(youngest);
+            *preempted = true;
+            if youngest == id {
+                return Room::Preempted;
+            }
+            if youngest_decodes {
+                budget.refund(1);
+            }
+        }
+    }
+
+    /// Admits waiting sequences in FIFO order while their first chunk fits the budget
+    /// and the free blocks. Admission never preempts.
+    fn admit_waiting(&mut self, budget: &mut StepBudget, step: &mut StepBuilder, now: Instant) {
+        let block_size = self.config.block_size;
+        while self.running.len() < max_running(&self.config) {
+            let Some(front) = self.waiting.front() else {
+                break;
+            };
+            let chunk = budget.chunk_for(front.known_len());
+            if chunk == 0 {
+                break;
+            }
+            let blocks = blocks_for(u64::from(chunk), block_size);
+            if blocks > u64::from(self.allocator.free()) {
+                break;
+            }
+            let mut sequence = self.waiting.pop_front().expect("front exists");
+            sequence.admit();
+            sequence.blocks.grow(blocks as usize).expect("free blocks were counted");
+            let taken = budget.consume(chunk);
+            debug_assert!(taken, "chunk was sized from the budget");
+            step.new_sequences.push(sequence.new_sequence_message());
+            sequence.announced = true;
+            if !sequence.started {
+                sequence.started = true;
+                let queue_time = now.saturating_duration_since(sequence.submitted_at);
+                metrics::histogram!("textgen_queue_duration_seconds")
+                    .record(queue_time.as_secs_f64());
+                step.events.push(Delivery::new(sequence.id, SequenceEvent::Started { queue_time }));
+            }
+            step.prefills.push(sequence.schedule(chunk));
+            self.running.insert(sequence.id, sequence);
+        }
+    }
+
+    /// Nothing runs and the queue head still cannot start: the pool is too small for
+    /// it (submission checks make this unreachable). Fail it rather than spin.
+    fn reject_unschedulable_head(&mut self) {
+        if !self.running.is_empty() {
+            return;
+        }
+        if let Some(sequence) = self.waiting.pop_front() {
+            tracing::error!(sequence = sequence.id, "sequence cannot be scheduled on an idle pool");
+            let message = "the request does not fit the KV cache".to_string();
+            self.deliver(vec![Delivery::new(sequence.id, SequenceEvent::Error(message))]);
+        }
+    }
+}

@@ -1,0 +1,125 @@
+//! One sequence's scheduling state: where its prefill is, what it generated, which KV
+//! blocks it holds and which of them the shards already know about.
+use std::time::Instant;
+
+use super::api::SequenceRequest;
+use crate::kv::KvBlocks;
+use crate::pb;
+
+#[derive(Debug)]
+pub struct Sequence {
+    pub id: u64,
+    pub request: SequenceRequest,
+    /// Tokens sampled so far; they survive preemption.
+    pub generated: Vec<u32>,
+    /// This admission's block table; empty while waiting.
+    pub blocks: KvBlocks,
+    /// How many of `blocks` earlier steps already sent to the shards.
+    pub blocks_sent: usize,
+    /// Positions whose KV computation has been scheduled since admission.
+    pub computed: u32,
+    /// Tokens to prefill in this admission: the prompt plus, after a preemption,
+    /// everything generated before it.
+    pub prefill_len: u32,
+    /// The shards hold this sequence's state (it was sent as a `NewSequence`).
+    pub announced: bool,
+    pub submitted_at: Instant,
+    /// `Started` was sent.
+    pub started: bool,
+    /// Prompt logprobs gathered over prefill chunks, until sent as `Prefill`.
+    pub prefill_logprobs: Vec<f32>,
+    /// The first token was delivered (so `Prefill`, if any, went out before it).
+    pub first_token_sent: bool,
+}
+
+impl Sequence {
+    pub fn new(id: u64, request: SequenceRequest, blocks: KvBlocks, now: Instant) -> Self {
+        Self {
+            id,
+            request,
+            generated: Vec::new(),
+            blocks,
+            blocks_sent: 0,
+            computed: 0,
+            prefill_len: 0,
+            announced: false,
+            submitted_at: now,
+            started: false,
+            prefill_logprobs: Vec::new(),
+            first_token_sent: false,
+        }
+    }
+
+    pub fn prompt_len(&self) -> u32 {
+        self.request.input_ids.len() as u32
+    }
+
+    /// Prompt plus generated tokens.
+    pub fn known_len(&self) -> u32 {
+        self.prompt_len() + self.generated.len() as u32
+    }
+
+    pub fn is_prefilling(&self) -> bool {
+        self.computed < self.prefill_len
+    }
+
+    pub fn prefill_remaining(&self) -> u32 {
+        self.prefill_len.saturating_sub(self.computed)
+    }
+
+    /// Token positions the held blocks can take beyond what is already computed.
+    pub fn spare_slots(&self, block_size: u32) -> u32 {
+        (self.blocks.len() as u32 * block_size).saturating_sub(self.computed)
+    }
+
+    /// Prompt logprobs are wanted and the shards have not delivered them all yet.
+    pub fn wants_prefill_logprobs(&self) -> bool {
+        self.request.prefill_logprobs && !self.first_token_sent
+    }
+
+    /// Readies a (possibly preempted) waiting sequence to be sent afresh.
+    pub fn admit(&mut self) {
+        self.prefill_len = self.known_len();
+        self.computed = 0;
+        self.blocks_sent = 0;
+        self.announced = false;
+    }
+
+    /// Frees the KV blocks and forgets shard-side progress; generated tokens stay.
+    pub fn reset_for_recompute(&mut self, empty_blocks: KvBlocks) {
+        self.blocks = empty_blocks;
+        self.blocks_sent = 0;
+        self.computed = 0;
+        self.prefill_len = 0;
+        self.announced = false;
+        if !self.first_token_sent {
+            self.prefill_logprobs.clear();
+        }
+    }
+
+    /// The full description the shards get once per admission.
+    pub fn new_sequence_message(&self) -> pb::NewSequence {
+        let mut input_ids = self.request.input_ids.clone();
+        input_ids.extend_from_slice(&self.generated);
+        pb::NewSequence {
+            id: self.id,
+            input_ids,
+            prompt_len: self.prompt_len(),
+            sampling: Some(self.request.sampling),
+            cached_len: 0,
+            block_ids: Vec::new(),
+            prefill_logprobs: self.wants_prefill_logprobs(),
+            top_n_tokens: self.request.top_n_tokens,
+        }
+    }
+
+    /// Schedules `num_tokens` more positions and returns the step's entry for them,
+    /// carrying the blocks the shards have not seen yet.
+    pub fn schedule(&mut self, num_tokens: u32) -> pb::ScheduledSequence {
+        let sample = !self.is_prefilling() || self.computed + num_tokens == self.prefill_len;
+        self.computed += num_tokens;
+        let new_block_ids = self.blocks.ids()[self.blocks_sent..].to_vec();
+        self.blocks_sent = self.blocks.len();
+        pb::ScheduledSequence { id: self.id, num_tokens, new_block_ids, sample }
+    }
+}

@@ -1,0 +1,188 @@
+//! The scheduler's state, owned by the step loop: waiting queue, running set, KV pool
+//! and the event channels. Planning (`plan.rs`) and applying results (`apply.rs`) are
+//! pure methods on it, testable without tokio.
+use std::collections::{BTreeMap, HashMap};
+use std::time::Instant;
+
+use tokio::sync::mpsc::UnboundedSender;
+
+use super::api::{SchedulerConfig, SequenceEvent, Submission};
+use super::budget::blocks_for;
+use super::queue::WaitingQueue;
+use super::sequence::Sequence;
+use crate::kv::BlockAllocator;
+
+/// An event addressed to one sequence's stream.
+#[derive(Debug)]
+pub struct Delivery {
+    pub id: u64,
+    pub event: SequenceEvent,
+}
+
+impl Delivery {
+    pub fn new(id: u64, event: SequenceEvent) -> Self {
+        Self { id, event }
+    }
+}
+
+/// A step that was planned and not yet applied: what each sequence in it does.
+#[derive(Debug, Clone)]
+pub struct InFlightStep {
+    pub step_id: u64,
+    /// (sequence id, tokens scheduled, samples) in batch order.
+    pub scheduled: Vec<(u64, u32, bool)>,
+}
+
+#[derive(Debug)]
+pub struct SchedulerState {
+    pub(super) config: SchedulerConfig,
+    pub(super) allocator: BlockAllocator,
+    pub(super) waiting: WaitingQueue<Sequence>,
+    /// Keyed by id; ids grow with submission order, so the first entry is the oldest.
+    pub(super) running: BTreeMap<u64, Sequence>,
+    pub(super) subscribers: HashMap<u64, UnboundedSender<SequenceEvent>>,
+    /// Ids the shards must drop at the start of the next step.
+    pub(super) pending_releases: Vec<u64>,
+    pub(super) in_flight: Option<InFlightStep>,
+    next_sequence_id: u64,
+    pub(super) next_step_id: u64,
+}
+
+impl SchedulerState {
+    /// `config` must have passed [`SchedulerConfig::validate`].
+    pub fn new(config: SchedulerConfig) -> Self {
+        let allocator = BlockAllocator::new(config.num_blocks);
+        Self {
+            config,
+            allocator,
+            waiting: WaitingQueue::default(),
+            running: BTreeMap::new(),
+            subscribers: HashMap::new(),
+            pending_releases: Vec::new(),
+            in_flight: None,
+            next_sequence_id: 0,
+            next_step_id: 0,
+        }
+    }
+
+    pub fn allocator(&self) -> &BlockAllocator {
+        &self.allocator
+    }
+
+    pub fn waiting_len(&self) -> usize {
+        self.waiting.len()
+    }
+
+    pub fn running_len(&self) -> usize {
+        self.running.len()
+    }
+
+    /// Nothing to schedule and nothing for the shards to drop.
+    pub fn is_idle(&self) -> bool {
+        self.waiting.is_empty() && self.running.is_empty() && self.pending_releases.is_empty()
+    }
+
+    /// Queues a submission, or answers it with an error if it can never run.
+    /// Returns the sequence id when queued.
+    pub fn submit(&mut self, submission: Submission, now: Instant) -> Option<u64> {
+        let Submission { request, events } = submission;
+        if let Err(message) = self.check_fits(request.input_ids.len(), request.max_new_tokens) {
+            // The receiver may be gone already; then there is nobody to tell.
+            let _ = events.send(SequenceEvent::Error(message));
+            return None;
+        }
+        let id = self.next_sequence_id;
+        self.next_sequence_id += 1;
+        self.subscribers.insert(id, events);
+        let blocks = self.allocator.empty();
+        self.waiting.push_back(Sequence::new(id, request, blocks, now));
+        Some(id)
+    }
+
+    /// A sequence must fit the whole pool alone, or it could never finish.
+    fn check_fits(&self, prompt_len: usize, max_new_tokens: u32) -> Result<(), String> {
+        if prompt_len == 0 {
+            return Err("the prompt has no tokens".into());
+        }
+        if max_new_tokens == 0 {
+            return Err("max_new_tokens must be at least 1".into());
+        }
+        // The last sampled token is never fed back, so its KV is never stored.
+        let kv_tokens = prompt_len as u64 + u64::from(max_new_tokens) - 1;
+        let needed = blocks_for(kv_tokens, self.config.block_size);
+        if needed > u64::from(self.config.num_blocks) {
+            let capacity = u64::from(self.config.num_blocks) * u64::from(self.config.block_size);
+            return Err(format!(
+                "the request needs {kv_tokens} tokens of KV cache but the pool holds {capacity}"
+            ));
+        }
+        Ok(())
+    }
+
+    /// Drops sequences whose receiver is gone (client left, or a stop sequence
+    /// was hit). Their blocks return to the pool now; the shards hear next step.
+    pub fn drop_cancelled(&mut self) -> usize {
+        let cancelled: Vec<u64> = self
+            .subscribers
+            .iter()
+            .filter(|(_, sender)| sender.is_closed())
+            .map(|(&id, _)| id)
+            .collect();
+        for &id in &cancelled {
+            self.subscribers.remove(&id);
+            if let Some(sequence) = self.running.remove(&id) {
+                self.release_on_shards(&sequence);
+            }
+        }
+        if !cancelled.is_empty() {
+            self.waiting.extract_if(|sequence| cancelled.contains(&sequence.id));
+        }
+        cancelled.len()
+    }
+
+    pub(super) fn release_on_shards(&mut self, sequence: &Sequence) {
+        if sequence.announced {
+            self.pending_releases.push(sequence.id);
+        }
+    }
+
+    /// Frees a running sequence's blocks and requeues it at the front for recompute.
+    pub(super) fn preempt(&mut self, id: u64) {
+        let Some(mut sequence) = self.running.remove(&id) else {
+            return;
+        };
+        self.release_on_shards(&sequence);
+        sequence.reset_for_recompute(self.allocator.empty());
+        self.waiting.push_front(sequence);
+        metrics::counter!("textgen_preemptions_total").increment(1);
+        tracing::debug!(sequence = id, "preempted for recompute");
+    }
+
+    /// A step failed: every running sequence gets the error and is dropped. Waiting
+    /// sequences never reached the shards and keep their place.
+    pub fn fail_all(&mut self, message: &str) -> Vec<Delivery> {
+        self.in_flight = None;
+        let running = std::mem::take(&mut self.running);
+        let mut deliveries = Vec::with_capacity(running.len());
+        for (id, sequence) in running {
+            self.release_on_shards(&sequence);
+            deliveries.push(Delivery::new(id, SequenceEvent::Error(message.to_string())));
+        }
+        deliveries
+    }
+
+    /// Sends events to their streams; a terminal event closes the stream's entry.
+    pub fn deliver(&mut self, deliveries: Vec<Delivery>) {
+        for Delivery { id, event } in deliveries {
+            let terminal =
+                matches!(event, SequenceEvent::Finished { .. } | SequenceEvent::Error(_));
+            if let Some(sender) = self.subscribers.get(&id) {
+                // A closed stream is cleaned up by `drop_cancelled` before the next step.
+                let _ = sender.send(event);
+            }
+            if terminal {
+                self.subscribers.remove(&id);
+            }
+        }
+    }
+}
