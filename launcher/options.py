@@ -1,0 +1,206 @@
+"""The launcher's flags: one table naming each flag, its env twin, its type and where it goes.
+
+Flags keep TGI's names. Each has an env twin in SCREAMING_SNAKE_CASE (`--max-input-tokens` ⇔
+`MAX_INPUT_TOKENS`); the command line wins over the environment. A flag forwarded to a child
+has no launcher default: it travels only when the user set it, and the child's own default
+(named in `--help`) applies otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from typing import Any, Callable
+
+ROUTER = "router"
+SHARD = "shard"
+
+DEMO_MODEL_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+_TRUE = {"true", "1"}
+_FALSE = {"false", "0"}
+
+
+def parse_bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in _TRUE:
+        return True
+    if lowered in _FALSE:
+        return False
+    raise argparse.ArgumentTypeError(f"expected true/false/1/0, got {text!r}")
+
+
+def _number(convert: Callable[[str], Any], check: Callable[[Any], bool], what: str):
+    def parse(text: str) -> Any:
+        try:
+            value = convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if not check(value):
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+        return value
+
+    parse.__name__ = what  # argparse names the type in its error messages
+    return parse
+
+
+positive_int = _number(int, lambda v: v > 0, "a positive integer")
+non_negative_int = _number(int, lambda v: v >= 0, "a non-negative integer")
+port_number = _number(int, lambda v: 0 < v < 65536, "a port number (1-65535)")
+fraction = _number(float, lambda v: 0.0 < v <= 1.0, "a number in (0, 1]")
+positive_seconds = _number(float, lambda v: v > 0, "a positive number of seconds")
+
+
+def non_empty(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a non-empty value")
+    return text
+
+
+@dataclass(frozen=True)
+class Option:
+    """One supported flag. `forward` names the children that receive it when set."""
+
+    flags: tuple[str, ...]
+    help: str
+    parse: Callable[[str], Any] = non_empty
+    forward: tuple[str, ...] = ()
+    child_default: str | None = None
+    default: Any = None
+    choices: tuple[str, ...] | None = None
+    switch: bool = False
+    extra_envs: tuple[str, ...] = ()
+
+    @property
+    def long_flag(self) -> str:
+        return next(flag for flag in self.flags if flag.startswith("--"))
+
+    @property
+    def dest(self) -> str:
+        return self.long_flag[2:].replace("-", "_")
+
+    @property
+    def envs(self) -> tuple[str, ...]:
+        return (self.dest.upper(), *self.extra_envs)
+
+
+def _router(flag: str, help: str, parse=positive_int, default: str | None = None) -> Option:
+    return Option((flag,), help, parse, forward=(ROUTER,), child_default=default)
+
+
+def _shard(flag: str, help: str, parse=non_empty, default: str | None = None,
+           choices: tuple[str, ...] | None = None) -> Option:
+    return Option((flag,), help, parse, forward=(SHARD,), child_default=default, choices=choices)
+
+
+OPTIONS: tuple[Option, ...] = (
+    # Model selection (used by the launcher itself).
+    Option(("--model-id",), "Hub model id or local model directory.", default=DEMO_MODEL_ID),
+    Option(("--revision",), "Hub revision: branch, tag, commit or refs/pr/N."),
+    Option(("--huggingface-hub-cache",), "Hugging Face cache directory "
+           "(default: huggingface_hub's, from HF_HUB_CACHE / HF_HOME)."),
+    # Topology.
+    Option(("--num-shard",), "Number of shards (one per GPU).", positive_int),
+    Option(("--sharded",), "Shard the model over every visible GPU (true/false).", parse_bool),
+    Option(("--shard-uds-path",), "Shard i listens on the unix socket {path}-{i}.",
+           default="/tmp/text-generation-server"),
+    Option(("--master-addr",), "torch.distributed rendezvous address.",
+           forward=(SHARD,), child_default="localhost"),
+    Option(("--master-port",), "torch.distributed rendezvous port.", port_number,
+           forward=(SHARD,), child_default="29500"),
+    # Shard execution.
+    _shard("--dtype", "Weights and activations dtype.",
+           choices=("float32", "bfloat16", "float16"), default="the model's, bf16 on GPU"),
+    _shard("--device", "Device the shards run on.", choices=("cpu", "cuda"),
+           default="cuda when available, else cpu"),
+    _shard("--attention", "Attention backend, e.g. reference or triton.",
+           default="the fastest available"),
+    _shard("--kv-cache-tokens", "KV pool size in tokens on CPU.", positive_int,
+           default="set by the shard"),
+    _shard("--cuda-memory-fraction", "Share of GPU memory the shard may use.", fraction,
+           default="1.0"),
+    # Router limits.
+    _router("--max-concurrent-requests", "Requests served at once; more get 429.", default="128"),
+    _router("--max-best-of", "Largest best_of a request may ask for.", default="2"),
+    _router("--max-stop-sequences", "Most stop sequences per request.", non_negative_int, "4"),
+    _router("--max-top-n-tokens", "Largest top_n_tokens per request.", non_negative_int, "5"),
+    _router("--max-input-tokens", "Longest prompt in tokens.", default="max_total_tokens - 1"),
+    Option(("--max-input-length",), "Legacy name of --max-input-tokens.", positive_int),
+    _router("--max-total-tokens", "Longest prompt plus generation in tokens.",
+            default="min(KV pool, max_position_embeddings)"),
+    _router("--max-batch-prefill-tokens", "Token budget of one step.", default="4096"),
+    _router("--max-batch-total-tokens", "Cap on the KV pool used, in tokens.",
+            default="the whole pool measured at warmup"),
+    _router("--max-batch-size", "Most sequences in one step.", default="unlimited"),
+    _router("--payload-limit", "Largest request body in bytes (413 above).", default="2000000"),
+    _router("--validation-workers", "Threads that may tokenize at once.", default="2"),
+    _router("--api-key", "Bearer token required on generation routes.", non_empty,
+            default="none"),
+    _router("--cors-allow-origin", "Allowed CORS origins, comma separated.", non_empty,
+            default="any origin"),
+    # HTTP listener: the launcher probes it for readiness, so it always passes both.
+    Option(("--hostname",), "Address the router listens on.", default="0.0.0.0"),
+    Option(("-p", "--port"), "Port the router listens on.", port_number, default=3000),
+    # Observability.
+    Option(("--json-output",), "Log JSON lines.", forward=(ROUTER, SHARD), switch=True),
+    Option(("--otlp-endpoint",), "OpenTelemetry collector endpoint.", forward=(ROUTER, SHARD)),
+    Option(("--otlp-service-name",), "OpenTelemetry service name "
+           "(given to the children as OTEL_SERVICE_NAME)."),
+    # Lifecycle.
+    Option(("-g", "--graceful-termination-timeout", "--shutdown-timeout"),
+           "Seconds the router may take to finish in-flight requests on SIGTERM.",
+           positive_seconds, default=90.0, extra_envs=("SHUTDOWN_TIMEOUT",)),
+    Option(("--usage-stats",), "Accepted for TGI compatibility; textgen never sends usage "
+           "statistics, whatever the value.", choices=("on", "off", "no-stack")),
+    Option(("--startup-timeout",), "Seconds to wait for the shards and router to be ready.",
+           positive_seconds, default=1800.0),
+)
+
+OPTIONS_BY_DEST = {option.dest: option for option in OPTIONS}
+
+
+@dataclass(frozen=True)
+class Unsupported:
+    """A TGI flag textgen does not implement: setting it (or its env twin) is an error."""
+
+    flag: str
+    reason: str
+    takes_value: bool = True
+    has_env: bool = True
+
+    @property
+    def dest(self) -> str:
+        return "unsupported_" + self.flag[2:].replace("-", "_")
+
+    @property
+    def env(self) -> str | None:
+        return self.flag[2:].replace("-", "_").upper() if self.has_env else None
+
+
+_NOT_YET = "not implemented in textgen yet"
+UNSUPPORTED: tuple[Unsupported, ...] = (
+    Unsupported("--quantize", "quantized weights are " + _NOT_YET),
+    Unsupported("--speculate", "speculative decoding is " + _NOT_YET),
+    Unsupported("--lora-adapters", "LoRA adapters are " + _NOT_YET),
+    Unsupported("--kv-cache-dtype", "fp8 KV cache is " + _NOT_YET),
+    Unsupported("--trust-remote-code", "textgen runs only its own model code", False),
+    Unsupported("--rope-scaling", "rope scaling overrides are " + _NOT_YET),
+    Unsupported("--rope-factor", "rope scaling overrides are " + _NOT_YET),
+    Unsupported("--cuda-graphs", "the shard chooses its CUDA graph sizes at warmup"),
+    Unsupported("--prometheus-port", "metrics are served on the main port at /metrics"),
+    Unsupported("--max-waiting-tokens", "textgen always uses chunked prefill"),
+    Unsupported("--waiting-served-ratio", "textgen always uses chunked prefill"),
+    Unsupported("--weights-cache-override", _NOT_YET),
+    Unsupported("--disable-custom-kernels", "use --attention reference instead", False),
+    Unsupported("--watermark-gamma", "watermarking is " + _NOT_YET),
+    Unsupported("--watermark-delta", "watermarking is " + _NOT_YET),
+    Unsupported("--tokenizer-config-path", _NOT_YET),
+    Unsupported("--disable-grammar-support", _NOT_YET, False),
+    Unsupported("--max-client-batch-size", _NOT_YET),
+    Unsupported("--enable-prefill-logprobs", _NOT_YET, False),
+    Unsupported("--ngrok", "ngrok tunnels are not supported", False),
+    Unsupported("--ngrok-authtoken", "ngrok tunnels are not supported"),
+    Unsupported("--ngrok-edge", "ngrok tunnels are not supported"),
+    # TGI's `-e/--env` would have the env twin ENV, a name containers set for other reasons.
+    Unsupported("--env", "print the environment with `pip list` and `nvidia-smi`", False,
+                has_env=False),
+)
