@@ -48,14 +48,22 @@ impl BlockAllocator {
     pub fn new(num_blocks: u32) -> Self {
         // Reversed so that blocks are handed out in ascending order (easier to read in logs).
         let free = (0..num_blocks).rev().collect();
-        let pool = Pool { free, ref_counts: vec![0; num_blocks as usize] };
-        Self { pool: Arc::new(Mutex::new(pool)), total: num_blocks }
+        let pool = Pool {
+            free,
+            ref_counts: vec![0; num_blocks as usize],
+        };
+        Self {
+            pool: Arc::new(Mutex::new(pool)),
+            total: num_blocks,
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, Pool> {
         // A panic elsewhere cannot leave the pool half-updated (each method mutates
         // it in one step), so a poisoned lock is still safe to use.
-        self.pool.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.pool
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     pub fn total(&self) -> u32 {
@@ -72,7 +80,10 @@ impl BlockAllocator {
 
     /// An empty table tied to this pool; grow it with [`KvBlocks::grow`].
     pub fn empty(&self) -> KvBlocks {
-        KvBlocks { allocator: self.clone(), ids: Vec::new() }
+        KvBlocks {
+            allocator: self.clone(),
+            ids: Vec::new(),
+        }
     }
 
     /// `count` fresh blocks, or none at all if fewer are free.
@@ -114,7 +125,10 @@ impl KvBlocks {
         let mut pool = self.allocator.lock();
         let free = pool.free.len();
         if count > free {
-            return Err(OutOfBlocks { requested: count, free });
+            return Err(OutOfBlocks {
+                requested: count,
+                free,
+            });
         }
         for _ in 0..count {
             let id = pool.free.pop().expect("free list length checked above");
@@ -131,7 +145,10 @@ impl KvBlocks {
         for &id in &self.ids[..count] {
             pool.retain(id);
         }
-        KvBlocks { allocator: self.allocator.clone(), ids: self.ids[..count].to_vec() }
+        KvBlocks {
+            allocator: self.allocator.clone(),
+            ids: self.ids[..count].to_vec(),
+        }
     }
 
     /// Appends `other`'s blocks to this table, taking over its references.
@@ -164,5 +181,160 @@ impl Clone for KvBlocks {
 impl Drop for KvBlocks {
     fn drop(&mut self) {
         self.truncate(0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    #[test]
+    fn blocks_return_to_the_pool_on_drop() {
+        let pool = BlockAllocator::new(4);
+        let blocks = pool.allocate(3).unwrap();
+        assert_eq!(blocks.ids(), &[0, 1, 2]);
+        assert_eq!((pool.used(), pool.free()), (3, 1));
+        assert_eq!(
+            pool.allocate(2).unwrap_err(),
+            OutOfBlocks {
+                requested: 2,
+                free: 1
+            }
+        );
+        drop(blocks);
+        assert_eq!((pool.used(), pool.free()), (0, 4));
+    }
+
+    #[test]
+    fn shared_blocks_stay_used_until_the_last_holder_drops() {
+        let pool = BlockAllocator::new(4);
+        let mut request = pool.allocate(3).unwrap();
+        let cached = request.share_prefix(2);
+        assert_eq!(pool.ref_count(0), 2);
+        assert_eq!(pool.ref_count(2), 1);
+        request.truncate(1);
+        assert_eq!(pool.used(), 2, "block 1 is still cached, block 2 is free");
+        drop(request);
+        assert_eq!(pool.used(), 2);
+        drop(cached);
+        assert_eq!(pool.used(), 0);
+    }
+
+    #[test]
+    fn grow_is_all_or_nothing() {
+        let pool = BlockAllocator::new(3);
+        let mut blocks = pool.allocate(2).unwrap();
+        assert!(blocks.grow(2).is_err());
+        assert_eq!(blocks.len(), 2);
+        blocks.grow(1).unwrap();
+        assert_eq!(pool.free(), 0);
+    }
+
+    #[test]
+    fn append_moves_references_without_counting_twice() {
+        let pool = BlockAllocator::new(4);
+        let mut table = pool.allocate(1).unwrap();
+        table.append(pool.allocate(2).unwrap());
+        assert_eq!(table.ids().len(), 3);
+        assert!(table.ids().iter().all(|&id| pool.ref_count(id) == 1));
+        drop(table);
+        assert_eq!(pool.free(), 4);
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Allocate(usize),
+        Grow(usize, usize),
+        Share(usize, usize),
+        Clone(usize),
+        Truncate(usize, usize),
+        Drop(usize),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            (0..6usize).prop_map(Op::Allocate),
+            (0..8usize, 0..4usize).prop_map(|(h, n)| Op::Grow(h, n)),
+            (0..8usize, 0..6usize).prop_map(|(h, n)| Op::Share(h, n)),
+            (0..8usize).prop_map(Op::Clone),
+            (0..8usize, 0..6usize).prop_map(|(h, n)| Op::Truncate(h, n)),
+            (0..8usize).prop_map(Op::Drop),
+        ]
+    }
+
+    /// Every block's reference count equals how many holders list it, and the pool's
+    /// used count equals the distinct blocks held.
+    fn check(pool: &BlockAllocator, holders: &[KvBlocks]) {
+        let mut counts: HashMap<u32, u32> = HashMap::new();
+        for holder in holders {
+            for &id in holder.ids() {
+                *counts.entry(id).or_default() += 1;
+            }
+        }
+        for id in 0..pool.total() {
+            assert_eq!(
+                pool.ref_count(id),
+                counts.get(&id).copied().unwrap_or(0),
+                "block {id}"
+            );
+        }
+        assert_eq!(pool.used() as usize, counts.len());
+        assert_eq!(pool.used() + pool.free(), pool.total());
+    }
+
+    proptest! {
+        #[test]
+        fn random_interleavings_never_leak_or_double_free(
+            total in 1u32..24,
+            ops in proptest::collection::vec(op(), 1..80),
+        ) {
+            let pool = BlockAllocator::new(total);
+            let mut holders: Vec<KvBlocks> = Vec::new();
+            for op in ops {
+                let pick = |h: usize, holders: &Vec<KvBlocks>| (!holders.is_empty()).then(|| h % holders.len());
+                match op {
+                    Op::Allocate(n) => {
+                        let free = pool.free() as usize;
+                        match pool.allocate(n) {
+                            Ok(blocks) => {
+                                prop_assert!(n <= free);
+                                // Fresh blocks are held by nobody else.
+                                for &id in blocks.ids() {
+                                    prop_assert!(holders.iter().all(|h| !h.ids().contains(&id)));
+                                }
+                                holders.push(blocks);
+                            }
+                            Err(error) => prop_assert!(n > free && error.free == free),
+                        }
+                    }
+                    Op::Grow(h, n) => if let Some(i) = pick(h, &holders) {
+                        let before = holders[i].len();
+                        let grown = holders[i].grow(n).is_ok();
+                        prop_assert_eq!(holders[i].len(), if grown { before + n } else { before });
+                    },
+                    Op::Share(h, n) => if let Some(i) = pick(h, &holders) {
+                        let shared = holders[i].share_prefix(n);
+                        holders.push(shared);
+                    },
+                    Op::Clone(h) => if let Some(i) = pick(h, &holders) {
+                        let copy = holders[i].clone();
+                        holders.push(copy);
+                    },
+                    Op::Truncate(h, n) => if let Some(i) = pick(h, &holders) {
+                        holders[i].truncate(n);
+                    },
+                    Op::Drop(h) => if let Some(i) = pick(h, &holders) {
+                        holders.swap_remove(i);
+                    },
+                }
+                check(&pool, &holders);
+            }
+            holders.clear();
+            prop_assert_eq!(pool.free(), total);
+        }
     }
 }

@@ -37,7 +37,10 @@ pub enum SequenceEvent {
     Prefill { logprobs: Vec<f32> },
     /// One generated token. The last one is followed by `Finished`.
     Token(pb::Token),
-    Finished { reason: FinishReason, generated_tokens: u32 },
+    Finished {
+        reason: FinishReason,
+        generated_tokens: u32,
+    },
     /// The sequence cannot continue (a shard failed). Nothing follows.
     Error(String),
 }

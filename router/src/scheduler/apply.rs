@@ -20,8 +20,11 @@ impl SchedulerState {
             );
             return self.fail_all(&message);
         }
-        let mut outputs: HashMap<u64, pb::SequenceOutput> =
-            response.outputs.into_iter().map(|output| (output.id, output)).collect();
+        let mut outputs: HashMap<u64, pb::SequenceOutput> = response
+            .outputs
+            .into_iter()
+            .map(|output| (output.id, output))
+            .collect();
         let mut deliveries = Vec::new();
         for (id, _num_tokens, sample) in step.scheduled {
             let output = outputs.remove(&id);
@@ -72,7 +75,13 @@ impl SchedulerState {
         deliveries.push(Delivery::new(id, SequenceEvent::Token(token)));
         if let Some(reason) = finish {
             self.finish(id);
-            deliveries.push(Delivery::new(id, SequenceEvent::Finished { reason, generated_tokens }));
+            deliveries.push(Delivery::new(
+                id,
+                SequenceEvent::Finished {
+                    reason,
+                    generated_tokens,
+                },
+            ));
         }
     }
 

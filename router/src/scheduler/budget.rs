@@ -14,7 +14,11 @@ pub struct StepBudget {
 
 impl StepBudget {
     pub fn new(max_tokens: u32, max_sequences: u32) -> Self {
-        Self { tokens_left: max_tokens, seats_left: max_sequences, tokens_used: 0 }
+        Self {
+            tokens_left: max_tokens,
+            seats_left: max_sequences,
+            tokens_used: 0,
+        }
     }
 
     pub fn for_config(config: &SchedulerConfig) -> Self {
@@ -55,7 +59,10 @@ impl StepBudget {
 
     /// Returns a seat and its tokens (a reserved decode whose sequence was preempted).
     pub fn refund(&mut self, tokens: u32) {
-        debug_assert!(tokens <= self.tokens_used, "refunding more than was consumed");
+        debug_assert!(
+            tokens <= self.tokens_used,
+            "refunding more than was consumed"
+        );
         self.seats_left += 1;
         self.tokens_left += tokens;
         self.tokens_used -= tokens;
@@ -121,7 +128,14 @@ mod tests {
         assert!(budget.consume(1));
         assert!(!budget.consume(1));
         budget.refund(1);
-        assert_eq!((budget.tokens_left(), budget.seats_left(), budget.tokens_used()), (4, 1, 0));
+        assert_eq!(
+            (
+                budget.tokens_left(),
+                budget.seats_left(),
+                budget.tokens_used()
+            ),
+            (4, 1, 0)
+        );
         assert!(budget.consume(4));
     }
 
@@ -138,7 +152,10 @@ mod tests {
         assert_eq!(max_running(&config(4096, Some(32))), 32);
         assert_eq!(max_running(&config(8, Some(32))), 8);
         assert_eq!(max_running(&config(8, None)), 8);
-        assert_eq!(StepBudget::for_config(&config(8, None)).seats_left(), u32::MAX);
+        assert_eq!(
+            StepBudget::for_config(&config(8, None)).seats_left(),
+            u32::MAX
+        );
     }
 
     #[test]

@@ -17,9 +17,9 @@ mod step_loop;
 #[cfg(test)]
 mod test_support;
 #[cfg(test)]
-mod tests_plan;
-#[cfg(test)]
 mod tests_actor;
+#[cfg(test)]
+mod tests_plan;
 
 pub use api::*;
 pub use plan::PlannedStep;
@@ -29,16 +29,20 @@ pub use state::{Delivery, SchedulerState};
 /// request tasks submit through. An invalid config makes every request fail with the
 /// reason (callers should run [`SchedulerConfig::validate`] at startup).
 pub fn spawn<E: StepExecutor>(config: SchedulerConfig, executor: E) -> SchedulerHandle {
-    let (submissions, receiver) = tokio::sync::mpsc::unbounded_channel::<Submission>();
     match config.validate() {
-        Ok(()) => {
-            let state = SchedulerState::new(config);
-            tokio::spawn(step_loop::run(state, executor, receiver));
-        }
+        Ok(()) => start(SchedulerState::new(config), executor),
         Err(error) => {
             tracing::error!(%error, "scheduler cannot start");
+            let (submissions, receiver) = tokio::sync::mpsc::unbounded_channel();
             tokio::spawn(step_loop::refuse_all(error.to_string(), receiver));
+            SchedulerHandle::new(submissions)
         }
     }
+}
+
+/// Runs the step loop over an existing state (tests keep a handle on its pool).
+fn start<E: StepExecutor>(state: SchedulerState, executor: E) -> SchedulerHandle {
+    let (submissions, receiver) = tokio::sync::mpsc::unbounded_channel::<Submission>();
+    tokio::spawn(step_loop::run(state, executor, receiver));
     SchedulerHandle::new(submissions)
 }

@@ -38,7 +38,10 @@ impl SchedulerState {
     /// Plans the next step, or `None` when there is nothing to send. Call
     /// [`SchedulerState::apply`] with its response (or `fail_all`) before planning again.
     pub fn plan_step(&mut self, now: Instant) -> Option<PlannedStep> {
-        assert!(self.in_flight.is_none(), "planning a step while one is in flight");
+        assert!(
+            self.in_flight.is_none(),
+            "planning a step while one is in flight"
+        );
         let mut budget = StepBudget::for_config(&self.config);
         let mut step = StepBuilder::default();
 
@@ -62,7 +65,10 @@ impl SchedulerState {
         self.next_step_id += 1;
         self.in_flight = Some(InFlightStep {
             step_id,
-            scheduled: sequences.iter().map(|s| (s.id, s.num_tokens, s.sample)).collect(),
+            scheduled: sequences
+                .iter()
+                .map(|s| (s.id, s.num_tokens, s.sample))
+                .collect(),
         });
         Some(PlannedStep {
             num_tokens: budget.tokens_used(),
@@ -92,7 +98,11 @@ impl SchedulerState {
                 continue; // preempted earlier in this pass
             };
             let decode = !sequence.is_prefilling();
-            let wanted = if decode { 1 } else { budget.chunk_for(sequence.prefill_remaining()) };
+            let wanted = if decode {
+                1
+            } else {
+                budget.chunk_for(sequence.prefill_remaining())
+            };
             if wanted == 0 {
                 continue; // the step is full; this chunk waits
             }
@@ -140,7 +150,10 @@ impl SchedulerState {
                 let tokens = wanted.min(room);
                 let extra_blocks = blocks_for(u64::from(tokens.saturating_sub(spare)), block_size);
                 let sequence = self.running.get_mut(&id).expect("looked up above");
-                sequence.blocks.grow(extra_blocks as usize).expect("room was counted");
+                sequence
+                    .blocks
+                    .grow(extra_blocks as usize)
+                    .expect("room was counted");
                 return Room::Granted(tokens);
             }
             let youngest = *self.running.keys().next_back().expect("`id` is running");
@@ -176,7 +189,10 @@ impl SchedulerState {
             }
             let mut sequence = self.waiting.pop_front().expect("front exists");
             sequence.admit();
-            sequence.blocks.grow(blocks as usize).expect("free blocks were counted");
+            sequence
+                .blocks
+                .grow(blocks as usize)
+                .expect("free blocks were counted");
             let taken = budget.consume(chunk);
             debug_assert!(taken, "chunk was sized from the budget");
             step.new_sequences.push(sequence.new_sequence_message());
@@ -186,7 +202,10 @@ impl SchedulerState {
                 let queue_time = now.saturating_duration_since(sequence.submitted_at);
                 metrics::histogram!("textgen_queue_duration_seconds")
                     .record(queue_time.as_secs_f64());
-                step.events.push(Delivery::new(sequence.id, SequenceEvent::Started { queue_time }));
+                step.events.push(Delivery::new(
+                    sequence.id,
+                    SequenceEvent::Started { queue_time },
+                ));
             }
             step.prefills.push(sequence.schedule(chunk));
             self.running.insert(sequence.id, sequence);
@@ -200,9 +219,15 @@ impl SchedulerState {
             return;
         }
         if let Some(sequence) = self.waiting.pop_front() {
-            tracing::error!(sequence = sequence.id, "sequence cannot be scheduled on an idle pool");
+            tracing::error!(
+                sequence = sequence.id,
+                "sequence cannot be scheduled on an idle pool"
+            );
             let message = "the request does not fit the KV cache".to_string();
-            self.deliver(vec![Delivery::new(sequence.id, SequenceEvent::Error(message))]);
+            self.deliver(vec![Delivery::new(
+                sequence.id,
+                SequenceEvent::Error(message),
+            )]);
         }
     }
 }

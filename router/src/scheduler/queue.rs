@@ -9,7 +9,9 @@ pub struct WaitingQueue<T> {
 
 impl<T> Default for WaitingQueue<T> {
     fn default() -> Self {
-        Self { items: VecDeque::new() }
+        Self {
+            items: VecDeque::new(),
+        }
     }
 }
 

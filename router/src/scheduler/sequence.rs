@@ -120,6 +120,11 @@ impl Sequence {
         self.computed += num_tokens;
         let new_block_ids = self.blocks.ids()[self.blocks_sent..].to_vec();
         self.blocks_sent = self.blocks.len();
-        pb::ScheduledSequence { id: self.id, num_tokens, new_block_ids, sample }
+        pb::ScheduledSequence {
+            id: self.id,
+            num_tokens,
+            new_block_ids,
+            sample,
+        }
     }
 }

@@ -95,7 +95,8 @@ impl SchedulerState {
         self.next_sequence_id += 1;
         self.subscribers.insert(id, events);
         let blocks = self.allocator.empty();
-        self.waiting.push_back(Sequence::new(id, request, blocks, now));
+        self.waiting
+            .push_back(Sequence::new(id, request, blocks, now));
         Some(id)
     }
 
@@ -135,7 +136,8 @@ impl SchedulerState {
             }
         }
         if !cancelled.is_empty() {
-            self.waiting.extract_if(|sequence| cancelled.contains(&sequence.id));
+            self.waiting
+                .extract_if(|sequence| cancelled.contains(&sequence.id));
         }
         cancelled.len()
     }
@@ -174,8 +176,10 @@ impl SchedulerState {
     /// Sends events to their streams; a terminal event closes the stream's entry.
     pub fn deliver(&mut self, deliveries: Vec<Delivery>) {
         for Delivery { id, event } in deliveries {
-            let terminal =
-                matches!(event, SequenceEvent::Finished { .. } | SequenceEvent::Error(_));
+            let terminal = matches!(
+                event,
+                SequenceEvent::Finished { .. } | SequenceEvent::Error(_)
+            );
             if let Some(sender) = self.subscribers.get(&id) {
                 // A closed stream is cleaned up by `drop_cancelled` before the next step.
                 let _ = sender.send(event);

@@ -63,7 +63,9 @@ pub async fn run<E: StepExecutor>(
 /// Answers every submission with `message`: the scheduler cannot run (bad config).
 pub async fn refuse_all(message: String, mut submissions: UnboundedReceiver<Submission>) {
     while let Some(submission) = submissions.recv().await {
-        let _ = submission.events.send(SequenceEvent::Error(message.clone()));
+        let _ = submission
+            .events
+            .send(SequenceEvent::Error(message.clone()));
     }
 }
 

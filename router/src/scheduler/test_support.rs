@@ -26,10 +26,10 @@ pub fn request(prompt_len: u32, max_new_tokens: u32) -> SequenceRequest {
     }
 }
 
-/// The token the simulated shard samples for sequence `id` at `position`. Like the
-/// real shard's `(seed, position)` draw, it does not depend on batching or preemption.
-pub fn token_at(id: u64, position: u32) -> u32 {
-    ((id as u32).wrapping_mul(7919) ^ position.wrapping_mul(104_729)) % 50_000 + 1_000
+/// The token the simulated shard samples for a sequence with `seed` at `position`.
+/// Like the real shard's draw, it does not depend on batching or preemption.
+pub fn token_at(seed: u64, position: u32) -> u32 {
+    ((seed as u32).wrapping_mul(7919) ^ position.wrapping_mul(104_729)) % 50_000 + 1_000
 }
 
 /// The logprob the simulated shard reports for prompt token `index`.
@@ -41,6 +41,7 @@ pub fn prompt_logprob(index: u32) -> f32 {
 struct SimSequence {
     tokens: Vec<u32>,
     prompt_len: u32,
+    seed: u64,
     computed: u32,
     blocks: Vec<u32>,
     prefill_logprobs: bool,
@@ -87,7 +88,10 @@ impl ShardSim {
     }
 
     pub fn step(&mut self, request: &pb::StepRequest) -> pb::StepResponse {
-        assert_eq!(request.step_id, self.next_step_id, "step ids must increase by one");
+        assert_eq!(
+            request.step_id, self.next_step_id,
+            "step ids must increase by one"
+        );
         self.next_step_id += 1;
         self.steps += 1;
         for id in &request.released_ids {
@@ -100,7 +104,11 @@ impl ShardSim {
             }
         }
         for new in &request.new_sequences {
-            assert!(!self.sequences.contains_key(&new.id), "sequence {} announced twice", new.id);
+            assert!(
+                !self.sequences.contains_key(&new.id),
+                "sequence {} announced twice",
+                new.id
+            );
             assert!(new.prompt_len as usize <= new.input_ids.len());
             *self.announcements.entry(new.id).or_default() += 1;
             self.sequences.insert(
@@ -108,6 +116,7 @@ impl ShardSim {
                 SimSequence {
                     tokens: new.input_ids.clone(),
                     prompt_len: new.prompt_len,
+                    seed: new.sampling.as_ref().map_or(0, |s| s.seed),
                     computed: 0,
                     blocks: Vec::new(),
                     prefill_logprobs: new.prefill_logprobs,
@@ -118,36 +127,68 @@ impl ShardSim {
         for scheduled in &request.sequences {
             outputs.extend(self.run_sequence(scheduled));
         }
-        pb::StepResponse { step_id: request.step_id, outputs, forward_ns: 1, sample_ns: 1 }
+        pb::StepResponse {
+            step_id: request.step_id,
+            outputs,
+            forward_ns: 1,
+            sample_ns: 1,
+        }
     }
 
     fn run_sequence(&mut self, scheduled: &pb::ScheduledSequence) -> Option<pb::SequenceOutput> {
         let id = scheduled.id;
-        let sequence = self.sequences.get_mut(&id).expect("scheduled sequence is unknown");
+        let sequence = self
+            .sequences
+            .get_mut(&id)
+            .expect("scheduled sequence is unknown");
         for &block in &scheduled.new_block_ids {
             assert!(block < self.num_blocks, "block {block} out of range");
             let previous = self.block_owner.insert(block, id);
-            assert!(previous.is_none(), "block {block} given to {id} while {previous:?} holds it");
+            assert!(
+                previous.is_none(),
+                "block {block} given to {id} while {previous:?} holds it"
+            );
             sequence.blocks.push(block);
         }
         assert!(scheduled.num_tokens > 0, "empty chunk");
         let start = sequence.computed;
         let end = start + scheduled.num_tokens;
-        assert!(end as usize <= sequence.tokens.len(), "computing tokens nobody knows yet");
-        assert!(end <= sequence.blocks.len() as u32 * self.block_size, "KV slots missing");
+        assert!(
+            end as usize <= sequence.tokens.len(),
+            "computing tokens nobody knows yet"
+        );
+        assert!(
+            end <= sequence.blocks.len() as u32 * self.block_size,
+            "KV slots missing"
+        );
         sequence.computed = end;
         let prefill_logprobs: Vec<f32> = if sequence.prefill_logprobs {
-            (start..end).filter(|p| p + 1 < sequence.prompt_len).map(|p| prompt_logprob(p + 1)).collect()
+            (start..end)
+                .filter(|p| p + 1 < sequence.prompt_len)
+                .map(|p| prompt_logprob(p + 1))
+                .collect()
         } else {
             Vec::new()
         };
         let token = if scheduled.sample {
-            assert_eq!(end as usize, sequence.tokens.len(), "sampling before the prefill ended");
-            let id_token = token_at(id, end);
+            assert_eq!(
+                end as usize,
+                sequence.tokens.len(),
+                "sampling before the prefill ended"
+            );
+            let id_token = token_at(sequence.seed, end);
             sequence.tokens.push(id_token);
-            Some(pb::Token { id: id_token, logprob: -0.5, top_ids: vec![], top_logprobs: vec![] })
+            Some(pb::Token {
+                id: id_token,
+                logprob: -0.5,
+                top_ids: vec![],
+                top_logprobs: vec![],
+            })
         } else {
-            assert!((end as usize) < sequence.tokens.len(), "a finished prefill must sample");
+            assert!(
+                (end as usize) < sequence.tokens.len(),
+                "a finished prefill must sample"
+            );
             None
         };
         (token.is_some() || !prefill_logprobs.is_empty()).then_some(pb::SequenceOutput {

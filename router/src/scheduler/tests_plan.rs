@@ -21,12 +21,25 @@ struct Harness {
 impl Harness {
     fn new(config: SchedulerConfig) -> Self {
         let sim = ShardSim::new(config.block_size, config.num_blocks);
-        Self { state: SchedulerState::new(config), sim, streams: HashMap::new(), seen: HashMap::new() }
+        Self {
+            state: SchedulerState::new(config),
+            sim,
+            streams: HashMap::new(),
+            seen: HashMap::new(),
+        }
     }
 
-    fn submit(&mut self, request: SequenceRequest) -> u64 {
+    /// Queues `request` with its seed set to the id it gets, so that `token_at(id, ..)`
+    /// predicts its tokens.
+    fn submit(&mut self, mut request: SequenceRequest) -> u64 {
         let (events, stream) = mpsc::unbounded_channel();
-        let id = self.state.submit(Submission { request, events }, Instant::now()).expect("accepted");
+        let expected_id = self.streams.len() as u64;
+        request.sampling.seed = expected_id;
+        let id = self
+            .state
+            .submit(Submission { request, events }, Instant::now())
+            .expect("accepted");
+        assert_eq!(id, expected_id, "ids are handed out in submission order");
         self.streams.insert(id, stream);
         id
     }
@@ -77,7 +90,10 @@ impl Harness {
 
     fn finished(&self, id: u64) -> Option<(FinishReason, u32)> {
         self.events(id).iter().find_map(|event| match event {
-            SequenceEvent::Finished { reason, generated_tokens } => Some((*reason, *generated_tokens)),
+            SequenceEvent::Finished {
+                reason,
+                generated_tokens,
+            } => Some((*reason, *generated_tokens)),
             _ => None,
         })
     }
@@ -89,12 +105,15 @@ impl Harness {
     }
 }
 
-fn expected_tokens(id: u64, prompt_len: u32, count: u32) -> Vec<u32> {
-    (0..count).map(|k| token_at(id, prompt_len + k)).collect()
+fn expected_tokens(seed: u64, prompt_len: u32, count: u32) -> Vec<u32> {
+    (0..count).map(|k| token_at(seed, prompt_len + k)).collect()
 }
 
 fn chunks(step: &pb::StepRequest) -> Vec<(u64, u32, bool)> {
-    step.sequences.iter().map(|s| (s.id, s.num_tokens, s.sample)).collect()
+    step.sequences
+        .iter()
+        .map(|s| (s.id, s.num_tokens, s.sample))
+        .collect()
 }
 
 #[test]
@@ -115,11 +134,19 @@ fn long_prompt_prefills_in_chunks_and_samples_only_on_the_last() {
     h.run_to_idle(10);
     assert_eq!(h.tokens(id), expected_tokens(id, 20, 3));
     assert_eq!(h.finished(id), Some((FinishReason::Length, 3)));
-    let started = h.events(id).iter().filter(|e| matches!(e, SequenceEvent::Started { .. })).count();
+    let started = h
+        .events(id)
+        .iter()
+        .filter(|e| matches!(e, SequenceEvent::Started { .. }))
+        .count();
     assert_eq!(started, 1);
     assert!(matches!(h.events(id)[0], SequenceEvent::Started { .. }));
     assert_eq!(h.state.allocator.used(), 0);
-    assert_eq!(h.sim.live_sequences(), 0, "the finished sequence was released on the shard");
+    assert_eq!(
+        h.sim.live_sequences(),
+        0,
+        "the finished sequence was released on the shard"
+    );
 }
 
 #[test]
@@ -130,9 +157,15 @@ fn decodes_go_first_and_prefill_gets_the_rest_of_the_budget() {
     assert_eq!(chunks(&h.step().unwrap()), vec![(a, 3, true), (b, 2, true)]);
     let c = h.submit(request(30, 2));
     let step = h.step().unwrap();
-    assert_eq!(chunks(&step), vec![(a, 1, true), (b, 1, true), (c, 6, false)]);
+    assert_eq!(
+        chunks(&step),
+        vec![(a, 1, true), (b, 1, true), (c, 6, false)]
+    );
     let step = h.step().unwrap();
-    assert_eq!(chunks(&step), vec![(a, 1, true), (b, 1, true), (c, 6, false)]);
+    assert_eq!(
+        chunks(&step),
+        vec![(a, 1, true), (b, 1, true), (c, 6, false)]
+    );
     h.run_to_idle(50);
     for (id, prompt) in [(a, 3), (b, 2)] {
         assert_eq!(h.tokens(id), expected_tokens(id, prompt, 10));
@@ -198,10 +231,16 @@ fn pool_exhaustion_preempts_the_youngest_and_it_finishes_later() {
             // Recompute: the prompt plus what was generated, prompt_len unchanged.
             assert_eq!(new.prompt_len, 4);
             assert!(new.input_ids.len() > 4);
-            assert_eq!(&new.input_ids[4..], &h.tokens(young)[..new.input_ids.len() - 4]);
+            assert_eq!(
+                &new.input_ids[4..],
+                &h.tokens(young)[..new.input_ids.len() - 4]
+            );
         }
     }
-    assert!(preempted_step.is_some(), "the pool was too small for both: one must be preempted");
+    assert!(
+        preempted_step.is_some(),
+        "the pool was too small for both: one must be preempted"
+    );
     assert_eq!(h.sim.announcements[&young], 2);
     assert_eq!(h.sim.announcements[&old], 1);
     assert_eq!(h.tokens(old), expected_tokens(old, 4, 12));
@@ -222,7 +261,11 @@ fn many_sequences_on_a_tiny_pool_all_finish() {
     }
     h.run_to_idle(2_000);
     for (id, prompt, new_tokens) in expected {
-        assert_eq!(h.tokens(id), expected_tokens(id, prompt, new_tokens), "sequence {id}");
+        assert_eq!(
+            h.tokens(id),
+            expected_tokens(id, prompt, new_tokens),
+            "sequence {id}"
+        );
         assert_eq!(h.finished(id), Some((FinishReason::Length, new_tokens)));
     }
     assert_eq!(h.state.allocator.used(), 0);
@@ -260,7 +303,10 @@ fn eos_finishes_early_with_the_eos_token_last() {
     h.run_to_idle(20);
     assert_eq!(h.tokens(id), expected_tokens(id, 5, 4));
     assert_eq!(h.finished(id), Some((FinishReason::EosToken, 4)));
-    assert!(matches!(h.events(id).last(), Some(SequenceEvent::Finished { .. })));
+    assert!(matches!(
+        h.events(id).last(),
+        Some(SequenceEvent::Finished { .. })
+    ));
 }
 
 #[test]
@@ -343,7 +389,9 @@ fn requests_that_can_never_run_are_refused_at_submission() {
     let mut state = SchedulerState::new(config(4, 4, 64));
     let refuse = |state: &mut SchedulerState, request: SequenceRequest| {
         let (events, mut stream) = mpsc::unbounded_channel();
-        assert!(state.submit(Submission { request, events }, Instant::now()).is_none());
+        assert!(state
+            .submit(Submission { request, events }, Instant::now())
+            .is_none());
         match stream.try_recv() {
             Ok(SequenceEvent::Error(message)) => message,
             other => panic!("expected an error, got {other:?}"),
@@ -354,6 +402,14 @@ fn requests_that_can_never_run_are_refused_at_submission() {
     // 16 slots; 10 + 8 - 1 = 17 needed.
     assert!(refuse(&mut state, request(10, 8)).contains("17 tokens"));
     let (events, _stream) = mpsc::unbounded_channel();
-    assert!(state.submit(Submission { request: request(10, 7), events }, Instant::now()).is_some());
-    assert!(state.is_idle() == false);
+    assert!(state
+        .submit(
+            Submission {
+                request: request(10, 7),
+                events
+            },
+            Instant::now()
+        )
+        .is_some());
+    assert!(!state.is_idle());
 }
