@@ -1,0 +1,1 @@
+"""Attention backends behind one interface (`base.py`), all sharing one paged KV layout."""

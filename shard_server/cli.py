@@ -1,0 +1,186 @@
+"""`textgen-shard serve ...`: loads the model, binds `unix://{uds_path}-{rank}`, serves gRPC.
+
+Every setting comes from the command line (docs/processes.md); nothing is read from the
+environment. The socket appears only once the model is loaded, so its existence means the
+shard is ready for Health.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import torch
+
+from .distributed import init_parallel
+from .kv_cache import KVSpec
+from .models.config import ModelConfig
+from .models.registry import build_model
+from .pb import generate_pb2_grpc as pb_grpc
+from .runner import ModelRunner
+from .service import ShardIdentity, ShardService
+from .warmup import PoolSizing
+from .weights import WeightStore, read_config
+
+log = logging.getLogger("shard_server")
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    model_path: Path
+    uds_path: str
+    rank: int = 0
+    world_size: int = 1
+    master_addr: str = "localhost"
+    master_port: int = 29500
+    dtype: str | None = None  # float32 on CPU, bfloat16 on CUDA
+    device: str | None = None  # cuda when available
+    kv_cache_tokens: int = 32768
+    cuda_memory_fraction: float = 1.0
+    attention: str = "reference"
+    block_size: int = 16
+    json_output: bool = False
+    otlp_endpoint: str | None = None
+
+    @property
+    def socket_path(self) -> str:
+        return f"{self.uds_path}-{self.rank}"
+
+    def torch_device(self) -> torch.device:
+        name = self.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        if name == "cuda":
+            return torch.device("cuda", self.rank % max(1, torch.cuda.device_count()))
+        return torch.device(name)
+
+    def torch_dtype(self, device: torch.device) -> torch.dtype:
+        return DTYPES[self.dtype or ("bfloat16" if device.type == "cuda" else "float32")]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="textgen-shard", description="textgen model shard (gRPC over a unix socket)")
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser("serve", help="load a model and serve TextGenerationShard")
+    d = ServeConfig(model_path=Path("."), uds_path="")
+    serve.add_argument("--model-path", type=Path, required=True, help="local model directory")
+    serve.add_argument("--uds-path", required=True, help="socket base; this shard binds BASE-RANK")
+    serve.add_argument("--rank", type=int, default=d.rank)
+    serve.add_argument("--world-size", type=int, default=d.world_size)
+    serve.add_argument("--master-addr", default=d.master_addr)
+    serve.add_argument("--master-port", type=int, default=d.master_port)
+    serve.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="default: float32 on CPU, bfloat16 on CUDA")
+    serve.add_argument("--device", choices=["cpu", "cuda"], default=None, help="default: cuda when available")
+    serve.add_argument("--kv-cache-tokens", type=int, default=d.kv_cache_tokens, help="CPU KV pool size in tokens")
+    serve.add_argument("--cuda-memory-fraction", type=float, default=d.cuda_memory_fraction)
+    serve.add_argument("--attention", choices=["reference"], default=d.attention)
+    serve.add_argument("--block-size", type=int, default=d.block_size, help="tokens per KV block")
+    serve.add_argument("--json-output", action="store_true")
+    serve.add_argument("--otlp-endpoint", default=None, help="accepted; tracing export is not implemented yet")
+    return parser
+
+
+def parse_config(argv: list[str] | None = None) -> ServeConfig:
+    parser = build_parser()
+    args = vars(parser.parse_args(argv))
+    args.pop("command")
+    config = ServeConfig(**args)
+    problems = []
+    if config.kv_cache_tokens < config.block_size:
+        problems.append("--kv-cache-tokens must hold at least one block")
+    if not 0 < config.cuda_memory_fraction <= 1:
+        problems.append("--cuda-memory-fraction must be in (0, 1]")
+    if config.block_size < 1:
+        problems.append("--block-size must be >= 1")
+    if config.world_size < 1 or not 0 <= config.rank < config.world_size:
+        problems.append("--rank must be in [0, --world-size)")
+    if problems:
+        parser.error("; ".join(problems))
+    return config
+
+
+class _JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {"level": record.levelname, "target": record.name, "message": record.getMessage()}
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry)
+
+
+def setup_logging(json_output: bool, rank: int) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    fmt = f"%(asctime)s %(levelname)s shard-{rank} %(name)s: %(message)s"
+    handler.setFormatter(_JsonFormatter() if json_output else logging.Formatter(fmt))
+    logging.basicConfig(level=logging.INFO, handlers=[handler], force=True)
+
+
+def load_service(config: ServeConfig) -> ShardService:
+    device = config.torch_device()
+    dtype = config.torch_dtype(device)
+    torch.set_num_threads(len(os.sched_getaffinity(0)))
+    parallel = init_parallel(config.rank, config.world_size, config.master_addr, config.master_port, device)
+    raw = read_config(config.model_path)
+    model_config = ModelConfig.from_dict(raw)
+    with WeightStore(config.model_path) as store:
+        model = build_model(model_config, store, parallel, config.attention, dtype, device)
+    spec = KVSpec(
+        num_layers=model_config.num_hidden_layers,
+        num_kv_heads=model_config.num_key_value_heads // parallel.world_size,
+        head_dim=model_config.head_dim,
+        block_size=config.block_size,
+        dtype=dtype,
+    )
+    runner = ModelRunner(model, spec, device)
+    identity = ShardIdentity(model_config.model_type, parallel, config.attention)
+    sizing = PoolSizing(config.kv_cache_tokens, config.cuda_memory_fraction)
+    log.info("loaded %s (%s, %s) from %s", model_config.model_type, dtype, device, config.model_path)
+    return ShardService(runner, identity, sizing)
+
+
+async def serve(config: ServeConfig) -> None:
+    service = load_service(config)
+    server = grpc.aio.server(
+        options=[
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        ]
+    )
+    pb_grpc.add_TextGenerationShardServicer_to_server(service, server)
+    socket = Path(config.socket_path)
+    socket.unlink(missing_ok=True)  # a stale socket from a crashed run would block the bind
+    server.add_insecure_port(f"unix://{socket}")
+    await server.start()
+    log.info("serving on unix://%s", socket)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("shutting down")
+    await server.stop(grace=5)
+    service.close()
+    socket.unlink(missing_ok=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    config = parse_config(argv)
+    setup_logging(config.json_output, config.rank)
+    try:
+        asyncio.run(serve(config))
+    except Exception:
+        log.exception("shard failed")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

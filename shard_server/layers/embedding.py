@@ -1,0 +1,68 @@
+"""Token embedding and LM head, with the vocabulary split across ranks."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..distributed import ParallelContext
+from ..weights import WeightStore
+
+
+class VocabParallelEmbedding(nn.Module):
+    def __init__(
+        self, vocab_size: int, dim: int, ctx: ParallelContext, dtype: torch.dtype, device: torch.device
+    ):
+        super().__init__()
+        self.ctx = ctx
+        self.vocab_size = vocab_size
+        self.start, self.end = ctx.split(vocab_size, "vocab size")
+        self.weight = nn.Parameter(
+            torch.empty((self.end - self.start, dim), dtype=dtype, device=device), requires_grad=False
+        )
+
+    def load(self, store: WeightStore, name: str) -> None:
+        self.weight.copy_(store.get_rows(name, self.start, self.end))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if not self.ctx.is_parallel:
+            return F.embedding(ids, self.weight)
+        # Ids outside this rank's range embed to zero; the all-reduce fills them in.
+        outside = (ids < self.start) | (ids >= self.end)
+        local = (ids - self.start).masked_fill(outside, 0)
+        out = F.embedding(local, self.weight).masked_fill(outside.unsqueeze(-1), 0)
+        return self.ctx.all_reduce(out)
+
+
+class LMHead(nn.Module):
+    """Projects hidden states to float32 logits over the full vocabulary."""
+
+    def __init__(
+        self,
+        vocab_size: int,
+        dim: int,
+        ctx: ParallelContext,
+        dtype: torch.dtype,
+        device: torch.device,
+        tied_to: VocabParallelEmbedding | None = None,
+    ):
+        super().__init__()
+        self.ctx = ctx
+        self.vocab_size = vocab_size
+        self.tied_to = tied_to
+        self.start, self.end = ctx.split(vocab_size, "vocab size")
+        if tied_to is None:
+            self.weight = nn.Parameter(
+                torch.empty((self.end - self.start, dim), dtype=dtype, device=device),
+                requires_grad=False,
+            )
+
+    def load(self, store: WeightStore, name: str) -> None:
+        if self.tied_to is None:
+            self.weight.copy_(store.get_rows(name, self.start, self.end))
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        weight = self.tied_to.weight if self.tied_to is not None else self.weight
+        logits = F.linear(hidden, weight)
+        return self.ctx.all_gather_last_dim(logits).float()

@@ -1,0 +1,82 @@
+"""Linear layers that know which slice of a weight their rank holds.
+
+`ColumnParallelLinear` splits output features across ranks and can fuse several HF
+projections into one matmul (q/k/v, gate/up). `RowParallelLinear` splits input features and
+all-reduces the partial sums. With world size 1 both are a plain `F.linear`.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..distributed import ParallelContext
+from ..weights import WeightStore
+
+
+def _empty(shape, dtype, device) -> nn.Parameter:
+    return nn.Parameter(torch.empty(shape, dtype=dtype, device=device), requires_grad=False)
+
+
+class ColumnParallelLinear(nn.Module):
+    def __init__(
+        self,
+        in_features: int,
+        out_features: list[int],
+        bias: bool,
+        ctx: ParallelContext,
+        dtype: torch.dtype,
+        device: torch.device,
+    ):
+        super().__init__()
+        self.ctx = ctx
+        self.out_features = list(out_features)
+        self.local_sizes = [size // ctx.world_size for size in self.out_features]
+        for size in self.out_features:
+            ctx.split(size, "output features")  # validates divisibility
+        total = sum(self.local_sizes)
+        self.weight = _empty((total, in_features), dtype, device)
+        self.bias = _empty((total,), dtype, device) if bias else None
+
+    def load(self, store: WeightStore, prefixes: list[str]) -> None:
+        if len(prefixes) != len(self.out_features):
+            raise ValueError(f"expected {len(self.out_features)} weight prefixes, got {prefixes}")
+        offset = 0
+        for prefix, size, local in zip(prefixes, self.out_features, self.local_sizes):
+            start, end = self.ctx.split(size)
+            self.weight[offset : offset + local].copy_(store.get_rows(f"{prefix}.weight", start, end))
+            if self.bias is not None:
+                self.bias[offset : offset + local].copy_(store.get_rows(f"{prefix}.bias", start, end))
+            offset += local
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class RowParallelLinear(nn.Module):
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool,
+        ctx: ParallelContext,
+        dtype: torch.dtype,
+        device: torch.device,
+    ):
+        super().__init__()
+        self.ctx = ctx
+        self.in_features = in_features
+        start, end = ctx.split(in_features, "input features")
+        self.weight = _empty((out_features, end - start), dtype, device)
+        self.bias = _empty((out_features,), dtype, device) if bias else None
+
+    def load(self, store: WeightStore, prefix: str) -> None:
+        start, end = self.ctx.split(self.in_features)
+        self.weight.copy_(store.get_cols(f"{prefix}.weight", start, end))
+        if self.bias is not None:
+            self.bias.copy_(store.get(f"{prefix}.bias"))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.ctx.all_reduce(F.linear(x, self.weight))
+        return out if self.bias is None else out + self.bias

@@ -1,0 +1,29 @@
+"""RMSNorm with the Hugging Face numerics (normalise in float32, scale in the model dtype)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..weights import WeightStore
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float, dtype: torch.dtype, device: torch.device):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.empty(dim, dtype=dtype, device=device), requires_grad=False)
+
+    def load(self, store: WeightStore, name: str) -> None:
+        self.weight.copy_(store.get(name))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+    def add_and_norm(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns (norm(x + residual), x + residual): the pre-norm residual stream step."""
+        residual = x + residual
+        return self.forward(residual), residual

@@ -1,0 +1,141 @@
+"""Llama-family decoder: Llama 2/3, Mistral, Qwen2 (qkv bias), Qwen3 (q/k RMSNorm,
+explicit head_dim) and SmolLM2 (tied embeddings), sharing one implementation with flags.
+
+Tensors are flattened over the step's tokens: hidden states are [T, hidden].
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..attention.base import AttentionBackend
+from ..distributed import ParallelContext
+from ..kv_cache import KVCache
+from ..layers.embedding import LMHead, VocabParallelEmbedding
+from ..layers.linear import ColumnParallelLinear, RowParallelLinear
+from ..layers.norm import RMSNorm
+from ..layers.rotary import RotaryEmbedding, apply_rotary
+from ..weights import WeightStore
+from .config import ModelConfig
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig, ctx: ParallelContext, backend: AttentionBackend, dtype, device):
+        super().__init__()
+        d = cfg.head_dim
+        self.num_heads = cfg.num_attention_heads // ctx.world_size
+        self.num_kv_heads = cfg.num_key_value_heads // ctx.world_size
+        self.head_dim = d
+        self.backend = backend
+        self.qkv_proj = ColumnParallelLinear(
+            cfg.hidden_size,
+            [cfg.num_attention_heads * d, cfg.num_key_value_heads * d, cfg.num_key_value_heads * d],
+            cfg.attention_bias,
+            ctx,
+            dtype,
+            device,
+        )
+        self.o_proj = RowParallelLinear(cfg.num_attention_heads * d, cfg.hidden_size, False, ctx, dtype, device)
+        self.q_norm = self.k_norm = None
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(d, cfg.rms_norm_eps, dtype, device)
+            self.k_norm = RMSNorm(d, cfg.rms_norm_eps, dtype, device)
+        self.split_sizes = [self.num_heads * d, self.num_kv_heads * d, self.num_kv_heads * d]
+
+    def load(self, store: WeightStore, prefix: str) -> None:
+        self.qkv_proj.load(store, [f"{prefix}.q_proj", f"{prefix}.k_proj", f"{prefix}.v_proj"])
+        self.o_proj.load(store, f"{prefix}.o_proj")
+        if self.q_norm is not None:
+            self.q_norm.load(store, f"{prefix}.q_norm.weight")
+            self.k_norm.load(store, f"{prefix}.k_norm.weight")
+
+    def forward(self, hidden, cos, sin, k_cache, v_cache, metadata) -> torch.Tensor:
+        tokens = hidden.shape[0]
+        q, k, v = self.qkv_proj(hidden).split(self.split_sizes, dim=-1)
+        q = q.view(tokens, self.num_heads, self.head_dim)
+        k = k.view(tokens, self.num_kv_heads, self.head_dim)
+        v = v.view(tokens, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        out = self.backend.forward(q, k, v, k_cache, v_cache, metadata)
+        return self.o_proj(out.reshape(tokens, -1))
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, cfg: ModelConfig, ctx: ParallelContext, dtype, device):
+        super().__init__()
+        size = cfg.intermediate_size
+        self.gate_up_proj = ColumnParallelLinear(cfg.hidden_size, [size, size], False, ctx, dtype, device)
+        self.down_proj = RowParallelLinear(size, cfg.hidden_size, False, ctx, dtype, device)
+
+    def load(self, store: WeightStore, prefix: str) -> None:
+        self.gate_up_proj.load(store, [f"{prefix}.gate_proj", f"{prefix}.up_proj"])
+        self.down_proj.load(store, f"{prefix}.down_proj")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, ctx: ParallelContext, backend: AttentionBackend, dtype, device):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
+        self.self_attn = LlamaAttention(cfg, ctx, backend, dtype, device)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
+        self.mlp = LlamaMLP(cfg, ctx, dtype, device)
+
+    def load(self, store: WeightStore, prefix: str) -> None:
+        self.input_layernorm.load(store, f"{prefix}.input_layernorm.weight")
+        self.self_attn.load(store, f"{prefix}.self_attn")
+        self.post_attention_layernorm.load(store, f"{prefix}.post_attention_layernorm.weight")
+        self.mlp.load(store, f"{prefix}.mlp")
+
+    def forward(self, hidden, residual, cos, sin, k_cache, v_cache, metadata):
+        if residual is None:
+            residual, hidden = hidden, self.input_layernorm(hidden)
+        else:
+            hidden, residual = self.input_layernorm.add_and_norm(hidden, residual)
+        hidden = self.self_attn(hidden, cos, sin, k_cache, v_cache, metadata)
+        hidden, residual = self.post_attention_layernorm.add_and_norm(hidden, residual)
+        return self.mlp(hidden), residual
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, cfg: ModelConfig, ctx: ParallelContext, backend: AttentionBackend, dtype, device):
+        super().__init__()
+        self.config = cfg
+        self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, ctx, dtype, device)
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(cfg, ctx, backend, dtype, device) for _ in range(cfg.num_hidden_layers)
+        )
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
+        tied = self.embed_tokens if cfg.tie_word_embeddings else None
+        self.lm_head = LMHead(cfg.vocab_size, cfg.hidden_size, ctx, dtype, device, tied_to=tied)
+        self.rotary = RotaryEmbedding(
+            cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling, dtype, device
+        )
+
+    def load(self, store: WeightStore) -> None:
+        self.embed_tokens.load(store, "model.embed_tokens.weight")
+        for i, layer in enumerate(self.layers):
+            layer.load(store, f"model.layers.{i}")
+        self.norm.load(store, "model.norm.weight")
+        if not self.config.tie_word_embeddings:
+            self.lm_head.load(store, "lm_head.weight")
+
+    def forward(self, input_ids, positions, kv_cache: KVCache, metadata) -> torch.Tensor:
+        """Final-norm hidden states [T, hidden] of every token of the step."""
+        cos, sin = self.rotary.lookup(positions)
+        hidden, residual = self.embed_tokens(input_ids), None
+        for index, layer in enumerate(self.layers):
+            k_cache, v_cache = kv_cache.layer(index)
+            hidden, residual = layer(hidden, residual, cos, sin, k_cache, v_cache, metadata)
+        hidden, _ = self.norm.add_and_norm(hidden, residual)
+        return hidden
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden)

@@ -1,0 +1,41 @@
+"""Builds and loads the model for a config.json."""
+
+from __future__ import annotations
+
+import torch
+
+from ..attention.base import AttentionShape
+from ..attention.registry import create_backend
+from ..distributed import ParallelContext
+from ..weights import WeightStore
+from .config import ModelConfig
+from .llama import LlamaForCausalLM
+
+FAMILIES = {"llama": LlamaForCausalLM, "mistral": LlamaForCausalLM, "qwen2": LlamaForCausalLM, "qwen3": LlamaForCausalLM}
+
+
+def attention_shape(cfg: ModelConfig, ctx: ParallelContext) -> AttentionShape:
+    return AttentionShape(
+        num_heads=cfg.num_attention_heads // ctx.world_size,
+        num_kv_heads=cfg.num_key_value_heads // ctx.world_size,
+        head_dim=cfg.head_dim,
+        scale=cfg.head_dim**-0.5,
+        sliding_window=cfg.sliding_window,
+    )
+
+
+def build_model(
+    cfg: ModelConfig,
+    store: WeightStore,
+    ctx: ParallelContext,
+    attention: str,
+    dtype: torch.dtype,
+    device: torch.device,
+) -> LlamaForCausalLM:
+    if cfg.num_key_value_heads % ctx.world_size:
+        raise ValueError(f"{cfg.num_key_value_heads} KV heads cannot be split over {ctx.world_size} ranks")
+    backend = create_backend(attention, attention_shape(cfg, ctx))
+    model = FAMILIES[cfg.model_type](cfg, ctx, backend, dtype, device)
+    with torch.no_grad():
+        model.load(store)
+    return model.eval()

@@ -1,0 +1,125 @@
+"""The shard's per-sequence state table.
+
+The router describes a sequence once (NewSequence); afterwards the shard tracks where it is:
+all token ids so far (prompt, then generated), how many have KV computed, its block table
+and its sampling parameters. The shard appends its own sampled tokens, so a decode step only
+says "compute 1 token".
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+
+class InvalidStepError(ValueError):
+    """A step asked for something impossible; reported to the router as INVALID_ARGUMENT."""
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Validated sampling parameters.
+
+    proto3 cannot tell an unset float from 0, so 0 means "unset" (1.0) for the multiplicative
+    parameters temperature, top_p, typical_p and repetition_penalty.
+    """
+
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    typical_p: float = 1.0
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    seed: int = 0
+
+    @classmethod
+    def from_proto(cls, msg) -> "SamplingParams":
+        params = cls(
+            do_sample=bool(msg.do_sample),
+            temperature=_unset_is_one(msg.temperature),
+            top_k=int(msg.top_k),
+            top_p=_unset_is_one(msg.top_p),
+            typical_p=_unset_is_one(msg.typical_p),
+            repetition_penalty=_unset_is_one(msg.repetition_penalty),
+            frequency_penalty=float(msg.frequency_penalty),
+            presence_penalty=float(msg.presence_penalty),
+            seed=int(msg.seed),
+        )
+        params.validate()
+        return params
+
+    def validate(self) -> None:
+        checks = [
+            (math.isfinite(self.temperature) and self.temperature > 0, "temperature must be > 0"),
+            (0 < self.top_p <= 1, "top_p must be in (0, 1]"),
+            (0 < self.typical_p <= 1, "typical_p must be in (0, 1]"),
+            (
+                math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0,
+                "repetition_penalty must be > 0",
+            ),
+            (math.isfinite(self.frequency_penalty), "frequency_penalty must be finite"),
+            (math.isfinite(self.presence_penalty), "presence_penalty must be finite"),
+            (self.top_k >= 0, "top_k must be >= 0"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise InvalidStepError(f"{message}, got {self}")
+
+    @property
+    def needs_all_tokens(self) -> bool:
+        return self.repetition_penalty != 1.0
+
+    @property
+    def needs_generated_counts(self) -> bool:
+        return self.frequency_penalty != 0.0 or self.presence_penalty != 0.0
+
+
+def _unset_is_one(value: float) -> float:
+    return 1.0 if value == 0 else float(value)
+
+
+@dataclass
+class SequenceState:
+    id: int
+    token_ids: list[int]
+    prompt_len: int
+    computed_len: int  # leading tokens whose KV is in the cache
+    block_table: list[int]
+    sampling: SamplingParams
+    prefill_logprobs: bool = False
+    top_n_tokens: int = 0
+
+    @property
+    def generated_ids(self) -> list[int]:
+        return self.token_ids[self.prompt_len :]
+
+
+@dataclass
+class SequenceTable:
+    sequences: dict[int, SequenceState] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.sequences)
+
+    def __contains__(self, seq_id: int) -> bool:
+        return seq_id in self.sequences
+
+    def get(self, seq_id: int) -> SequenceState:
+        try:
+            return self.sequences[seq_id]
+        except KeyError:
+            raise InvalidStepError(f"sequence {seq_id} is not known to the shard") from None
+
+    def add(self, state: SequenceState) -> None:
+        if state.id in self.sequences:
+            raise InvalidStepError(f"sequence {state.id} is already registered")
+        self.sequences[state.id] = state
+
+    def release(self, seq_id: int) -> None:
+        # Releasing an unknown id is harmless (e.g. cancelled before it was sent).
+        self.sequences.pop(seq_id, None)
+
+    def clear(self) -> None:
+        self.sequences.clear()

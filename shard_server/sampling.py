@@ -1,0 +1,200 @@
+"""Token selection, vectorised over the batch.
+
+Order (as in HF/TGI): repetition penalty (over every token so far), frequency and presence
+penalties (OpenAI semantics, over generated tokens) — these apply in greedy mode too — then,
+for sampled rows only, temperature, top-k, top-p and typical-p. A sampled row draws with the
+Gumbel-max trick from counter-based hash noise keyed by (seed, position, vocab index), so a
+seeded draw never depends on the batch it runs in nor on preemption.
+
+The logprob reported for a token, and its top-n alternatives, come from the processed
+distribution it was drawn from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .requests import SamplingParams
+
+_MASK32 = 0xFFFFFFFF
+_HASH_MULTIPLIER = 0x45D9F3B  # < 2**27, so products stay inside int64
+
+
+# -- logits processors (each returns a new tensor; rows with neutral params are unchanged) --
+def apply_repetition_penalty(logits: torch.Tensor, token_ids: torch.Tensor, penalty: torch.Tensor) -> torch.Tensor:
+    """HF/CTRL: divide positive, multiply negative logits of tokens seen so far.
+
+    token_ids: [N, L] padded by repeating a real id of the row (duplicates are harmless).
+    """
+    seen = logits.gather(1, token_ids)
+    penalty = penalty.unsqueeze(1)
+    seen = torch.where(seen < 0, seen * penalty, seen / penalty)
+    return logits.scatter(1, token_ids, seen)
+
+
+def token_counts(token_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """[N, V] occurrence counts; token_ids is [N, L] padded with `vocab_size`."""
+    counts = torch.zeros((token_ids.shape[0], vocab_size + 1), dtype=torch.float32, device=token_ids.device)
+    counts.scatter_add_(1, token_ids, torch.ones_like(token_ids, dtype=torch.float32))
+    return counts[:, :vocab_size]
+
+
+def apply_frequency_presence(
+    logits: torch.Tensor, counts: torch.Tensor, frequency: torch.Tensor, presence: torch.Tensor
+) -> torch.Tensor:
+    return logits - frequency.unsqueeze(1) * counts - presence.unsqueeze(1) * (counts > 0).float()
+
+
+def apply_temperature(logits: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
+    return logits / temperature.unsqueeze(1)
+
+
+def apply_top_k(logits: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
+    """Keeps tokens scoring at least the k-th best (ties kept); k == 0 disables."""
+    vocab = logits.shape[1]
+    k = torch.where(top_k > 0, top_k.clamp(max=vocab), torch.full_like(top_k, vocab))
+    largest = torch.topk(logits, int(k.max()), dim=1).values
+    kth = largest.gather(1, (k - 1).unsqueeze(1))
+    return logits.masked_fill(logits < kth, float("-inf"))
+
+
+def apply_top_p(logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Nucleus: drops the least likely tokens whose total mass is <= 1 - top_p; keeps >= 1."""
+    ascending, order = torch.sort(logits, dim=1)
+    cumulative = ascending.softmax(dim=1).cumsum(dim=1)
+    drop = cumulative <= (1 - top_p).unsqueeze(1)
+    drop[:, -1] = False
+    drop &= (top_p < 1).unsqueeze(1)
+    return logits.masked_fill(drop.scatter(1, order, drop), float("-inf"))
+
+
+def apply_typical_p(logits: torch.Tensor, mass: torch.Tensor) -> torch.Tensor:
+    """Locally typical sampling: keep tokens whose surprise is closest to the entropy."""
+    logp = logits.log_softmax(dim=1)
+    entropy = -(logp * logp.exp()).nansum(dim=1, keepdim=True)
+    distance = (-logp - entropy).abs()
+    sorted_distance, order = torch.sort(distance, dim=1)
+    cumulative = logits.gather(1, order).softmax(dim=1).cumsum(dim=1)
+    last = (cumulative < mass.unsqueeze(1)).sum(dim=1).clamp(max=logits.shape[1] - 1)
+    drop = sorted_distance > sorted_distance.gather(1, last.unsqueeze(1))
+    drop[:, 0] = False
+    drop &= (mass < 1).unsqueeze(1)
+    return logits.masked_fill(drop.scatter(1, order, drop), float("-inf"))
+
+
+# -- seeded noise ----------------------------------------------------------------------
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer hash on int64 tensors holding values in [0, 2**32)."""
+    x = x ^ (x >> 16)
+    x = (x * _HASH_MULTIPLIER) & _MASK32
+    x = x ^ (x >> 16)
+    x = (x * _HASH_MULTIPLIER) & _MASK32
+    return x ^ (x >> 16)
+
+
+def row_keys(seeds: list[int], positions: list[int], device: torch.device) -> torch.Tensor:
+    """One 32-bit key per row from (64-bit seed, position)."""
+    lo = torch.tensor([s & _MASK32 for s in seeds], dtype=torch.int64, device=device)
+    hi = torch.tensor([(s >> 32) & _MASK32 for s in seeds], dtype=torch.int64, device=device)
+    pos = torch.tensor([p & _MASK32 for p in positions], dtype=torch.int64, device=device)
+    return _mix32(lo ^ _mix32(hi ^ _mix32(pos ^ 0x9E3779B9)))
+
+
+def gumbel_noise(keys: torch.Tensor, vocab_hashes: torch.Tensor) -> torch.Tensor:
+    """[N, V] standard Gumbel noise, a pure function of (row key, vocab index)."""
+    bits = _mix32(_mix32(keys.unsqueeze(1) ^ vocab_hashes.unsqueeze(0)))
+    uniform = ((bits >> 8).float() + 0.5) * (1.0 / (1 << 24))  # in (0, 1)
+    return -torch.log(-torch.log(uniform))
+
+
+# -- the sampler -----------------------------------------------------------------------
+@dataclass
+class SamplingRows:
+    """What the sampler needs per row; token lists only when a penalty asks for them."""
+
+    params: list[SamplingParams]
+    positions: list[int]  # index in the sequence of the token being drawn
+    all_tokens: list[list[int]]
+    generated_tokens: list[list[int]]
+    top_n: list[int]
+
+
+@dataclass
+class SampledTokens:
+    ids: torch.Tensor  # [N]
+    logprobs: torch.Tensor  # [N]
+    top_ids: torch.Tensor | None  # [N, max top_n]
+    top_logprobs: torch.Tensor | None
+
+
+def _column(values, dtype, device) -> torch.Tensor:
+    return torch.tensor(values, dtype=dtype, device=device)
+
+
+def _pad(rows: list[list[int]], pad_of_row, device) -> torch.Tensor:
+    width = max(1, max(len(r) for r in rows))
+    padded = [r + [pad_of_row(r)] * (width - len(r)) for r in rows]
+    return torch.tensor(padded, dtype=torch.int64, device=device)
+
+
+class Sampler:
+    def __init__(self, vocab_size: int, device: torch.device):
+        self.vocab_size = vocab_size
+        self.device = device
+        self.vocab_hashes = _mix32(torch.arange(vocab_size, dtype=torch.int64, device=device) + 0x632BE5AB)
+
+    def penalize(self, logits: torch.Tensor, rows: SamplingRows) -> torch.Tensor:
+        params, dev = rows.params, self.device
+        if any(p.needs_all_tokens for p in params):
+            ids = _pad(rows.all_tokens, lambda r: r[0], dev)
+            penalty = _column([p.repetition_penalty for p in params], torch.float32, dev)
+            logits = apply_repetition_penalty(logits, ids, penalty)
+        if any(p.needs_generated_counts for p in params):
+            counts = token_counts(_pad(rows.generated_tokens, lambda r: self.vocab_size, dev), self.vocab_size)
+            frequency = _column([p.frequency_penalty for p in params], torch.float32, dev)
+            presence = _column([p.presence_penalty for p in params], torch.float32, dev)
+            logits = apply_frequency_presence(logits, counts, frequency, presence)
+        return logits
+
+    def warp(self, logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+        dev = self.device
+        logits = apply_temperature(logits, _column([p.temperature for p in params], torch.float32, dev))
+        if any(p.top_k > 0 for p in params):
+            logits = apply_top_k(logits, _column([p.top_k for p in params], torch.int64, dev))
+        if any(p.top_p < 1 for p in params):
+            logits = apply_top_p(logits, _column([p.top_p for p in params], torch.float32, dev))
+        if any(p.typical_p < 1 for p in params):
+            logits = apply_typical_p(logits, _column([p.typical_p for p in params], torch.float32, dev))
+        return logits
+
+    def __call__(self, logits: torch.Tensor, rows: SamplingRows) -> SampledTokens:
+        """logits: [N, V] float32, one row per sequence that samples this step."""
+        logits = self.penalize(logits, rows)
+        sample_rows = [i for i, p in enumerate(rows.params) if p.do_sample]
+        if not sample_rows:
+            logprobs = logits.log_softmax(dim=1)
+            ids = logits.argmax(dim=1)
+        else:
+            logprobs, ids = self._draw(logits, rows, sample_rows)
+        chosen = logprobs.gather(1, ids.unsqueeze(1)).squeeze(1)
+        top_ids = top_logprobs = None
+        max_top_n = max(rows.top_n, default=0)
+        if max_top_n > 0:
+            top_logprobs, top_ids = torch.topk(logprobs, min(max_top_n, logprobs.shape[1]), dim=1)
+        return SampledTokens(ids, chosen, top_ids, top_logprobs)
+
+    def _draw(self, logits, rows: SamplingRows, sample_rows: list[int]):
+        everyone = len(sample_rows) == len(rows.params)
+        index = None if everyone else torch.tensor(sample_rows, device=self.device)
+        subset = logits if everyone else logits.index_select(0, index)
+        params = [rows.params[i] for i in sample_rows]
+        warped_logprobs = self.warp(subset, params).log_softmax(dim=1)
+        keys = row_keys([p.seed for p in params], [rows.positions[i] for i in sample_rows], self.device)
+        drawn = (warped_logprobs + gumbel_noise(keys, self.vocab_hashes[: logits.shape[1]])).argmax(dim=1)
+        if everyone:
+            return warped_logprobs, drawn
+        logprobs = logits.log_softmax(dim=1).index_copy(0, index, warped_logprobs)
+        ids = logits.argmax(dim=1).index_copy(0, index, drawn)
+        return logprobs, ids

@@ -1,0 +1,106 @@
+"""The `TextGenerationShard` gRPC servicer.
+
+Steps run one at a time on a dedicated worker thread, so the event loop keeps answering
+Health while a forward pass runs. Errors never take the process down: a bad request becomes
+INVALID_ARGUMENT, a Step before Warmup FAILED_PRECONDITION, anything else INTERNAL, each with
+a message that says what went wrong.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import grpc
+import torch
+
+from .distributed import ParallelContext
+from .pb import generate_pb2 as pb
+from .pb import generate_pb2_grpc as pb_grpc
+from .requests import InvalidStepError
+from .runner import ModelRunner, NotWarmedUpError
+from .warmup import PoolSizing, warmup
+
+log = logging.getLogger(__name__)
+
+_DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+@dataclass(frozen=True)
+class ShardIdentity:
+    model_type: str
+    parallel: ParallelContext
+    attention_backend: str
+
+
+class ShardService(pb_grpc.TextGenerationShardServicer):
+    def __init__(self, runner: ModelRunner, identity: ShardIdentity, sizing: PoolSizing):
+        self.runner = runner
+        self.identity = identity
+        self.sizing = sizing
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shard-step")
+        self._lock = asyncio.Lock()
+
+    async def _run(self, context, what: str, fn, *args):
+        """Runs fn on the step worker, one call at a time."""
+        async with self._lock:
+            return await self._guarded(context, what, self._worker, fn, *args)
+
+    async def _guarded(self, context, what: str, executor, fn, *args):
+        """Runs fn off the event loop and maps its failures to gRPC status codes."""
+        try:
+            return await asyncio.get_running_loop().run_in_executor(executor, fn, *args)
+        except InvalidStepError as exc:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{what}: {exc}")
+            except NotWarmedUpError as exc:
+                await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"{what}: {exc}")
+            except Exception as exc:  # the shard must survive any single bad call
+                log.exception("%s failed", what)
+                await context.abort(grpc.StatusCode.INTERNAL, f"{what} failed: {type(exc).__name__}: {exc}")
+
+    async def Info(self, request, context):
+        runner, cfg = self.runner, self.runner.config
+        return pb.InfoResponse(
+            model_type=self.identity.model_type,
+            dtype=_DTYPE_NAMES.get(runner.kv_spec.dtype, str(runner.kv_spec.dtype)),
+            device_type=runner.device.type,
+            block_size=runner.block_size,
+            vocab_size=cfg.vocab_size,
+            max_position_embeddings=cfg.max_position_embeddings,
+            rank=self.identity.parallel.rank,
+            world_size=self.identity.parallel.world_size,
+            attention_backend=self.identity.attention_backend,
+        )
+
+    async def Health(self, request, context):
+        def probe() -> None:
+            # A tiny device round trip: fails if the device is gone.
+            (torch.ones(1, device=self.runner.device) + 1).cpu()
+
+        # Not behind the step lock: the default pool answers while a step runs.
+        await self._guarded(context, "Health", None, probe)
+        return pb.HealthResponse()
+
+    async def Warmup(self, request, context):
+        if request.max_batch_prefill_tokens < 1 or request.max_batch_size < 1:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "Warmup: max_batch_prefill_tokens and max_batch_size must be >= 1",
+            )
+        num_blocks, warmup_ms = await self._run(
+            context, "Warmup", warmup, self.runner, request.max_batch_prefill_tokens, request.max_batch_size, self.sizing
+        )
+        log.info("warmup done: %d blocks of %d tokens in %d ms", num_blocks, self.runner.block_size, warmup_ms)
+        return pb.WarmupResponse(num_blocks=num_blocks, block_size=self.runner.block_size, warmup_ms=warmup_ms)
+
+    async def ClearCache(self, request, context):
+        await self._run(context, "ClearCache", self.runner.clear)
+        return pb.ClearCacheResponse()
+
+    async def Step(self, request, context):
+        return await self._run(context, f"Step {request.step_id}", self.runner.step, request)
+
+    def close(self) -> None:
+        self._worker.shutdown(wait=False, cancel_futures=True)

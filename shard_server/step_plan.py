@@ -1,0 +1,137 @@
+"""Validates a StepRequest against the sequence table and turns it into a plan.
+
+Nothing is mutated until the whole request has been checked, so a bad step leaves the
+shard's state exactly as it was. Order of the protocol: releases, then new sequences, then
+the scheduled batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .requests import InvalidStepError, SamplingParams, SequenceState, SequenceTable
+
+
+@dataclass
+class ScheduledWork:
+    state: SequenceState
+    new_block_ids: list[int]
+    num_tokens: int
+    sample: bool
+
+    @property
+    def start(self) -> int:
+        return self.state.computed_len
+
+    @property
+    def end(self) -> int:
+        return self.state.computed_len + self.num_tokens
+
+
+@dataclass
+class StepPlan:
+    released_ids: list[int]
+    new_states: list[SequenceState]
+    work: list[ScheduledWork]
+
+
+@dataclass(frozen=True)
+class PoolLimits:
+    num_blocks: int
+    block_size: int
+    vocab_size: int
+    max_positions: int
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _check_blocks(block_ids, limits: PoolLimits, seq_id: int) -> None:
+    for block in block_ids:
+        if block >= limits.num_blocks:
+            raise InvalidStepError(f"sequence {seq_id}: block id {block} outside the pool of {limits.num_blocks}")
+
+
+def new_sequence_state(msg, limits: PoolLimits) -> SequenceState:
+    ids = list(msg.input_ids)
+    if not ids:
+        raise InvalidStepError(f"sequence {msg.id}: input_ids is empty")
+    if not 1 <= msg.prompt_len <= len(ids):
+        raise InvalidStepError(f"sequence {msg.id}: prompt_len {msg.prompt_len} not in [1, {len(ids)}]")
+    if max(ids) >= limits.vocab_size:
+        raise InvalidStepError(f"sequence {msg.id}: token id {max(ids)} >= vocab size {limits.vocab_size}")
+    if len(ids) > limits.max_positions:
+        raise InvalidStepError(f"sequence {msg.id}: {len(ids)} tokens exceed {limits.max_positions} positions")
+    if msg.cached_len > len(ids):
+        raise InvalidStepError(f"sequence {msg.id}: cached_len {msg.cached_len} > {len(ids)} input ids")
+    if len(msg.block_ids) < _ceil_div(msg.cached_len, limits.block_size):
+        raise InvalidStepError(f"sequence {msg.id}: {len(msg.block_ids)} blocks cannot hold {msg.cached_len} cached tokens")
+    _check_blocks(msg.block_ids, limits, msg.id)
+    sampling = SamplingParams.from_proto(msg.sampling) if msg.HasField("sampling") else SamplingParams()
+    return SequenceState(
+        id=msg.id,
+        token_ids=ids,
+        prompt_len=msg.prompt_len,
+        computed_len=msg.cached_len,
+        block_table=list(msg.block_ids),
+        sampling=sampling,
+        prefill_logprobs=msg.prefill_logprobs,
+        top_n_tokens=msg.top_n_tokens,
+    )
+
+
+def plan_step(request, table: SequenceTable, limits: PoolLimits) -> StepPlan:
+    released = set(request.released_ids)
+    new_states: dict[int, SequenceState] = {}
+    for msg in request.new_sequences:
+        if msg.id in new_states or (msg.id in table and msg.id not in released):
+            raise InvalidStepError(f"sequence {msg.id} is already registered")
+        new_states[msg.id] = new_sequence_state(msg, limits)
+
+    work: list[ScheduledWork] = []
+    seen: set[int] = set()
+    for msg in request.sequences:
+        if msg.id in seen:
+            raise InvalidStepError(f"sequence {msg.id} is scheduled twice")
+        seen.add(msg.id)
+        if msg.id in new_states:
+            state = new_states[msg.id]
+        elif msg.id in released:
+            raise InvalidStepError(f"sequence {msg.id} is released and scheduled in the same step")
+        else:
+            state = table.get(msg.id)
+        work.append(_scheduled(msg, state, limits))
+    return StepPlan(list(request.released_ids), list(new_states.values()), work)
+
+
+def _scheduled(msg, state: SequenceState, limits: PoolLimits) -> ScheduledWork:
+    item = ScheduledWork(state, list(msg.new_block_ids), msg.num_tokens, msg.sample)
+    if item.num_tokens < 1:
+        raise InvalidStepError(f"sequence {state.id}: num_tokens must be >= 1")
+    if item.end > len(state.token_ids):
+        raise InvalidStepError(
+            f"sequence {state.id}: computing up to position {item.end} but only "
+            f"{len(state.token_ids)} tokens are known (computed {state.computed_len})"
+        )
+    if item.sample and item.end != len(state.token_ids):
+        raise InvalidStepError(f"sequence {state.id}: sample requested before the last known token")
+    if item.end > limits.max_positions:
+        raise InvalidStepError(f"sequence {state.id}: position {item.end - 1} exceeds the model's {limits.max_positions}")
+    _check_blocks(item.new_block_ids, limits, state.id)
+    capacity = (len(state.block_table) + len(item.new_block_ids)) * limits.block_size
+    if item.end > capacity:
+        raise InvalidStepError(
+            f"sequence {state.id}: {item.end} tokens need {_ceil_div(item.end, limits.block_size)} blocks, "
+            f"it has {capacity // limits.block_size}"
+        )
+    return item
+
+
+def apply_plan(plan: StepPlan, table: SequenceTable) -> None:
+    for seq_id in plan.released_ids:
+        table.release(seq_id)
+    for state in plan.new_states:
+        table.add(state)
+    for item in plan.work:
+        item.state.block_table.extend(item.new_block_ids)

@@ -1,0 +1,91 @@
+"""Warmup: run the worst-case step, then size the KV pool.
+
+The worst case is `max_batch_prefill_tokens` tokens spread over up to `max_batch_size`
+sequences, all sampling with every processor active, against a temporary pool just big
+enough for it. Afterwards the real pool is sized: on CPU from `--kv-cache-tokens`, on CUDA
+from the memory left after the step's peak, times `--cuda-memory-fraction`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from .pb import generate_pb2 as pb
+from .runner import ModelRunner
+
+CUDA_WIGGLE_ROOM = 0.95  # share of the measured budget handed to the KV pool
+WARMUP_SEED = 1234
+
+
+@dataclass(frozen=True)
+class PoolSizing:
+    kv_cache_tokens: int  # CPU
+    cuda_memory_fraction: float  # CUDA
+
+
+def worst_case_step(max_tokens: int, max_batch_size: int, block_size: int, vocab_size: int, max_positions: int):
+    """A StepRequest with `max_tokens` prompt tokens over up to `max_batch_size` sequences,
+    plus the number of blocks it needs."""
+    tokens = max(1, max_tokens)
+    count = max(1, min(max_batch_size, tokens))
+    generator = torch.Generator().manual_seed(WARMUP_SEED)
+    request = pb.StepRequest(step_id=0)
+    next_block = 0
+    for index in range(count):
+        length = min(tokens // count + (1 if index < tokens % count else 0), max_positions - 1)
+        blocks = -(-length // block_size)
+        ids = torch.randint(0, vocab_size, (length,), generator=generator).tolist()
+        request.new_sequences.add(
+            id=index,
+            input_ids=ids,
+            prompt_len=length,
+            sampling=pb.SamplingParameters(
+                do_sample=True, temperature=0.7, top_k=50, top_p=0.9, typical_p=0.95,
+                repetition_penalty=1.1, frequency_penalty=0.1, presence_penalty=0.1, seed=index,
+            ),
+            top_n_tokens=5,
+        )
+        request.sequences.add(id=index, num_tokens=length, new_block_ids=range(next_block, next_block + blocks), sample=True)
+        next_block += blocks
+    return request, next_block
+
+
+def warmup(runner: ModelRunner, max_tokens: int, max_batch_size: int, sizing: PoolSizing) -> tuple[int, int]:
+    """Returns (num_blocks, warmup_ms)."""
+    started = time.perf_counter()
+    cfg = runner.config
+    request, blocks_needed = worst_case_step(
+        max_tokens, max_batch_size, runner.block_size, cfg.vocab_size, cfg.max_position_embeddings
+    )
+    runner.clear()
+    if runner.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(runner.device)
+    runner.allocate_kv_cache(blocks_needed)
+    runner.step(request)
+    runner.clear()
+    runner.kv_cache = None
+    num_blocks = _pool_blocks(runner, sizing)
+    if num_blocks < blocks_needed:
+        raise RuntimeError(
+            f"the KV pool holds {num_blocks} blocks but one worst-case step needs {blocks_needed}; "
+            "raise the KV budget or lower max_batch_prefill_tokens"
+        )
+    runner.allocate_kv_cache(num_blocks)
+    return num_blocks, int((time.perf_counter() - started) * 1000)
+
+
+def _pool_blocks(runner: ModelRunner, sizing: PoolSizing) -> int:
+    per_block = runner.kv_spec.bytes_per_block
+    if runner.device.type != "cuda":
+        return runner.kv_spec.blocks_for_tokens(sizing.kv_cache_tokens)
+    device = runner.device
+    torch.cuda.synchronize(device)
+    resident = torch.cuda.memory_allocated(device)
+    workspace = torch.cuda.max_memory_allocated(device) - resident  # the step's activation peak
+    torch.cuda.empty_cache()
+    free, total = torch.cuda.mem_get_info(device)
+    budget = min(free, total * sizing.cuda_memory_fraction - resident) - workspace
+    return max(0, int(budget * CUDA_WIGGLE_ROOM) // per_block)

@@ -1,0 +1,24 @@
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+
+from .tiny_models import FAMILIES, make_tiny_model
+
+logging.getLogger("transformers").setLevel(logging.ERROR)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dirs(tmp_path_factory) -> dict[str, Path]:
+    dirs = {}
+    for family in FAMILIES:
+        directory = tmp_path_factory.mktemp(family)
+        make_tiny_model(family, directory)
+        dirs[family] = directory
+    return dirs
+
+
+@pytest.fixture(autouse=True)
+def _few_threads():
+    torch.set_num_threads(2)
