@@ -198,3 +198,80 @@ impl ShardSim {
         })
     }
 }
+
+/// A metrics recorder that keeps counters and histogram samples, for
+/// `metrics::with_local_recorder` around synchronous scheduler code.
+#[derive(Default)]
+pub struct CapturedMetrics {
+    counters: std::sync::Mutex<HashMap<String, std::sync::Arc<std::sync::atomic::AtomicU64>>>,
+    histograms: std::sync::Mutex<HashMap<String, std::sync::Arc<Samples>>>,
+}
+
+#[derive(Default)]
+pub struct Samples(std::sync::Mutex<Vec<f64>>);
+
+impl metrics::HistogramFn for Samples {
+    fn record(&self, value: f64) {
+        self.0.lock().unwrap().push(value);
+    }
+}
+
+impl CapturedMetrics {
+    pub fn counter(&self, name: &str) -> u64 {
+        let counters = self.counters.lock().unwrap();
+        counters
+            .get(name)
+            .map_or(0, |c| c.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
+    pub fn samples(&self, name: &str) -> Vec<f64> {
+        let histograms = self.histograms.lock().unwrap();
+        histograms
+            .get(name)
+            .map_or_else(Vec::new, |h| h.0.lock().unwrap().clone())
+    }
+}
+
+impl metrics::Recorder for CapturedMetrics {
+    fn describe_counter(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+    fn describe_gauge(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+    fn describe_histogram(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+
+    fn register_counter(&self, key: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Counter {
+        let mut counters = self.counters.lock().unwrap();
+        let counter = counters.entry(key.name().to_string()).or_default();
+        metrics::Counter::from_arc(counter.clone())
+    }
+
+    fn register_gauge(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Gauge {
+        metrics::Gauge::noop()
+    }
+
+    fn register_histogram(
+        &self,
+        key: &metrics::Key,
+        _: &metrics::Metadata<'_>,
+    ) -> metrics::Histogram {
+        let mut histograms = self.histograms.lock().unwrap();
+        let histogram = histograms.entry(key.name().to_string()).or_default();
+        metrics::Histogram::from_arc(histogram.clone())
+    }
+}

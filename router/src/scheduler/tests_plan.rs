@@ -7,7 +7,7 @@ use tokio::sync::mpsc;
 
 use super::api::{FinishReason, SchedulerConfig, SequenceEvent, SequenceRequest, Submission};
 use super::state::SchedulerState;
-use super::test_support::{config, prompt_logprob, request, token_at, ShardSim};
+use super::test_support::{config, prompt_logprob, request, token_at, CapturedMetrics, ShardSim};
 use crate::pb;
 
 struct Harness {
@@ -412,4 +412,29 @@ fn requests_that_can_never_run_are_refused_at_submission() {
         )
         .is_some());
     assert!(!state.is_idle());
+}
+
+#[test]
+fn preemptions_and_queue_time_are_measured() {
+    let recorder = CapturedMetrics::default();
+    let announcements = metrics::with_local_recorder(&recorder, || {
+        let mut h = Harness::new(config(4, 6, 64));
+        h.submit(request(4, 12));
+        h.submit(request(4, 12));
+        h.run_to_idle(100);
+        h.sim.announcements.clone()
+    });
+    let recomputes: u32 = announcements.values().map(|count| count - 1).sum();
+    assert!(recomputes > 0);
+    assert_eq!(
+        recorder.counter("textgen_preemptions_total"),
+        u64::from(recomputes)
+    );
+    let queue_times = recorder.samples("textgen_queue_duration_seconds");
+    assert_eq!(
+        queue_times.len(),
+        2,
+        "recorded once per request, not per readmission"
+    );
+    assert!(queue_times.iter().all(|&seconds| seconds >= 0.0));
 }
