@@ -9,7 +9,7 @@ import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from .options import OPTIONS, ROUTER, SHARD
 from .settings import Settings
@@ -101,6 +101,18 @@ def child_environment(settings: Settings, environ: Mapping[str, str]) -> dict[st
     if settings.otlp_service_name is not None:
         env["OTEL_SERVICE_NAME"] = settings.otlp_service_name
     return env
+
+
+SECRET_FLAGS = frozenset({"--api-key"})
+
+
+def redact_secrets(argv: Sequence[str]) -> list[str]:
+    """argv for logging: the value after a secret flag is masked."""
+    shown = list(argv)
+    for index, arg in enumerate(shown[:-1]):
+        if arg in SECRET_FLAGS:
+            shown[index + 1] = "***"
+    return shown
 
 
 def shard_socket(settings: Settings, rank: int) -> Path:

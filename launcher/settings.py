@@ -123,8 +123,9 @@ def _reject_unsupported(namespace: argparse.Namespace, environ: Mapping[str, str
     for flag in UNSUPPORTED:
         from_env = flag.env is not None and environ.get(flag.env, "") != ""
         if getattr(namespace, flag.dest) is not None or from_env:
-            source = f"environment variable {flag.env}" if from_env else flag.flag
-            raise UsageError(f"{source}: {flag.flag} is not supported by textgen ({flag.reason})")
+            source = f" (set through environment variable {flag.env})" if from_env else ""
+            raise UsageError(
+                f"{flag.flag}{source} is not supported by textgen: {flag.reason}")
 
 
 def _merge_legacy_input_length(values: dict[str, Any]) -> None:

@@ -1,0 +1,58 @@
+"""Stands in for textgen-shard: serves gRPC Health on {uds}-{rank}.
+
+Behaviour comes from the environment: FAKE_SHARD_CRASH_RANK makes that rank fail while
+"loading"; FAKE_SHARD_CRASH_AFTER_READY_RANK makes it die after binding; FAKE_ARGV_DIR
+records each argv as JSON; FAKE_EVENTS_FILE gets a line when SIGTERM arrives.
+"""
+
+import argparse
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from concurrent import futures
+
+import grpc
+
+parser = argparse.ArgumentParser()
+parser.add_argument("command")
+parser.add_argument("--model-path", required=True)
+parser.add_argument("--uds-path", required=True)
+parser.add_argument("--rank", type=int, required=True)
+parser.add_argument("--world-size", type=int, required=True)
+args, _ = parser.parse_known_args()
+
+if os.environ.get("FAKE_ARGV_DIR"):
+    with open(os.path.join(os.environ["FAKE_ARGV_DIR"], f"shard-{args.rank}.json"), "w") as f:
+        json.dump(sys.argv[1:], f)
+
+if os.environ.get("FAKE_SHARD_CRASH_RANK") == str(args.rank):
+    print("loading weights...", file=sys.stderr)
+    print("RuntimeError: weights are corrupt", file=sys.stderr, flush=True)
+    sys.exit(3)
+
+stop = threading.Event()
+signal.signal(signal.SIGTERM, lambda *_: stop.set())
+
+server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+handler = grpc.method_handlers_generic_handler(
+    "textgen.shard.v1.TextGenerationShard",
+    {"Health": grpc.unary_unary_rpc_method_handler(lambda request, context: b"")})
+server.add_generic_rpc_handlers((handler,))
+server.add_insecure_port(f"unix://{args.uds_path}-{args.rank}")
+server.start()
+print(f"shard {args.rank} serving", file=sys.stderr, flush=True)
+
+if os.environ.get("FAKE_SHARD_CRASH_AFTER_READY_RANK") == str(args.rank):
+    time.sleep(1.0)
+    print("CUDA error: an illegal memory access", file=sys.stderr, flush=True)
+    os._exit(7)
+
+stop.wait()
+if os.environ.get("FAKE_EVENTS_FILE"):
+    with open(os.environ["FAKE_EVENTS_FILE"], "a") as f:
+        f.write(f"shard-{args.rank}-stop {time.time()}\n")
+server.stop(0)
+print(f"shard {args.rank} stopped", file=sys.stderr, flush=True)
