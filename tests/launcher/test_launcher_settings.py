@@ -1,0 +1,130 @@
+"""Flags, env twins, precedence, exclusive and unsupported flags."""
+
+import pytest
+
+from launcher.options import OPTIONS, UNSUPPORTED
+from launcher.settings import Settings, UsageError, build_parser, parse_settings
+
+
+def parse(*argv, **env):
+    return parse_settings(list(argv), env)
+
+
+def test_defaults_without_flags_or_environment():
+    settings = parse()
+    assert settings.model_id == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert settings.hostname == "0.0.0.0" and settings.port == 3000
+    assert settings.graceful_termination_timeout == 90.0
+    # Child-owned values stay unset so the child's default applies.
+    assert settings.max_concurrent_requests is None
+    assert settings.dtype is None and settings.json_output is None
+
+
+def test_every_option_is_a_settings_field():
+    names = set(Settings.__dataclass_fields__)
+    for option in OPTIONS:
+        assert option.dest in names or option.dest == "max_input_length", option.dest
+
+
+def test_env_twin_sets_value():
+    settings = parse(MODEL_ID="/repository", PORT="80", MAX_TOTAL_TOKENS="2048",
+                     NUM_SHARD="2", CUDA_MEMORY_FRACTION="0.5", JSON_OUTPUT="true")
+    assert settings.model_id == "/repository"
+    assert settings.port == 80
+    assert settings.max_total_tokens == 2048
+    assert settings.num_shard == 2
+    assert settings.cuda_memory_fraction == 0.5
+    assert settings.json_output is True
+
+
+def test_command_line_beats_environment():
+    settings = parse("--port", "8080", "--max-total-tokens", "100", PORT="80",
+                     MAX_TOTAL_TOKENS="2048")
+    assert (settings.port, settings.max_total_tokens) == (8080, 100)
+
+
+def test_short_port_flag():
+    assert parse("-p", "9000").port == 9000
+
+
+@pytest.mark.parametrize("text,expected", [("true", True), ("1", True), ("False", False),
+                                           ("0", False)])
+def test_boolean_env_twins(text, expected):
+    assert parse(SHARDED=text).sharded is expected
+    assert parse(JSON_OUTPUT=text).json_output is expected
+
+
+def test_bad_boolean_env_is_rejected():
+    with pytest.raises(UsageError, match="SHARDED.*true/false/1/0"):
+        parse(SHARDED="yes please")
+
+
+def test_sharded_flag_with_and_without_value():
+    assert parse("--sharded").sharded is True
+    assert parse("--sharded", "false").sharded is False
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--port", "0"], "port number"),
+    (["--port", "http"], "port number"),
+    (["--max-batch-size", "-3"], "positive integer"),
+    (["--cuda-memory-fraction", "1.5"], r"\(0, 1\]"),
+    (["--dtype", "float64"], "invalid choice"),
+    (["--no-such-flag"], "unrecognized arguments"),
+])
+def test_invalid_flags_get_clear_errors(argv, message):
+    with pytest.raises(UsageError, match=message):
+        parse(*argv)
+
+
+def test_invalid_env_twin_names_the_variable():
+    with pytest.raises(UsageError, match="MAX_BATCH_SIZE"):
+        parse(MAX_BATCH_SIZE="lots")
+    with pytest.raises(UsageError, match="DTYPE.*not one of"):
+        parse(DTYPE="float64")
+
+
+def test_legacy_max_input_length_maps_to_max_input_tokens():
+    assert parse("--max-input-length", "100").max_input_tokens == 100
+    assert parse(MAX_INPUT_LENGTH="100").max_input_tokens == 100
+
+
+def test_max_input_tokens_and_legacy_name_are_exclusive():
+    with pytest.raises(UsageError, match="both set"):
+        parse("--max-input-tokens", "10", "--max-input-length", "10")
+    with pytest.raises(UsageError, match="both set"):
+        parse("--max-input-tokens", "10", MAX_INPUT_LENGTH="10")
+
+
+def test_limits_must_be_consistent():
+    with pytest.raises(UsageError, match="must be less than"):
+        parse("--max-input-tokens", "100", "--max-total-tokens", "100")
+    with pytest.raises(UsageError, match="must not exceed"):
+        parse("--max-total-tokens", "5000", "--max-batch-total-tokens", "4000")
+
+
+def test_shutdown_timeout_aliases():
+    assert parse("-g", "5").graceful_termination_timeout == 5.0
+    assert parse("--shutdown-timeout", "7").graceful_termination_timeout == 7.0
+    assert parse(GRACEFUL_TERMINATION_TIMEOUT="3").graceful_termination_timeout == 3.0
+    assert parse(SHUTDOWN_TIMEOUT="4").graceful_termination_timeout == 4.0
+
+
+@pytest.mark.parametrize("flag", [u for u in UNSUPPORTED])
+def test_unsupported_flags_fail_clearly(flag):
+    argv = [flag.flag, "x"] if flag.takes_value else [flag.flag]
+    with pytest.raises(UsageError, match=f"{flag.flag}.* not supported by textgen"):
+        parse(*argv)
+
+
+def test_unsupported_env_twin_fails_too():
+    with pytest.raises(UsageError, match="QUANTIZE.*not supported"):
+        parse(QUANTIZE="gptq")
+    assert parse(QUANTIZE="").model_id  # an empty variable is not a setting
+
+
+def test_help_names_child_defaults_and_env_twins():
+    text = " ".join(build_parser().format_help().split())  # undo line wrapping
+    assert "[router default: 128] [env: MAX_CONCURRENT_REQUESTS]" in text
+    assert "[env: PORT]" in text
+    assert "TGI flags textgen does not support" in text
