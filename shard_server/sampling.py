@@ -47,8 +47,11 @@ def apply_frequency_presence(
     return logits - frequency.unsqueeze(1) * counts - presence.unsqueeze(1) * (counts > 0).float()
 
 
+MIN_TEMPERATURE = 1e-5  # below this, scaled logits could overflow; it is greedy anyway
+
+
 def apply_temperature(logits: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
-    return logits / temperature.unsqueeze(1)
+    return logits / temperature.clamp(min=MIN_TEMPERATURE).unsqueeze(1)
 
 
 def apply_top_k(logits: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,211 @@
+"""Sampling: each processor against transformers' (or a plain loop), seeded determinism,
+support constraints, and robustness to extreme parameters."""
+
+import math
+
+import pytest
+import torch
+import transformers
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shard_server.pb import generate_pb2 as pb
+from shard_server.requests import InvalidStepError, SamplingParams
+from shard_server.sampling import (
+    Sampler,
+    SamplingRows,
+    apply_frequency_presence,
+    apply_repetition_penalty,
+    apply_temperature,
+    apply_top_k,
+    apply_top_p,
+    apply_typical_p,
+    token_counts,
+)
+
+VOCAB = 50
+
+
+def random_logits(rows: int, seed: int = 0, vocab: int = VOCAB) -> torch.Tensor:
+    return torch.randn(rows, vocab, generator=torch.Generator().manual_seed(seed)) * 3
+
+
+def rows_for(params, positions=None, all_tokens=None, generated=None, top_n=None) -> SamplingRows:
+    n = len(params)
+    return SamplingRows(
+        params=params,
+        positions=positions or [10] * n,
+        all_tokens=all_tokens or [[0]] * n,
+        generated_tokens=generated or [[]] * n,
+        top_n=top_n or [0] * n,
+    )
+
+
+def per_row_reference(logits, processor_for_row):
+    out = []
+    for i in range(logits.shape[0]):
+        processor = processor_for_row(i)
+        row = logits[i : i + 1]
+        out.append(row if processor is None else processor(None, row.clone()))
+    return torch.cat(out)
+
+
+def test_repetition_penalty_matches_transformers():
+    logits = random_logits(3)
+    seen = [[1, 5, 5, 7], [2], [3, 4, 9, 11, 40]]
+    penalties = [1.3, 1.0, 0.7]
+    padded = torch.tensor([r + [r[0]] * (5 - len(r)) for r in seen])
+    ours = apply_repetition_penalty(logits, padded, torch.tensor(penalties))
+    expected = torch.cat(
+        [
+            transformers.RepetitionPenaltyLogitsProcessor(p)(torch.tensor([r]), logits[i : i + 1].clone())
+            for i, (r, p) in enumerate(zip(seen, penalties))
+        ]
+    )
+    torch.testing.assert_close(ours, expected)
+    assert not torch.equal(ours[0], logits[0]) and torch.equal(ours[1], logits[1])
+
+
+def test_frequency_and_presence_penalty_match_plain_loop():
+    logits = random_logits(2)
+    generated = [[3, 3, 3, 8], []]
+    frequency, presence = [0.5, 0.9], [0.25, 1.0]
+    padded = torch.tensor([r + [VOCAB] * (4 - len(r)) for r in generated])
+    ours = apply_frequency_presence(logits, token_counts(padded, VOCAB), torch.tensor(frequency), torch.tensor(presence))
+    expected = logits.clone()
+    for i, tokens in enumerate(generated):
+        for token in set(tokens):
+            expected[i, token] -= frequency[i] * tokens.count(token) + presence[i]
+    torch.testing.assert_close(ours, expected)
+    assert ours[0, 3] == pytest.approx(logits[0, 3].item() - 1.75)
+
+
+def test_temperature_matches_transformers():
+    logits = random_logits(3)
+    temps = [0.5, 1.0, 2.5]
+    ours = apply_temperature(logits, torch.tensor(temps))
+    expected = per_row_reference(logits, lambda i: transformers.TemperatureLogitsWarper(temps[i]))
+    torch.testing.assert_close(ours, expected)
+
+
+def test_top_k_matches_transformers():
+    logits = random_logits(4)
+    ks = [1, 5, 0, 10_000]
+    ours = apply_top_k(logits, torch.tensor(ks))
+    expected = per_row_reference(logits, lambda i: transformers.TopKLogitsWarper(ks[i]) if 0 < ks[i] < VOCAB else None)
+    torch.testing.assert_close(ours, expected)
+    assert (ours[0] > float("-inf")).sum() == 1 and (ours[1] > float("-inf")).sum() == 5
+
+
+def test_top_p_matches_transformers():
+    logits = random_logits(4)
+    ps = [0.1, 0.5, 0.95, 1.0]
+    ours = apply_top_p(logits, torch.tensor(ps))
+    expected = per_row_reference(logits, lambda i: transformers.TopPLogitsWarper(ps[i]) if ps[i] < 1 else None)
+    torch.testing.assert_close(ours, expected)
+    assert torch.equal(ours[3], logits[3])
+
+
+def test_typical_p_matches_transformers():
+    logits = random_logits(4)
+    masses = [0.2, 0.6, 0.9, 1.0]
+    ours = apply_typical_p(logits, torch.tensor(masses))
+    expected = per_row_reference(logits, lambda i: transformers.TypicalLogitsWarper(masses[i]) if masses[i] < 1 else None)
+    torch.testing.assert_close(ours, expected)
+    assert (ours[0] == float("-inf")).any()
+
+
+def test_greedy_applies_penalties_and_reports_logprobs():
+    logits = torch.zeros(1, VOCAB)
+    logits[0, 4], logits[0, 9] = 5.0, 4.0
+    sampler = Sampler(VOCAB, torch.device("cpu"))
+    plain = sampler(logits, rows_for([SamplingParams()], top_n=[3]))
+    assert plain.ids.tolist() == [4]
+    assert plain.logprobs[0].item() == pytest.approx(logits.log_softmax(-1)[0, 4].item())
+    assert plain.top_ids[0].tolist()[:2] == [4, 9]
+    penalised = sampler(logits, rows_for([SamplingParams(repetition_penalty=2.0)], all_tokens=[[4]]))
+    assert penalised.ids.tolist() == [9]
+
+
+def sample_many(params: SamplingParams, logits_row: torch.Tensor, draws: int) -> torch.Tensor:
+    sampler = Sampler(logits_row.shape[0], torch.device("cpu"))
+    logits = logits_row.expand(draws, -1).clone()
+    rows = rows_for([params] * draws, positions=list(range(draws)))
+    return sampler(logits, rows).ids
+
+
+def test_seeded_draws_follow_the_distribution():
+    logits_row = torch.tensor([2.0, 1.0, 0.0, -1.0, 0.5])
+    ids = sample_many(SamplingParams(do_sample=True, seed=42), logits_row, 20_000)
+    observed = torch.bincount(ids, minlength=5).float() / ids.numel()
+    torch.testing.assert_close(observed, logits_row.softmax(-1), atol=0.015, rtol=0)
+
+
+def test_top_k_and_top_p_restrict_the_support():
+    logits_row = random_logits(1, seed=5)[0] / 3
+    top5 = set(torch.topk(logits_row, 5).indices.tolist())
+    ids = sample_many(SamplingParams(do_sample=True, top_k=5, seed=3), logits_row, 2000)
+    assert set(ids.tolist()) <= top5 and len(set(ids.tolist())) > 1
+    probs, order = logits_row.softmax(-1).sort(descending=True)
+    nucleus = set(order[: int((probs.cumsum(0) < 0.6).sum()) + 1].tolist())
+    ids = sample_many(SamplingParams(do_sample=True, top_p=0.6, seed=3), logits_row, 2000)
+    assert set(ids.tolist()) <= nucleus and len(set(ids.tolist())) > 1
+
+
+def test_seeded_draw_is_independent_of_batch():
+    sampler = Sampler(VOCAB, torch.device("cpu"))
+    target = random_logits(1, seed=11)
+    params = SamplingParams(do_sample=True, temperature=1.5, seed=2**40 + 17)
+    alone = sampler(target, rows_for([params], positions=[33])).ids.item()
+    others = random_logits(5, seed=12)
+    batch = torch.cat([others[:2], target, others[2:]])
+    mixed = [SamplingParams(do_sample=True, top_k=3, seed=1), SamplingParams(), params,
+             SamplingParams(do_sample=True, top_p=0.5, seed=9), SamplingParams(repetition_penalty=1.5)]
+    result = sampler(batch, rows_for(mixed, positions=[1, 2, 33, 4, 5], all_tokens=[[0], [1], [2], [3], [4]]))
+    assert result.ids[2].item() == alone
+    # The draw varies with the seed and with the position.
+    by_seed = {sampler(target, rows_for([SamplingParams(do_sample=True, temperature=3, seed=s)], positions=[33])).ids.item() for s in range(20)}
+    by_pos = {sampler(target, rows_for([SamplingParams(do_sample=True, temperature=3, seed=1)], positions=[p])).ids.item() for p in range(20)}
+    assert len(by_seed) > 3 and len(by_pos) > 3
+
+
+def test_logprob_comes_from_the_processed_distribution():
+    sampler = Sampler(VOCAB, torch.device("cpu"))
+    logits = random_logits(1, seed=4)
+    params = SamplingParams(do_sample=True, temperature=0.5, top_k=4, seed=8)
+    out = sampler(logits, rows_for([params], top_n=[6]))
+    processed = apply_top_k(logits / 0.5, torch.tensor([4])).log_softmax(-1)
+    assert out.logprobs[0].item() == pytest.approx(processed[0, out.ids[0]].item(), abs=1e-5)
+    assert torch.isinf(out.top_logprobs[0, 4:]).all() and torch.isfinite(out.top_logprobs[0, :4]).all()
+    assert out.top_logprobs[0].tolist() == sorted(out.top_logprobs[0].tolist(), reverse=True)
+
+
+@pytest.mark.parametrize(
+    "field,value",
+    [("temperature", -1.0), ("temperature", math.nan), ("top_p", 1.5), ("top_p", -0.1), ("typical_p", 2.0),
+     ("repetition_penalty", -2.0), ("frequency_penalty", math.inf), ("presence_penalty", math.nan)],
+)
+def test_invalid_parameters_are_rejected(field, value):
+    with pytest.raises(InvalidStepError, match=field):
+        SamplingParams.from_proto(pb.SamplingParameters(do_sample=True, **{field: value}))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    do_sample=st.booleans(),
+    temperature=st.floats(1e-30, 1e4),
+    top_k=st.integers(0, 2**31),
+    top_p=st.floats(1e-9, 1.0),
+    typical_p=st.floats(1e-9, 1.0),
+    repetition_penalty=st.floats(1e-6, 1e6),
+    frequency_penalty=st.floats(-1e6, 1e6),
+    presence_penalty=st.floats(-1e6, 1e6),
+    seed=st.integers(0, 2**64 - 1),
+)
+def test_extreme_valid_parameters_always_yield_a_token(**fields):
+    params = SamplingParams.from_proto(pb.SamplingParameters(**fields))
+    sampler = Sampler(VOCAB, torch.device("cpu"))
+    out = sampler(random_logits(2, seed=fields["seed"] % 1000),
+                  rows_for([params, SamplingParams()], all_tokens=[[1, 2], [3]], generated=[[2, 2], []], top_n=[3, 0]))
+    assert all(0 <= i < VOCAB for i in out.ids.tolist())
+    assert math.isfinite(out.logprobs[0].item()) and out.logprobs[0].item() <= 0
