@@ -1,0 +1,222 @@
+//! Command line (TGI's flag names, each with its env twin) and the limits derived from it
+//! once the shards have reported their KV capacity.
+use std::path::PathBuf;
+
+use clap::Parser;
+
+/// textgen-router: HTTP front end of textgen. Every flag can also be set through the
+/// environment variable named in `[env: ...]`.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "textgen-router", version, about)]
+pub struct Args {
+    /// Model id reported by `/info` (the Hub id or path the user asked for).
+    #[arg(long, env = "MODEL_ID")]
+    pub model_id: String,
+    /// Local model directory holding tokenizer.json, config.json, generation_config.json.
+    #[arg(long, env = "MODEL_PATH")]
+    pub model_path: PathBuf,
+    /// Shard i listens on the unix socket `{shard_uds_path}-{i}`.
+    #[arg(long, env = "SHARD_UDS_PATH", default_value = "/tmp/text-generation-server")]
+    pub shard_uds_path: String,
+    #[arg(long, env = "NUM_SHARD", default_value_t = 1)]
+    pub num_shard: u32,
+    #[arg(long, env = "HOSTNAME", default_value = "0.0.0.0")]
+    pub hostname: String,
+    #[arg(short, long, env = "PORT", default_value_t = 3000)]
+    pub port: u16,
+    /// Requests served at once; more get 429.
+    #[arg(long, env = "MAX_CONCURRENT_REQUESTS", default_value_t = 128)]
+    pub max_concurrent_requests: usize,
+    #[arg(long, env = "MAX_BEST_OF", default_value_t = 2)]
+    pub max_best_of: usize,
+    #[arg(long, env = "MAX_STOP_SEQUENCES", default_value_t = 4)]
+    pub max_stop_sequences: usize,
+    #[arg(long, env = "MAX_TOP_N_TOKENS", default_value_t = 5)]
+    pub max_top_n_tokens: u32,
+    /// Default: max_total_tokens - 1.
+    #[arg(long, env = "MAX_INPUT_TOKENS")]
+    pub max_input_tokens: Option<u32>,
+    /// Default: min(KV pool tokens, max_position_embeddings).
+    #[arg(long, env = "MAX_TOTAL_TOKENS")]
+    pub max_total_tokens: Option<u32>,
+    /// Token budget of one step (prefill chunks plus decodes).
+    #[arg(long, env = "MAX_BATCH_PREFILL_TOKENS", default_value_t = 4096)]
+    pub max_batch_prefill_tokens: u32,
+    /// Caps the KV pool used (in tokens); default: all the pool measured at warmup.
+    #[arg(long, env = "MAX_BATCH_TOTAL_TOKENS")]
+    pub max_batch_total_tokens: Option<u32>,
+    /// Most sequences in one step.
+    #[arg(long, env = "MAX_BATCH_SIZE")]
+    pub max_batch_size: Option<u32>,
+    /// Largest request body in bytes; larger bodies get 413.
+    #[arg(long, env = "PAYLOAD_LIMIT", default_value_t = 2_000_000)]
+    pub payload_limit: usize,
+    /// Threads that may tokenize at once.
+    #[arg(long, env = "VALIDATION_WORKERS", default_value_t = 2)]
+    pub validation_workers: usize,
+    /// Allowed CORS origins (repeatable); none means any origin.
+    #[arg(long, env = "CORS_ALLOW_ORIGIN", value_delimiter = ',')]
+    pub cors_allow_origin: Vec<String>,
+    /// Required as `Authorization: Bearer <key>` on generation routes when set.
+    #[arg(long, env = "API_KEY")]
+    pub api_key: Option<String>,
+    /// Seconds to keep retrying the shard sockets at startup.
+    #[arg(long, env = "SHARD_CONNECT_TIMEOUT", default_value_t = 600)]
+    pub shard_connect_timeout: u64,
+    /// Log filter (tracing-subscriber syntax), e.g. `info` or `textgen_router=debug`.
+    #[arg(long, env = "LOG_LEVEL", default_value = "info")]
+    pub log_level: String,
+    #[arg(long, env = "JSON_OUTPUT")]
+    pub json_output: bool,
+    /// OpenTelemetry collector; accepted for TGI compatibility, export is not built in yet
+    /// (the router logs a warning when it is set).
+    #[arg(long, env = "OTLP_ENDPOINT")]
+    pub otlp_endpoint: Option<String>,
+}
+
+/// What the shards reported at startup.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShardCapacity {
+    pub block_size: u32,
+    pub num_blocks: u32,
+    pub max_position_embeddings: u32,
+}
+
+/// Request-size limits, consistent with the KV pool: a request that passes validation
+/// always fits in the pool on its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    pub max_input_tokens: u32,
+    pub max_total_tokens: u32,
+    /// Blocks the scheduler may use (the pool, capped by `--max-batch-total-tokens`).
+    pub num_blocks: u32,
+    pub max_batch_total_tokens: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LimitsError {
+    #[error("the shards reported an empty KV pool (block_size {block_size}, num_blocks {num_blocks})")]
+    EmptyPool { block_size: u32, num_blocks: u32 },
+    #[error("`max_total_tokens` ({max_total}) must fit in the KV pool ({capacity} tokens); lower `--max-total-tokens` or raise the KV pool size")]
+    NotEnoughKvMemory { max_total: u32, capacity: u32 },
+    #[error("`max_input_tokens` ({max_input}) must be < `max_total_tokens` ({max_total})")]
+    InputNotBelowTotal { max_input: u32, max_total: u32 },
+    #[error("`--max-batch-total-tokens` ({0}) is smaller than one KV block")]
+    BatchTotalBelowBlock(u32),
+    #[error("`--max-batch-prefill-tokens` must be > 0")]
+    ZeroPrefillBudget,
+}
+
+impl Args {
+    /// Derives the limits like TGI v3: totals default to what the pool and the model's
+    /// positions allow; inputs default to one less.
+    pub fn derive_limits(&self, shards: ShardCapacity) -> Result<Limits, LimitsError> {
+        if shards.block_size == 0 || shards.num_blocks == 0 {
+            return Err(LimitsError::EmptyPool {
+                block_size: shards.block_size,
+                num_blocks: shards.num_blocks,
+            });
+        }
+        if self.max_batch_prefill_tokens == 0 {
+            return Err(LimitsError::ZeroPrefillBudget);
+        }
+        let num_blocks = match self.max_batch_total_tokens {
+            Some(tokens) if tokens < shards.block_size => {
+                return Err(LimitsError::BatchTotalBelowBlock(tokens))
+            }
+            Some(tokens) => shards.num_blocks.min(tokens / shards.block_size),
+            None => shards.num_blocks,
+        };
+        let capacity = num_blocks.saturating_mul(shards.block_size);
+        let max_total = self
+            .max_total_tokens
+            .unwrap_or_else(|| capacity.min(shards.max_position_embeddings.max(2)));
+        if max_total > capacity {
+            return Err(LimitsError::NotEnoughKvMemory { max_total, capacity });
+        }
+        let max_input = self.max_input_tokens.unwrap_or(max_total.saturating_sub(1));
+        if max_input >= max_total || max_input == 0 {
+            return Err(LimitsError::InputNotBelowTotal { max_input, max_total });
+        }
+        Ok(Limits {
+            max_input_tokens: max_input,
+            max_total_tokens: max_total,
+            num_blocks,
+            max_batch_total_tokens: capacity,
+        })
+    }
+
+    /// Sequences per step announced to the shards at warmup: a step never carries more
+    /// sequences than tokens.
+    pub fn warmup_batch_size(&self) -> u32 {
+        self.max_batch_size
+            .unwrap_or(self.max_batch_prefill_tokens)
+            .min(self.max_batch_prefill_tokens)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(extra: &[&str]) -> Args {
+        let mut argv = vec!["textgen-router", "--model-id", "m", "--model-path", "/m"];
+        argv.extend_from_slice(extra);
+        Args::try_parse_from(argv).expect("valid arguments")
+    }
+
+    const POOL: ShardCapacity =
+        ShardCapacity { block_size: 16, num_blocks: 100, max_position_embeddings: 8192 };
+
+    #[test]
+    fn defaults_follow_tgi() {
+        let a = args(&[]);
+        assert_eq!(a.port, 3000);
+        assert_eq!(a.max_concurrent_requests, 128);
+        assert_eq!(a.max_best_of, 2);
+        assert_eq!(a.max_stop_sequences, 4);
+        assert_eq!(a.max_top_n_tokens, 5);
+        assert_eq!(a.payload_limit, 2_000_000);
+        assert_eq!(a.shard_uds_path, "/tmp/text-generation-server");
+    }
+
+    #[test]
+    fn totals_default_to_pool_or_positions() {
+        let limits = args(&[]).derive_limits(POOL).unwrap();
+        assert_eq!(limits.max_total_tokens, 1600);
+        assert_eq!(limits.max_input_tokens, 1599);
+        let small_model = ShardCapacity { max_position_embeddings: 512, ..POOL };
+        let limits = args(&[]).derive_limits(small_model).unwrap();
+        assert_eq!((limits.max_total_tokens, limits.max_input_tokens), (512, 511));
+    }
+
+    #[test]
+    fn total_over_pool_is_refused() {
+        let err = args(&["--max-total-tokens", "2000"]).derive_limits(POOL).unwrap_err();
+        assert_eq!(err, LimitsError::NotEnoughKvMemory { max_total: 2000, capacity: 1600 });
+    }
+
+    #[test]
+    fn input_must_stay_below_total() {
+        let err = args(&["--max-total-tokens", "100", "--max-input-tokens", "100"])
+            .derive_limits(POOL)
+            .unwrap_err();
+        assert!(matches!(err, LimitsError::InputNotBelowTotal { .. }));
+    }
+
+    #[test]
+    fn batch_total_caps_the_pool() {
+        let limits = args(&["--max-batch-total-tokens", "800"]).derive_limits(POOL).unwrap();
+        assert_eq!(limits.num_blocks, 50);
+        assert_eq!(limits.max_total_tokens, 800);
+        let err = args(&["--max-batch-total-tokens", "8"]).derive_limits(POOL).unwrap_err();
+        assert_eq!(err, LimitsError::BatchTotalBelowBlock(8));
+    }
+
+    #[test]
+    fn warmup_batch_never_exceeds_token_budget() {
+        assert_eq!(args(&["--max-batch-prefill-tokens", "64"]).warmup_batch_size(), 64);
+        let a = args(&["--max-batch-prefill-tokens", "64", "--max-batch-size", "8"]);
+        assert_eq!(a.warmup_batch_size(), 8);
+    }
+}

@@ -1,0 +1,289 @@
+//! The request lifecycle: admit (concurrency limit) → validate → submit to the scheduler
+//! → follow the sequence's events into TGI responses. No scheduling decisions here.
+mod best_of;
+mod sequence;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::Stream;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::errors::InferError;
+use crate::metrics::{Outcome, RequestMeter};
+use crate::scheduler::{SchedulerHandle, SequenceRequest, SequenceStream};
+use crate::schema::{Details, GenerateRequest, GenerateResponse, StreamDetails, StreamResponse, Token};
+use crate::tokenizer::TextTokenizer;
+use crate::validation::{ValidRequest, Validation};
+
+pub use sequence::{Progress, SequenceDecoder, SequenceRecord, SequenceSpec, TokenUpdate};
+
+/// Shared by every request handler.
+#[derive(Debug)]
+pub struct Infer {
+    scheduler: SchedulerHandle,
+    validation: Validation,
+    tokenizer: Arc<TextTokenizer>,
+    limiter: Arc<Semaphore>,
+    stop_token_ids: Vec<u32>,
+}
+
+/// Phase durations of a finished request (TGI's x-* headers).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Timings {
+    pub validation: Duration,
+    pub queue: Duration,
+    pub inference: Duration,
+    pub total: Duration,
+}
+
+#[derive(Debug, Clone)]
+pub struct GenerateOutput {
+    pub response: GenerateResponse,
+    pub input_length: u32,
+    pub generated_tokens: u32,
+    pub timings: Timings,
+}
+
+/// What a streaming request knows before its first token.
+#[derive(Debug, Clone, Copy)]
+pub struct StreamStart {
+    pub input_length: u32,
+}
+
+pub type StreamItem = Result<StreamResponse, InferError>;
+
+/// The metric outcome of a failed request.
+pub fn outcome_of(err: &InferError) -> Outcome {
+    match err {
+        InferError::Validation(_) => Outcome::Validation,
+        InferError::Overloaded => Outcome::Overloaded,
+        InferError::Generation(_) | InferError::SchedulerStopped => Outcome::Generation,
+        InferError::IncompleteGeneration => Outcome::Incomplete,
+    }
+}
+
+impl Infer {
+    pub fn new(
+        scheduler: SchedulerHandle,
+        validation: Validation,
+        tokenizer: Arc<TextTokenizer>,
+        max_concurrent_requests: usize,
+        stop_token_ids: Vec<u32>,
+    ) -> Self {
+        Self {
+            scheduler,
+            validation,
+            tokenizer,
+            limiter: Arc::new(Semaphore::new(max_concurrent_requests)),
+            stop_token_ids,
+        }
+    }
+
+    pub fn tokenizer(&self) -> &Arc<TextTokenizer> {
+        &self.tokenizer
+    }
+
+    /// Takes a concurrency slot for the request's whole life, or answers 429.
+    fn admit(&self) -> Result<OwnedSemaphorePermit, InferError> {
+        self.limiter.clone().try_acquire_owned().map_err(|_| InferError::Overloaded)
+    }
+
+    fn spec(&self, valid: &ValidRequest) -> SequenceSpec {
+        SequenceSpec {
+            input_ids: valid.input_ids.clone(),
+            max_new_tokens: valid.max_new_tokens,
+            stop_token_ids: self.stop_token_ids.clone(),
+            stop_sequences: valid.params.stop.clone(),
+        }
+    }
+
+    fn submit(&self, valid: &ValidRequest, seed: u64) -> Result<SequenceStream, InferError> {
+        let mut sampling = valid.params.sampling;
+        sampling.seed = seed;
+        let request = SequenceRequest {
+            input_ids: valid.input_ids.clone(),
+            sampling,
+            max_new_tokens: valid.max_new_tokens,
+            stop_token_ids: self.stop_token_ids.clone(),
+            prefill_logprobs: valid.params.decoder_input_details,
+            top_n_tokens: valid.params.top_n_tokens,
+        };
+        self.scheduler.submit(request).map_err(|_| InferError::SchedulerStopped)
+    }
+
+    /// `/generate`: runs `best_of` sequences and answers with the best one.
+    pub async fn generate(
+        &self,
+        request: GenerateRequest,
+        meter: &mut RequestMeter,
+    ) -> Result<GenerateOutput, InferError> {
+        let _permit = self.admit()?;
+        let valid = self.validation.validate(request, false).await?;
+        let validated_at = Instant::now();
+        let seeds = best_of::seeds(&valid);
+        // Only the first sequence feeds token timings, so best_of does not skew them.
+        let mut timing_meter = Some(&mut *meter);
+        let mut runs = Vec::with_capacity(seeds.len());
+        for &seed in &seeds {
+            let spec = self.spec(&valid);
+            let events = self.submit(&valid, seed)?;
+            let meter = timing_meter.take();
+            runs.push(run_to_end(self.tokenizer.clone(), spec, events, meter));
+        }
+        let finished = futures::future::try_join_all(runs).await?;
+        let inference_end = Instant::now();
+        let (best, others) = best_of::pick(finished, &seeds);
+        let input_length = valid.input_ids.len() as u32;
+        let generated_tokens = best.decoder.record().tokens.len() as u32;
+        let queue = best.decoder.record().queue_time;
+        let mut generated_text = best.decoder.generated_text();
+        if valid.params.return_full_text {
+            generated_text.insert_str(0, &valid.inputs);
+        }
+        let details = valid.params.details.then(|| Details {
+            finish_reason: best.finish,
+            generated_tokens,
+            seed: Some(best.seed),
+            prefill: best.decoder.record().prefill.clone(),
+            tokens: best.decoder.record().tokens.clone(),
+            top_tokens: best.decoder.record().top_tokens.clone(),
+            best_of_sequences: (valid.params.best_of > 1)
+                .then(|| others.into_iter().map(best_of::to_best_of_sequence).collect()),
+        });
+        let validation = validated_at - meter.arrived();
+        Ok(GenerateOutput {
+            response: GenerateResponse { generated_text, details },
+            input_length,
+            generated_tokens,
+            timings: Timings {
+                validation,
+                queue,
+                inference: (inference_end - validated_at).saturating_sub(queue),
+                total: meter.arrived().elapsed(),
+            },
+        })
+    }
+
+    /// `/generate_stream`: validates and submits now (errors here keep their HTTP
+    /// status), then yields one item per token; the last carries text and details.
+    /// Dropping the stream cancels the sequence.
+    pub async fn generate_stream(
+        &self,
+        request: GenerateRequest,
+        mut meter: RequestMeter,
+    ) -> Result<(StreamStart, impl Stream<Item = StreamItem> + Send + 'static), InferError> {
+        let admitted = async {
+            let permit = self.admit()?;
+            let valid = self.validation.validate(request, true).await?;
+            let events = self.submit(&valid, valid.params.sampling.seed)?;
+            Ok::<_, InferError>((permit, valid, events))
+        };
+        let (permit, valid, mut events) = match admitted.await {
+            Ok(admitted) => admitted,
+            Err(err) => {
+                meter.finish(outcome_of(&err));
+                return Err(err);
+            }
+        };
+        let mut decoder = SequenceDecoder::new(self.tokenizer.clone(), self.spec(&valid));
+        let input_length = valid.input_ids.len() as u32;
+        let seed = valid.params.sampling.seed;
+        let full_text_prefix = valid.params.return_full_text.then(|| valid.inputs.clone());
+        let stream = async_stream::stream! {
+            let _permit = permit;
+            let mut index = 0u32;
+            let mut last_token: Option<Token> = None;
+            loop {
+                let Some(event) = events.recv().await else {
+                    meter.finish(Outcome::Incomplete);
+                    yield Err(InferError::IncompleteGeneration);
+                    break;
+                };
+                let update = match decoder.on_event(event) {
+                    Ok(Progress::Pending) => continue,
+                    Ok(Progress::Token(update)) => update,
+                    // Ended without a token marked last: close with an empty one.
+                    Ok(Progress::Finished(reason)) => TokenUpdate {
+                        token: Token { text: String::new(), ..last_token.clone().unwrap_or(Token { id: 0, text: String::new(), logprob: 0.0, special: true }) },
+                        top_tokens: vec![],
+                        finish: Some(reason),
+                    },
+                    Err(err) => {
+                        meter.finish(outcome_of(&err));
+                        yield Err(err);
+                        break;
+                    }
+                };
+                index += 1;
+                meter.on_token();
+                last_token = Some(update.token.clone());
+                let Some(finish_reason) = update.finish else {
+                    yield Ok(StreamResponse { index, token: update.token, top_tokens: update.top_tokens, generated_text: None, details: None });
+                    continue;
+                };
+                let generated_tokens = decoder.record().tokens.len() as u32;
+                let mut text = decoder.generated_text();
+                if let Some(prefix) = &full_text_prefix {
+                    text.insert_str(0, prefix);
+                }
+                meter.succeed(input_length, generated_tokens);
+                yield Ok(StreamResponse {
+                    index,
+                    token: update.token,
+                    top_tokens: update.top_tokens,
+                    generated_text: Some(text),
+                    details: Some(StreamDetails { finish_reason, generated_tokens, seed: Some(seed), input_length }),
+                });
+                break;
+            }
+        };
+        Ok((StreamStart { input_length }, stream))
+    }
+
+    /// `/tokenize`.
+    pub async fn tokenize(&self, text: String) -> Result<Vec<crate::schema::SimpleToken>, InferError> {
+        let tokenizer = self.tokenizer.clone();
+        tokio::task::spawn_blocking(move || tokenizer.tokenize(&text))
+            .await
+            .map_err(|err| InferError::Generation(err.to_string()))?
+            .map_err(|err| crate::validation::ValidationError::Tokenizer(err.0).into())
+    }
+}
+
+/// A sequence followed to its end.
+pub struct FinishedSequence {
+    pub decoder: SequenceDecoder,
+    pub finish: crate::schema::FinishReason,
+}
+
+/// Follows one sequence until it finishes; the stream is dropped (cancelling the
+/// sequence) as soon as the decoder saw the last token.
+async fn run_to_end(
+    tokenizer: Arc<TextTokenizer>,
+    spec: SequenceSpec,
+    mut events: SequenceStream,
+    mut meter: Option<&mut RequestMeter>,
+) -> Result<FinishedSequence, InferError> {
+    let mut decoder = SequenceDecoder::new(tokenizer, spec);
+    while let Some(event) = events.recv().await {
+        let finish = match decoder.on_event(event)? {
+            Progress::Pending => None,
+            Progress::Token(update) => {
+                if let Some(meter) = meter.as_deref_mut() {
+                    meter.on_token();
+                }
+                update.finish
+            }
+            Progress::Finished(reason) => Some(reason),
+        };
+        if let Some(finish) = finish {
+            return Ok(FinishedSequence { decoder, finish });
+        }
+    }
+    Err(InferError::IncompleteGeneration)
+}
+
+#[cfg(test)]
+#[path = "tests.rs"]
+mod tests;

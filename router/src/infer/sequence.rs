@@ -1,0 +1,276 @@
+//! Turns one sequence's scheduler events into TGI tokens: detokenizes incrementally,
+//! matches stop sequences and decides, at the token itself, whether it is the last one
+//! (so the final streamed event needs no extra round trip).
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::errors::InferError;
+use crate::pb;
+use crate::scheduler::{FinishReason as SchedulerFinish, SequenceEvent};
+use crate::schema::{FinishReason, PrefillToken, Token};
+use crate::stop_sequences::StopMatcher;
+use crate::tokenizer::{IncrementalDecoder, TextTokenizer};
+
+/// What the decoder needs to know about the sequence it follows.
+#[derive(Debug, Clone)]
+pub struct SequenceSpec {
+    pub input_ids: Vec<u32>,
+    pub max_new_tokens: u32,
+    pub stop_token_ids: Vec<u32>,
+    pub stop_sequences: Vec<String>,
+}
+
+/// One generated token, ready to be streamed.
+#[derive(Debug, Clone)]
+pub struct TokenUpdate {
+    pub token: Token,
+    pub top_tokens: Vec<Token>,
+    /// Set on the sequence's last token.
+    pub finish: Option<FinishReason>,
+}
+
+/// The outcome of feeding one event.
+#[derive(Debug, Clone)]
+pub enum Progress {
+    /// Nothing to emit (bookkeeping event).
+    Pending,
+    Token(TokenUpdate),
+    /// The scheduler ended the sequence without a token we could mark as last.
+    Finished(FinishReason),
+}
+
+/// Everything known about a finished (or finishing) sequence.
+#[derive(Debug, Clone, Default)]
+pub struct SequenceRecord {
+    pub generated_ids: Vec<u32>,
+    pub tokens: Vec<Token>,
+    pub top_tokens: Vec<Vec<Token>>,
+    pub prefill: Vec<PrefillToken>,
+    pub queue_time: Duration,
+    /// Decoded text as streamed, cut after the stop sequence when one matched.
+    pub stop_cut_text: Option<String>,
+    pub finish: Option<FinishReason>,
+}
+
+pub struct SequenceDecoder {
+    tokenizer: Arc<TextTokenizer>,
+    spec: SequenceSpec,
+    detokenizer: IncrementalDecoder,
+    stops: StopMatcher,
+    record: SequenceRecord,
+}
+
+impl SequenceDecoder {
+    pub fn new(tokenizer: Arc<TextTokenizer>, spec: SequenceSpec) -> Self {
+        let detokenizer = tokenizer.decoder_for(&spec.input_ids);
+        let stops = StopMatcher::new(spec.stop_sequences.clone());
+        Self { tokenizer, spec, detokenizer, stops, record: SequenceRecord::default() }
+    }
+
+    pub fn is_finished(&self) -> bool {
+        self.record.finish.is_some()
+    }
+
+    pub fn record(&self) -> &SequenceRecord {
+        &self.record
+    }
+
+    pub fn into_record(self) -> SequenceRecord {
+        self.record
+    }
+
+    /// Feeds one scheduler event. Events after the sequence finished are ignored.
+    pub fn on_event(&mut self, event: SequenceEvent) -> Result<Progress, InferError> {
+        if self.is_finished() {
+            return Ok(Progress::Pending);
+        }
+        match event {
+            SequenceEvent::Started { queue_time } => {
+                self.record.queue_time = queue_time;
+                Ok(Progress::Pending)
+            }
+            SequenceEvent::Prefill { logprobs } => {
+                self.record.prefill = self.prefill_tokens(&logprobs);
+                Ok(Progress::Pending)
+            }
+            SequenceEvent::Token(token) => self.on_token(token).map(Progress::Token),
+            SequenceEvent::Finished { reason, .. } => {
+                let reason = match reason {
+                    SchedulerFinish::Length => FinishReason::Length,
+                    SchedulerFinish::EosToken => FinishReason::EosToken,
+                };
+                self.record.finish = Some(reason);
+                Ok(Progress::Finished(reason))
+            }
+            SequenceEvent::Error(message) => Err(InferError::Generation(message)),
+        }
+    }
+
+    fn on_token(&mut self, sampled: pb::Token) -> Result<TokenUpdate, InferError> {
+        let piece = self
+            .detokenizer
+            .push(&self.tokenizer, sampled.id)
+            .map_err(|err| InferError::Generation(err.to_string()))?;
+        let stop = self.stops.push(&piece);
+        let token = Token {
+            id: sampled.id,
+            text: piece,
+            logprob: sampled.logprob,
+            special: self.tokenizer.is_special(sampled.id),
+        };
+        let top_tokens: Vec<Token> = sampled
+            .top_ids
+            .iter()
+            .zip(&sampled.top_logprobs)
+            .map(|(&id, &logprob)| Token {
+                id,
+                text: self.tokenizer.token_text(id),
+                logprob,
+                special: self.tokenizer.is_special(id),
+            })
+            .collect();
+        self.record.generated_ids.push(sampled.id);
+        self.record.tokens.push(token.clone());
+        if !top_tokens.is_empty() {
+            self.record.top_tokens.push(top_tokens.clone());
+        }
+        // TGI's order: length, then EOS, then stop sequences.
+        let generated = self.record.generated_ids.len() as u32;
+        let finish = if generated >= self.spec.max_new_tokens {
+            Some(FinishReason::Length)
+        } else if self.spec.stop_token_ids.contains(&sampled.id) {
+            Some(FinishReason::EosToken)
+        } else if let Some(found) = stop {
+            self.record.stop_cut_text = Some(self.stops.text()[..found.end].to_owned());
+            Some(FinishReason::StopSequence)
+        } else {
+            None
+        };
+        self.record.finish = finish;
+        Ok(TokenUpdate { token, top_tokens, finish })
+    }
+
+    /// Prompt tokens with the logprob the model gave each; the first has none.
+    fn prefill_tokens(&self, logprobs: &[f32]) -> Vec<PrefillToken> {
+        self.spec
+            .input_ids
+            .iter()
+            .enumerate()
+            .map(|(position, &id)| PrefillToken {
+                id,
+                text: self.tokenizer.token_text(id),
+                logprob: position.checked_sub(1).and_then(|i| logprobs.get(i).copied()),
+            })
+            .collect()
+    }
+
+    /// The final text: cut after the stop sequence when one matched, otherwise the full
+    /// decode without special tokens (TGI leaves EOS out of `generated_text`).
+    pub fn generated_text(&self) -> String {
+        if let Some(cut) = &self.record.stop_cut_text {
+            return cut.clone();
+        }
+        self.tokenizer
+            .decode(&self.record.generated_ids, true)
+            .unwrap_or_else(|_| self.stops.text().to_owned())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_support::byte_level_tokenizer;
+
+    fn decoder(max_new_tokens: u32, stops: &[&str]) -> (SequenceDecoder, Arc<TextTokenizer>) {
+        let tokenizer = Arc::new(byte_level_tokenizer());
+        let eos = tokenizer.token_to_id("<eos>").unwrap();
+        let spec = SequenceSpec {
+            input_ids: tokenizer.encode("hello").unwrap(),
+            max_new_tokens,
+            stop_token_ids: vec![eos],
+            stop_sequences: stops.iter().map(|s| s.to_string()).collect(),
+        };
+        (SequenceDecoder::new(tokenizer.clone(), spec), tokenizer)
+    }
+
+    fn token(id: u32) -> SequenceEvent {
+        SequenceEvent::Token(pb::Token { id, logprob: -0.5, top_ids: vec![], top_logprobs: vec![] })
+    }
+
+    fn feed_text(d: &mut SequenceDecoder, t: &TextTokenizer, text: &str) -> Vec<TokenUpdate> {
+        let mut updates = vec![];
+        for id in t.encode(text).unwrap() {
+            if let Progress::Token(update) = d.on_event(token(id)).unwrap() {
+                updates.push(update);
+            }
+        }
+        updates
+    }
+
+    #[test]
+    fn stop_sequence_finishes_and_cuts_text() {
+        let (mut d, t) = decoder(100, &["lo w"]);
+        let updates = feed_text(&mut d, &t, " hello world");
+        let last = updates.iter().position(|u| u.finish.is_some()).unwrap();
+        assert_eq!(updates[last].finish, Some(FinishReason::StopSequence));
+        assert!(updates[last + 1..].is_empty(), "nothing is emitted after the stop");
+        assert_eq!(d.generated_text(), " hello w");
+    }
+
+    #[test]
+    fn eos_finishes_without_its_text() {
+        let (mut d, t) = decoder(100, &[]);
+        feed_text(&mut d, &t, "hi");
+        let eos = t.token_to_id("<eos>").unwrap();
+        let Progress::Token(update) = d.on_event(token(eos)).unwrap() else { panic!() };
+        assert_eq!(update.finish, Some(FinishReason::EosToken));
+        assert!(update.token.special);
+        assert_eq!(d.generated_text(), "hi");
+        // The scheduler's own Finished event is then ignored.
+        let finished = SequenceEvent::Finished { reason: SchedulerFinish::EosToken, generated_tokens: 3 };
+        assert!(matches!(d.on_event(finished).unwrap(), Progress::Pending));
+    }
+
+    #[test]
+    fn length_finishes_at_max_new_tokens() {
+        let (mut d, t) = decoder(2, &[]);
+        let updates = feed_text(&mut d, &t, "abc");
+        assert_eq!(updates.len(), 2);
+        assert_eq!(updates[1].finish, Some(FinishReason::Length));
+        assert_eq!(d.record().tokens.len(), 2);
+    }
+
+    #[test]
+    fn prefill_logprobs_align_with_prompt_tokens() {
+        let (mut d, _) = decoder(5, &[]);
+        let spec_len = d.spec.input_ids.len();
+        d.spec.input_ids = vec![1, 2, 3];
+        d.on_event(SequenceEvent::Prefill { logprobs: vec![-1.0, -2.0] }).unwrap();
+        let prefill = &d.record().prefill;
+        assert!(spec_len > 0);
+        assert_eq!(prefill.iter().map(|p| p.logprob).collect::<Vec<_>>(), vec![None, Some(-1.0), Some(-2.0)]);
+    }
+
+    #[test]
+    fn shard_error_becomes_generation_error() {
+        let (mut d, _) = decoder(5, &[]);
+        let err = d.on_event(SequenceEvent::Error("shard 1 died".into())).unwrap_err();
+        assert_eq!(err.error_type(), "generation");
+    }
+
+    #[test]
+    fn top_tokens_carry_text_and_logprobs() {
+        let (mut d, t) = decoder(5, &[]);
+        let h = t.encode("h").unwrap()[0];
+        let event = SequenceEvent::Token(pb::Token {
+            id: h,
+            logprob: -0.1,
+            top_ids: vec![h, h + 1],
+            top_logprobs: vec![-0.1, -2.0],
+        });
+        let Progress::Token(update) = d.on_event(event).unwrap() else { panic!() };
+        assert_eq!(update.top_tokens.len(), 2);
+        assert_eq!(update.top_tokens[0].text, "h");
+        assert_eq!(update.top_tokens[1].logprob, -2.0);
+    }
+}

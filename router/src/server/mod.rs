@@ -1,0 +1,118 @@
+//! The HTTP server: routes, shared state, layers (body limit, CORS, API key) and
+//! graceful shutdown.
+mod ops;
+mod sse;
+mod tgi;
+
+use std::future::Future;
+use std::sync::Arc;
+
+use axum::extract::{DefaultBodyLimit, FromRequest, Request, State};
+use axum::http::{header, HeaderValue, Method};
+use axum::middleware::{self, Next};
+use axum::response::Response;
+use axum::routing::{get, post};
+use axum::Router;
+use futures::future::BoxFuture;
+use metrics_exporter_prometheus::PrometheusHandle;
+use tower_http::cors::{AllowOrigin, CorsLayer};
+
+use crate::errors::ApiError;
+use crate::infer::Infer;
+
+pub use ops::Info;
+pub use sse::{sse_response, to_event};
+
+/// Answers whether the shards can still serve (`/health`).
+pub trait HealthProbe: Send + Sync + 'static {
+    fn check(&self) -> BoxFuture<'_, Result<(), String>>;
+}
+
+/// Everything the handlers share.
+#[derive(Clone)]
+pub struct AppState {
+    pub infer: Arc<Infer>,
+    pub health: Arc<dyn HealthProbe>,
+    pub info: Arc<Info>,
+    pub prometheus: PrometheusHandle,
+}
+
+/// HTTP settings from the command line.
+#[derive(Debug, Clone, Default)]
+pub struct HttpOptions {
+    pub payload_limit: usize,
+    pub cors_allow_origin: Vec<String>,
+    pub api_key: Option<String>,
+}
+
+/// JSON body extractor whose rejections (malformed JSON, wrong types, missing content
+/// type, body over the payload limit) answer TGI's error JSON.
+#[derive(Debug, Clone, FromRequest)]
+#[from_request(via(axum::Json), rejection(ApiError))]
+pub struct ApiJson<T>(pub T);
+
+pub fn router(state: AppState, options: &HttpOptions) -> Router {
+    let generation = Router::new()
+        .route("/", post(tgi::compat_generate))
+        .route("/generate", post(tgi::generate))
+        .route("/generate_stream", post(tgi::generate_stream))
+        .route("/tokenize", post(tgi::tokenize))
+        .route_layer(middleware::from_fn_with_state(options.api_key.clone(), require_api_key));
+    let operations = Router::new()
+        .route("/", get(ops::health))
+        .route("/health", get(ops::health))
+        .route("/ping", get(ops::health))
+        .route("/info", get(ops::info))
+        .route("/metrics", get(ops::metrics));
+    generation
+        .merge(operations)
+        .layer(DefaultBodyLimit::max(options.payload_limit))
+        .layer(cors(&options.cors_allow_origin))
+        .with_state(state)
+}
+
+fn cors(origins: &[String]) -> CorsLayer {
+    let allow_origin = if origins.is_empty() {
+        AllowOrigin::any()
+    } else {
+        AllowOrigin::list(origins.iter().filter_map(|o| HeaderValue::from_str(o).ok()))
+    };
+    CorsLayer::new()
+        .allow_origin(allow_origin)
+        .allow_methods([Method::GET, Method::POST])
+        .allow_headers([header::CONTENT_TYPE])
+}
+
+/// With `--api-key`, generation routes need `Authorization: Bearer <key>` (compared
+/// exactly, unlike TGI's case-insensitive check).
+async fn require_api_key(
+    State(key): State<Option<String>>,
+    request: Request,
+    next: Next,
+) -> Result<Response, ApiError> {
+    if let Some(key) = key {
+        let given = request
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|value| value.to_str().ok())
+            .and_then(|value| value.strip_prefix("Bearer "));
+        if given != Some(key.as_str()) {
+            return Err(ApiError::Unauthorized);
+        }
+    }
+    Ok(next.run(request).await)
+}
+
+/// Serves until `shutdown` resolves, then stops accepting and waits for in-flight
+/// requests (open SSE streams included) to finish.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    app: Router,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, app).with_graceful_shutdown(shutdown).await
+}
+
+#[cfg(test)]
+#[path = "tests.rs"]
+mod tests;

@@ -1,0 +1,162 @@
+//! Startup: shards (connect, ClearCache, Info, Warmup), limits, tokenizer, scheduler,
+//! HTTP server, and shutdown on SIGTERM/SIGINT.
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+
+use crate::config::{Args, Limits, ShardCapacity};
+use crate::infer::Infer;
+use crate::pb;
+use crate::scheduler::{self, SchedulerConfig};
+use crate::server::{self, AppState, HealthProbe, HttpOptions, Info};
+use crate::shards::ShardSet;
+use crate::tokenizer::TextTokenizer;
+use crate::validation::{Validation, ValidationLimits};
+
+const HEALTH_TIMEOUT: Duration = Duration::from_secs(10);
+
+impl HealthProbe for ShardSet {
+    fn check(&self) -> BoxFuture<'_, Result<(), String>> {
+        Box::pin(async move { self.health(HEALTH_TIMEOUT).await.map_err(|err| err.to_string()) })
+    }
+}
+
+/// What the shards told us at startup.
+struct ShardReport {
+    info: pb::InfoResponse,
+    capacity: ShardCapacity,
+}
+
+async fn prepare_shards(args: &Args, shards: &ShardSet) -> anyhow::Result<ShardReport> {
+    shards.clear_cache().await?;
+    let infos = shards.info().await?;
+    let info = infos.first().cloned().ok_or_else(|| anyhow::anyhow!("no shard answered Info"))?;
+    if let Some(odd) = infos.iter().find(|i| i.block_size != info.block_size) {
+        anyhow::bail!("shards disagree on block_size: {} vs {}", info.block_size, odd.block_size);
+    }
+    let warmups = shards
+        .warmup(pb::WarmupRequest {
+            max_batch_prefill_tokens: args.max_batch_prefill_tokens,
+            max_batch_size: args.warmup_batch_size(),
+        })
+        .await?;
+    // The smallest pool bounds every shard (they hold the same block ids).
+    let num_blocks = warmups.iter().map(|w| w.num_blocks).min().unwrap_or(0);
+    let slowest_ms = warmups.iter().map(|w| w.warmup_ms).max().unwrap_or(0);
+    tracing::info!(num_blocks, block_size = info.block_size, warmup_ms = slowest_ms, "shards warmed up");
+    let capacity = ShardCapacity {
+        block_size: info.block_size,
+        num_blocks,
+        max_position_embeddings: info.max_position_embeddings,
+    };
+    Ok(ShardReport { info, capacity })
+}
+
+fn model_info(args: &Args, limits: &Limits, shard: &pb::InfoResponse) -> Info {
+    Info {
+        model_id: args.model_id.clone(),
+        model_sha: None,
+        model_pipeline_tag: Some("text-generation".to_owned()),
+        model_dtype: shard.dtype.clone(),
+        model_device_type: shard.device_type.clone(),
+        max_concurrent_requests: args.max_concurrent_requests,
+        max_best_of: args.max_best_of,
+        max_stop_sequences: args.max_stop_sequences,
+        max_top_n_tokens: args.max_top_n_tokens,
+        max_input_tokens: limits.max_input_tokens,
+        max_total_tokens: limits.max_total_tokens,
+        max_batch_prefill_tokens: args.max_batch_prefill_tokens,
+        max_batch_total_tokens: limits.max_batch_total_tokens,
+        max_batch_size: args.max_batch_size,
+        block_size: shard.block_size,
+        num_shard: args.num_shard,
+        validation_workers: args.validation_workers,
+        router: env!("CARGO_PKG_NAME"),
+        version: env!("CARGO_PKG_VERSION"),
+        sha: None,
+        docker_label: None,
+    }
+}
+
+/// Resolves on the first SIGTERM or SIGINT.
+pub async fn shutdown_signal() {
+    let interrupt = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(err) => {
+                tracing::error!(%err, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        _ = interrupt => tracing::info!("SIGINT received, draining"),
+        _ = terminate => tracing::info!("SIGTERM received, draining"),
+    }
+}
+
+/// Runs the router until a signal has drained it.
+pub async fn run(args: Args) -> anyhow::Result<()> {
+    if args.otlp_endpoint.is_some() {
+        tracing::warn!("--otlp-endpoint is set, but this router build exports no traces yet");
+    }
+    if args.validation_workers == 0 {
+        anyhow::bail!("--validation-workers must be > 0");
+    }
+    let prometheus = crate::metrics::install()?;
+    let tokenizer = Arc::new(TextTokenizer::from_file(&args.model_path.join("tokenizer.json"))?);
+    let stop_token_ids = crate::model_files::stop_token_ids(&args.model_path, &tokenizer)?;
+    tracing::info!(?stop_token_ids, "tokenizer loaded");
+
+    let shards = ShardSet::connect(
+        &args.shard_uds_path,
+        args.num_shard as usize,
+        Duration::from_secs(args.shard_connect_timeout),
+    )
+    .await?;
+    let report = prepare_shards(&args, &shards).await?;
+    let limits = args.derive_limits(report.capacity)?;
+    tracing::info!(?limits, "limits");
+
+    let scheduler_config = SchedulerConfig {
+        block_size: report.capacity.block_size,
+        num_blocks: limits.num_blocks,
+        max_batch_prefill_tokens: args.max_batch_prefill_tokens,
+        max_batch_size: args.max_batch_size,
+    };
+    scheduler_config.validate()?;
+    let scheduler = scheduler::spawn(scheduler_config, shards.clone());
+
+    let validation_limits = ValidationLimits {
+        max_best_of: args.max_best_of,
+        max_stop_sequences: args.max_stop_sequences,
+        max_top_n_tokens: args.max_top_n_tokens,
+        max_input_tokens: limits.max_input_tokens,
+        max_total_tokens: limits.max_total_tokens,
+    };
+    let validation = Validation::new(tokenizer.clone(), validation_limits, args.validation_workers);
+    let infer = Infer::new(scheduler, validation, tokenizer, args.max_concurrent_requests, stop_token_ids);
+    let state = AppState {
+        infer: Arc::new(infer),
+        health: Arc::new(shards),
+        info: Arc::new(model_info(&args, &limits, &report.info)),
+        prometheus,
+    };
+    let options = HttpOptions {
+        payload_limit: args.payload_limit,
+        cors_allow_origin: args.cors_allow_origin.clone(),
+        api_key: args.api_key.clone(),
+    };
+    let listener = tokio::net::TcpListener::bind((args.hostname.as_str(), args.port)).await?;
+    tracing::info!(address = %listener.local_addr()?, "serving");
+    server::serve(listener, server::router(state, &options), shutdown_signal()).await?;
+    tracing::info!("drained, exiting");
+    Ok(())
+}

@@ -1,0 +1,207 @@
+//! The model's tokenizer (tokenizer.json) and the incremental detokenizer that turns
+//! generated ids into text pieces without ever emitting half a UTF-8 character.
+use std::collections::HashSet;
+use std::path::Path;
+
+use tokenizers::Tokenizer;
+
+use crate::schema::SimpleToken;
+
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("tokenizer error: {0}")]
+pub struct TokenizerError(pub String);
+
+fn tokenizer_error(err: impl std::fmt::Display) -> TokenizerError {
+    TokenizerError(err.to_string())
+}
+
+/// How many prompt tokens seed the detokenizer, so the first generated token decodes
+/// in context (leading spaces of SentencePiece-style tokens come out right).
+const PROMPT_CONTEXT_TOKENS: usize = 5;
+
+/// A loaded tokenizer plus the ids it marks special.
+#[derive(Clone)]
+pub struct TextTokenizer {
+    inner: Tokenizer,
+    special_ids: HashSet<u32>,
+}
+
+impl std::fmt::Debug for TextTokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TextTokenizer").field("special_ids", &self.special_ids).finish()
+    }
+}
+
+impl TextTokenizer {
+    pub fn from_file(path: &Path) -> Result<Self, TokenizerError> {
+        let inner = Tokenizer::from_file(path)
+            .map_err(|err| TokenizerError(format!("cannot load {}: {err}", path.display())))?;
+        Ok(Self::new(inner))
+    }
+
+    pub fn new(inner: Tokenizer) -> Self {
+        let special_ids = inner
+            .get_added_tokens_decoder()
+            .into_iter()
+            .filter(|(_, token)| token.special)
+            .map(|(id, _)| id)
+            .collect();
+        Self { inner, special_ids }
+    }
+
+    /// Prompt ids, with the tokenizer's own special tokens (e.g. BOS) added, like TGI.
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>, TokenizerError> {
+        let encoding = self.inner.encode(text, true).map_err(tokenizer_error)?;
+        Ok(encoding.get_ids().to_vec())
+    }
+
+    /// `/tokenize`'s answer: ids with the text they cover and character offsets.
+    pub fn tokenize(&self, text: &str) -> Result<Vec<SimpleToken>, TokenizerError> {
+        let encoding = self.inner.encode_char_offsets(text, true).map_err(tokenizer_error)?;
+        let tokens = encoding
+            .get_ids()
+            .iter()
+            .zip(encoding.get_offsets())
+            .map(|(&id, &(start, stop))| SimpleToken {
+                id,
+                text: text.chars().skip(start).take(stop.saturating_sub(start)).collect(),
+                start,
+                stop,
+            })
+            .collect();
+        Ok(tokens)
+    }
+
+    pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String, TokenizerError> {
+        self.inner.decode(ids, skip_special_tokens).map_err(tokenizer_error)
+    }
+
+    /// Text of one token on its own (used for prefill and top-n alternatives).
+    pub fn token_text(&self, id: u32) -> String {
+        self.inner.decode(&[id], false).unwrap_or_default()
+    }
+
+    pub fn is_special(&self, id: u32) -> bool {
+        self.special_ids.contains(&id)
+    }
+
+    /// Id of a token given by its string form (e.g. `"</s>"`), if the vocabulary has it.
+    pub fn token_to_id(&self, token: &str) -> Option<u32> {
+        self.inner.token_to_id(token)
+    }
+
+    pub fn decoder_for(&self, prompt_ids: &[u32]) -> IncrementalDecoder {
+        let start = prompt_ids.len().saturating_sub(PROMPT_CONTEXT_TOKENS);
+        IncrementalDecoder::new(&prompt_ids[start..])
+    }
+}
+
+/// TGI's prefix/read-offset scheme: decode a small window twice (with and without the
+/// newest tokens) and emit the difference once it no longer ends in a replacement
+/// character, i.e. once the pending bytes form whole characters.
+#[derive(Debug, Clone)]
+pub struct IncrementalDecoder {
+    ids: Vec<u32>,
+    prefix_offset: usize,
+    read_offset: usize,
+}
+
+impl IncrementalDecoder {
+    /// `context` are the last prompt ids; they are decoded for context, never emitted.
+    pub fn new(context: &[u32]) -> Self {
+        Self { ids: context.to_vec(), prefix_offset: 0, read_offset: context.len() }
+    }
+
+    /// Adds one generated id and returns the text it completes (possibly empty).
+    pub fn push(&mut self, tokenizer: &TextTokenizer, id: u32) -> Result<String, TokenizerError> {
+        self.ids.push(id);
+        let prefix_text = tokenizer.decode(&self.ids[self.prefix_offset..self.read_offset], false)?;
+        let new_text = tokenizer.decode(&self.ids[self.prefix_offset..], false)?;
+        if new_text.len() <= prefix_text.len() || new_text.ends_with(char::REPLACEMENT_CHARACTER) {
+            return Ok(String::new());
+        }
+        let piece = match new_text.strip_prefix(prefix_text.as_str()) {
+            Some(rest) => rest.to_owned(),
+            None => new_text.chars().skip(prefix_text.chars().count()).collect(),
+        };
+        self.prefix_offset = self.read_offset;
+        self.read_offset = self.ids.len();
+        self.forget_consumed();
+        Ok(piece)
+    }
+
+    /// Keeps the window small: ids before `prefix_offset` are never decoded again.
+    fn forget_consumed(&mut self) {
+        if self.prefix_offset > 0 {
+            self.ids.drain(..self.prefix_offset);
+            self.read_offset -= self.prefix_offset;
+            self.prefix_offset = 0;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_support::byte_level_tokenizer;
+
+    fn stream(tokenizer: &TextTokenizer, prompt: &[u32], ids: &[u32]) -> Vec<String> {
+        let mut decoder = tokenizer.decoder_for(prompt);
+        ids.iter().map(|&id| decoder.push(tokenizer, id).unwrap()).collect()
+    }
+
+    #[test]
+    fn split_multibyte_characters_are_held_back() {
+        let tokenizer = byte_level_tokenizer();
+        let text = "hello é 日本 🙂!";
+        let ids = tokenizer.encode(text).unwrap();
+        assert!(ids.len() > text.chars().count(), "multi-byte chars must span tokens");
+        let pieces = stream(&tokenizer, &[], &ids);
+        for piece in &pieces {
+            assert!(!piece.contains(char::REPLACEMENT_CHARACTER), "broken piece {piece:?}");
+        }
+        assert!(pieces.iter().any(String::is_empty), "some bytes must have been held back");
+        assert_eq!(pieces.concat(), text);
+        assert_eq!(pieces.concat(), tokenizer.decode(&ids, false).unwrap());
+    }
+
+    #[test]
+    fn prompt_context_is_not_emitted() {
+        let tokenizer = byte_level_tokenizer();
+        let prompt = tokenizer.encode("say hello").unwrap();
+        let generated = tokenizer.encode(" wörld").unwrap();
+        assert_eq!(stream(&tokenizer, &prompt, &generated).concat(), " wörld");
+    }
+
+    #[test]
+    fn token_ending_mid_character_is_completed_by_the_next() {
+        let tokenizer = byte_level_tokenizer();
+        // "aé" encodes as the merged token "a"+first byte of "é", then the second byte.
+        let ids = tokenizer.encode("aé").unwrap();
+        assert_eq!(ids.len(), 2);
+        assert_eq!(stream(&tokenizer, &[], &ids), vec![String::new(), "aé".to_owned()]);
+    }
+
+    #[test]
+    fn special_tokens_are_flagged_and_kept_in_stream_text() {
+        let tokenizer = byte_level_tokenizer();
+        let eos = tokenizer.token_to_id("<eos>").unwrap();
+        assert!(tokenizer.is_special(eos));
+        assert!(!tokenizer.is_special(tokenizer.encode("h").unwrap()[0]));
+        assert_eq!(stream(&tokenizer, &[], &[eos]), vec!["<eos>".to_owned()]);
+        assert_eq!(tokenizer.decode(&[eos], true).unwrap(), "");
+    }
+
+    #[test]
+    fn tokenize_reports_character_offsets() {
+        let tokenizer = byte_level_tokenizer();
+        let tokens = tokenizer.tokenize("é hello").unwrap();
+        let covered: String = tokens.iter().map(|t| t.text.as_str()).collect::<Vec<_>>().join("");
+        assert!(covered.contains("hello"));
+        let last = tokens.last().unwrap();
+        assert_eq!(last.stop, "é hello".chars().count());
+        for token in &tokens {
+            assert!(token.start <= token.stop);
+        }
+    }
+}

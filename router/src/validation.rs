@@ -1,0 +1,294 @@
+//! TGI's request validation: parameter ranges, length limits against the KV-consistent
+//! limits, truncation, and tokenization. Messages follow TGI's wording.
+use std::sync::Arc;
+
+use tokio::sync::Semaphore;
+
+use crate::pb;
+use crate::schema::{GenerateParameters, GenerateRequest};
+use crate::tokenizer::TextTokenizer;
+
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ValidationError {
+    #[error("`best_of` must be > 0 and <= {0}. Given: {1}")]
+    BestOf(usize, usize),
+    #[error("you must use sampling when `best_of` is > 1")]
+    BestOfSampling,
+    #[error("`seed` must not be set when `best_of` > 1")]
+    BestOfSeed,
+    #[error("`best_of` != 1 is not supported when streaming tokens")]
+    BestOfStream,
+    #[error("`top_n_tokens` must be >= 0 and <= {0}. Given: {1}")]
+    TopNTokens(u32, u32),
+    #[error("`decoder_input_details` == true is not supported when streaming tokens")]
+    PrefillDetailsStream,
+    #[error("`temperature` must be strictly positive")]
+    Temperature,
+    #[error("`repetition_penalty` must be strictly positive")]
+    RepetitionPenalty,
+    #[error("`frequency_penalty` must be >= -2.0 and <= 2.0")]
+    FrequencyPenalty,
+    #[error("`top_p` must be > 0.0 and < 1.0")]
+    TopP,
+    #[error("`top_k` must be strictly positive")]
+    TopK,
+    #[error("`typical_p` must be > 0.0 and < 1.0")]
+    TypicalP,
+    #[error("`truncate` must be strictly positive and less than {0}. Given: {1}")]
+    Truncate(u32, usize),
+    #[error("`max_new_tokens` must be strictly positive")]
+    MaxNewTokens,
+    #[error("`inputs` tokens + `max_new_tokens` must be <= {0}. Given: {1} `inputs` tokens and {2} `max_new_tokens`")]
+    MaxTotalTokens(u32, u32, u32),
+    #[error("`inputs` must have less than {0} tokens. Given: {1}")]
+    InputLength(u32, u32),
+    #[error("`inputs` cannot be empty")]
+    EmptyInput,
+    #[error("`stop` supports up to {0} stop sequences. Given: {1}")]
+    StopSequence(usize, usize),
+    #[error("`stop` sequences must not be empty strings")]
+    EmptyStopSequence,
+    #[error("`{0}` is not supported by textgen")]
+    Unsupported(&'static str),
+    #[error("tokenizer error {0}")]
+    Tokenizer(String),
+}
+
+/// The caps validation enforces (from the command line and the derived limits).
+#[derive(Debug, Clone, Copy)]
+pub struct ValidationLimits {
+    pub max_best_of: usize,
+    pub max_stop_sequences: usize,
+    pub max_top_n_tokens: u32,
+    pub max_input_tokens: u32,
+    pub max_total_tokens: u32,
+}
+
+/// Parameters after the range checks, before the prompt is tokenized.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CheckedParameters {
+    /// Seed still 0 here when none was given; `Validation` draws one.
+    pub sampling: pb::SamplingParameters,
+    pub seed: Option<u64>,
+    pub best_of: usize,
+    pub max_new_tokens: Option<u32>,
+    pub stop: Vec<String>,
+    pub truncate: Option<usize>,
+    pub details: bool,
+    pub decoder_input_details: bool,
+    pub top_n_tokens: u32,
+    pub return_full_text: bool,
+}
+
+/// A request ready for the scheduler.
+#[derive(Debug, Clone)]
+pub struct ValidRequest {
+    pub inputs: String,
+    pub input_ids: Vec<u32>,
+    pub max_new_tokens: u32,
+    pub params: CheckedParameters,
+}
+
+/// Checks every parameter that does not need the tokenized prompt.
+pub fn check_parameters(
+    p: &GenerateParameters,
+    streaming: bool,
+    limits: &ValidationLimits,
+) -> Result<CheckedParameters, ValidationError> {
+    reject_unsupported(p)?;
+    let temperature = p.temperature.unwrap_or(1.0);
+    if !(temperature > 0.0) {
+        return Err(ValidationError::Temperature);
+    }
+    let repetition_penalty = p.repetition_penalty.unwrap_or(1.0);
+    if !(repetition_penalty > 0.0) {
+        return Err(ValidationError::RepetitionPenalty);
+    }
+    let frequency_penalty = p.frequency_penalty.unwrap_or(0.0);
+    if !(-2.0..=2.0).contains(&frequency_penalty) {
+        return Err(ValidationError::FrequencyPenalty);
+    }
+    let top_p = p.top_p.unwrap_or(1.0);
+    if p.top_p.is_some() && !(top_p > 0.0 && top_p < 1.0) {
+        return Err(ValidationError::TopP);
+    }
+    let typical_p = p.typical_p.unwrap_or(1.0);
+    if p.typical_p.is_some() && !(typical_p > 0.0 && typical_p < 1.0) {
+        return Err(ValidationError::TypicalP);
+    }
+    let top_k = match p.top_k {
+        Some(k) if k <= 0 => return Err(ValidationError::TopK),
+        Some(k) => k as u32,
+        None => 0,
+    };
+    if p.max_new_tokens == Some(0) {
+        return Err(ValidationError::MaxNewTokens);
+    }
+    // Sampling is on when asked for or when any warper would change the distribution.
+    let do_sample = p.do_sample || temperature != 1.0 || top_k != 0 || top_p < 1.0 || typical_p < 1.0;
+    let best_of = check_best_of(p, do_sample, streaming, limits)?;
+    if p.stop.len() > limits.max_stop_sequences {
+        return Err(ValidationError::StopSequence(limits.max_stop_sequences, p.stop.len()));
+    }
+    if p.stop.iter().any(String::is_empty) {
+        return Err(ValidationError::EmptyStopSequence);
+    }
+    let top_n_tokens = p.top_n_tokens.unwrap_or(0);
+    if top_n_tokens > limits.max_top_n_tokens {
+        return Err(ValidationError::TopNTokens(limits.max_top_n_tokens, top_n_tokens));
+    }
+    if streaming && p.decoder_input_details {
+        return Err(ValidationError::PrefillDetailsStream);
+    }
+    if let Some(truncate) = p.truncate {
+        if truncate == 0 || truncate > limits.max_input_tokens as usize {
+            return Err(ValidationError::Truncate(limits.max_input_tokens, truncate));
+        }
+    }
+    let sampling = pb::SamplingParameters {
+        do_sample,
+        temperature,
+        top_k,
+        top_p,
+        typical_p,
+        repetition_penalty,
+        frequency_penalty,
+        presence_penalty: 0.0,
+        seed: p.seed.unwrap_or(0),
+    };
+    Ok(CheckedParameters {
+        sampling,
+        seed: p.seed,
+        best_of,
+        max_new_tokens: p.max_new_tokens,
+        stop: p.stop.clone(),
+        truncate: p.truncate,
+        details: p.details,
+        decoder_input_details: p.decoder_input_details,
+        top_n_tokens,
+        return_full_text: p.return_full_text.unwrap_or(false),
+    })
+}
+
+/// TGI fields textgen does not implement are refused unless left at their neutral value.
+fn reject_unsupported(p: &GenerateParameters) -> Result<(), ValidationError> {
+    if p.grammar.as_ref().is_some_and(|g| !g.is_null()) {
+        return Err(ValidationError::Unsupported("grammar"));
+    }
+    if p.adapter_id.as_ref().is_some_and(|id| !id.is_empty()) {
+        return Err(ValidationError::Unsupported("adapter_id"));
+    }
+    if p.watermark {
+        return Err(ValidationError::Unsupported("watermark"));
+    }
+    Ok(())
+}
+
+fn check_best_of(
+    p: &GenerateParameters,
+    do_sample: bool,
+    streaming: bool,
+    limits: &ValidationLimits,
+) -> Result<usize, ValidationError> {
+    let best_of = p.best_of.unwrap_or(1);
+    if best_of == 0 || best_of > limits.max_best_of {
+        return Err(ValidationError::BestOf(limits.max_best_of, best_of));
+    }
+    if best_of > 1 {
+        if !do_sample {
+            return Err(ValidationError::BestOfSampling);
+        }
+        if p.seed.is_some() {
+            return Err(ValidationError::BestOfSeed);
+        }
+        if streaming {
+            return Err(ValidationError::BestOfStream);
+        }
+    }
+    Ok(best_of)
+}
+
+/// Applies `truncate` (keeps the last tokens) and the length limits; returns the
+/// effective `max_new_tokens`.
+pub fn check_lengths(
+    input_ids: &mut Vec<u32>,
+    params: &CheckedParameters,
+    limits: &ValidationLimits,
+) -> Result<u32, ValidationError> {
+    if let Some(truncate) = params.truncate {
+        if input_ids.len() > truncate {
+            input_ids.drain(..input_ids.len() - truncate);
+        }
+    }
+    let input_length = u32::try_from(input_ids.len()).unwrap_or(u32::MAX);
+    if input_length > limits.max_input_tokens {
+        return Err(ValidationError::InputLength(limits.max_input_tokens, input_length));
+    }
+    let max_new_tokens = params
+        .max_new_tokens
+        .unwrap_or_else(|| limits.max_total_tokens.saturating_sub(input_length));
+    if u64::from(input_length) + u64::from(max_new_tokens) > u64::from(limits.max_total_tokens) {
+        return Err(ValidationError::MaxTotalTokens(
+            limits.max_total_tokens,
+            input_length,
+            max_new_tokens,
+        ));
+    }
+    Ok(max_new_tokens)
+}
+
+/// Validates requests; tokenization runs on blocking threads, at most `workers` at once.
+#[derive(Debug, Clone)]
+pub struct Validation {
+    tokenizer: Arc<TextTokenizer>,
+    limits: ValidationLimits,
+    workers: Arc<Semaphore>,
+}
+
+impl Validation {
+    pub fn new(tokenizer: Arc<TextTokenizer>, limits: ValidationLimits, workers: usize) -> Self {
+        Self { tokenizer, limits, workers: Arc::new(Semaphore::new(workers.max(1))) }
+    }
+
+    pub fn limits(&self) -> &ValidationLimits {
+        &self.limits
+    }
+
+    pub async fn validate(
+        &self,
+        request: GenerateRequest,
+        streaming: bool,
+    ) -> Result<ValidRequest, ValidationError> {
+        let mut params = check_parameters(&request.parameters, streaming, &self.limits)?;
+        if request.inputs.is_empty() {
+            return Err(ValidationError::EmptyInput);
+        }
+        if params.seed.is_none() {
+            params.sampling.seed = rand::random();
+        }
+        let mut input_ids = self.tokenize(&request.inputs).await?;
+        if input_ids.is_empty() {
+            return Err(ValidationError::EmptyInput);
+        }
+        let max_new_tokens = check_lengths(&mut input_ids, &params, &self.limits)?;
+        Ok(ValidRequest { inputs: request.inputs, input_ids, max_new_tokens, params })
+    }
+
+    pub async fn tokenize(&self, text: &str) -> Result<Vec<u32>, ValidationError> {
+        let _permit = self
+            .workers
+            .acquire()
+            .await
+            .map_err(|_| ValidationError::Tokenizer("validation workers stopped".into()))?;
+        let tokenizer = self.tokenizer.clone();
+        let text = text.to_owned();
+        tokio::task::spawn_blocking(move || tokenizer.encode(&text))
+            .await
+            .map_err(|err| ValidationError::Tokenizer(err.to_string()))?
+            .map_err(|err| ValidationError::Tokenizer(err.0))
+    }
+}
+
+#[cfg(test)]
+#[path = "validation_tests.rs"]
+mod tests;
