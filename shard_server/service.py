@@ -53,12 +53,12 @@ class ShardService(pb_grpc.TextGenerationShardServicer):
         try:
             return await asyncio.get_running_loop().run_in_executor(executor, fn, *args)
         except InvalidStepError as exc:
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{what}: {exc}")
-            except NotWarmedUpError as exc:
-                await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"{what}: {exc}")
-            except Exception as exc:  # the shard must survive any single bad call
-                log.exception("%s failed", what)
-                await context.abort(grpc.StatusCode.INTERNAL, f"{what} failed: {type(exc).__name__}: {exc}")
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{what}: {exc}")
+        except NotWarmedUpError as exc:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"{what}: {exc}")
+        except Exception as exc:  # the shard must survive any single bad call
+            log.exception("%s failed", what)
+            await context.abort(grpc.StatusCode.INTERNAL, f"{what} failed: {type(exc).__name__}: {exc}")
 
     async def Info(self, request, context):
         runner, cfg = self.runner, self.runner.config
