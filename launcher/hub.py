@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Mapping
 
 from .demo_model import DEMO_MODEL_ID, ensure_demo_model
-from .options import parse_bool
 
 logger = logging.getLogger(__name__)
 
+_HF_TRUE = {"1", "ON", "YES", "TRUE"}
 ALLOW_PATTERNS = ("*.safetensors", "*.json", "tokenizer.model", "merges.txt", "*.tiktoken",
                   "*.jinja")
 
@@ -35,12 +35,8 @@ class HubAccess:
     @classmethod
     def from_environment(cls, environ: Mapping[str, str]) -> "HubAccess":
         token = environ.get("HF_TOKEN") or environ.get("HF_API_TOKEN") or None
-        offline_text = environ.get("HF_HUB_OFFLINE", "")
-        try:
-            offline = parse_bool(offline_text) if offline_text else False
-        except Exception:
-            raise ModelResolutionError(
-                f"HF_HUB_OFFLINE must be true/false/1/0, got {offline_text!r}") from None
+        # The same truthy spellings huggingface_hub itself accepts for HF_HUB_OFFLINE.
+        offline = environ.get("HF_HUB_OFFLINE", "").strip().upper() in _HF_TRUE
         return cls(token=token, offline=offline)
 
 

@@ -131,7 +131,6 @@ class Supervisor:
             raise
         finally:
             self._remove_sockets()
-        return 0
 
     # -- startup ---------------------------------------------------------------------------
 
