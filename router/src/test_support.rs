@@ -30,3 +30,105 @@ pub fn byte_level_tokenizer() -> TextTokenizer {
     tokenizer.add_special_tokens(&[AddedToken::from("<eos>", true)]);
     TextTokenizer::new(tokenizer)
 }
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::pb;
+use crate::scheduler::{FinishReason, SchedulerHandle, SequenceEvent, SequenceRequest, Submission};
+
+/// How the fake scheduler answers one submitted sequence.
+#[derive(Debug, Clone)]
+pub enum Script {
+    /// These ids, one event each, then `Finished` like the real scheduler would.
+    Tokens(Vec<u32>),
+    /// These ids, then the event channel closes without `Finished`.
+    Truncated(Vec<u32>),
+    /// A shard failure after these ids.
+    FailAfter(Vec<u32>, String),
+}
+
+/// What the fake saw: sequences submitted and sequences the client abandoned.
+#[derive(Debug, Default)]
+pub struct FakeStats {
+    pub submitted: AtomicUsize,
+    pub cancelled: AtomicUsize,
+}
+
+impl FakeStats {
+    pub fn cancelled(&self) -> usize {
+        self.cancelled.load(Ordering::SeqCst)
+    }
+}
+
+/// A scheduler stand-in that plays `script(request)` for every submission. The token
+/// logprob is `-(seed % 5) - 0.5`, so tests can predict which best_of sequence wins.
+pub fn fake_scheduler<F>(script: F) -> (SchedulerHandle, Arc<FakeStats>)
+where
+    F: Fn(&SequenceRequest) -> Script + Send + Sync + 'static,
+{
+    let (submissions, mut receiver) = tokio::sync::mpsc::unbounded_channel::<Submission>();
+    let stats = Arc::new(FakeStats::default());
+    let script = Arc::new(script);
+    let seen = stats.clone();
+    tokio::spawn(async move {
+        while let Some(Submission { request, events }) = receiver.recv().await {
+            seen.submitted.fetch_add(1, Ordering::SeqCst);
+            let plan = script(&request);
+            let stats = seen.clone();
+            tokio::spawn(async move { play(request, events, plan, stats).await });
+        }
+    });
+    (SchedulerHandle::new(submissions), stats)
+}
+
+async fn play(
+    request: SequenceRequest,
+    events: tokio::sync::mpsc::UnboundedSender<SequenceEvent>,
+    plan: Script,
+    stats: Arc<FakeStats>,
+) {
+    let _ = events.send(SequenceEvent::Started { queue_time: Duration::from_millis(3) });
+    if request.prefill_logprobs {
+        let logprobs = vec![-1.0; request.input_ids.len().saturating_sub(1)];
+        let _ = events.send(SequenceEvent::Prefill { logprobs });
+    }
+    let (ids, ending) = match plan {
+        Script::Tokens(ids) => (ids, None),
+        Script::Truncated(ids) => (ids, Some(None)),
+        Script::FailAfter(ids, message) => (ids, Some(Some(message))),
+    };
+    let logprob = -((request.sampling.seed % 5) as f32) - 0.5;
+    let mut generated = 0u32;
+    for id in ids {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        if events.is_closed() {
+            stats.cancelled.fetch_add(1, Ordering::SeqCst);
+            return;
+        }
+        let top_ids: Vec<u32> = (0..request.top_n_tokens).map(|i| id + i).collect();
+        let top_logprobs = top_ids.iter().map(|_| logprob).collect();
+        let _ = events.send(SequenceEvent::Token(pb::Token { id, logprob, top_ids, top_logprobs }));
+        generated += 1;
+        let eos = request.stop_token_ids.contains(&id);
+        if ending.is_none() && (eos || generated >= request.max_new_tokens) {
+            let reason = if eos { FinishReason::EosToken } else { FinishReason::Length };
+            let _ = events.send(SequenceEvent::Finished { reason, generated_tokens: generated });
+            return;
+        }
+    }
+    match ending {
+        Some(Some(message)) => {
+            let _ = events.send(SequenceEvent::Error(message));
+        }
+        Some(None) => {}
+        None => {
+            // Script ran out: wait for the client to go away, like a long generation.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            if events.is_closed() {
+                stats.cancelled.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+    }
+}
