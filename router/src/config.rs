@@ -16,7 +16,11 @@ pub struct Args {
     #[arg(long, env = "MODEL_PATH")]
     pub model_path: PathBuf,
     /// Shard i listens on the unix socket `{shard_uds_path}-{i}`.
-    #[arg(long, env = "SHARD_UDS_PATH", default_value = "/tmp/text-generation-server")]
+    #[arg(
+        long,
+        env = "SHARD_UDS_PATH",
+        default_value = "/tmp/text-generation-server"
+    )]
     pub shard_uds_path: String,
     #[arg(long, env = "NUM_SHARD", default_value_t = 1)]
     pub num_shard: u32,
@@ -95,7 +99,9 @@ pub struct Limits {
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum LimitsError {
-    #[error("the shards reported an empty KV pool (block_size {block_size}, num_blocks {num_blocks})")]
+    #[error(
+        "the shards reported an empty KV pool (block_size {block_size}, num_blocks {num_blocks})"
+    )]
     EmptyPool { block_size: u32, num_blocks: u32 },
     #[error("`max_total_tokens` ({max_total}) must fit in the KV pool ({capacity} tokens); lower `--max-total-tokens` or raise the KV pool size")]
     NotEnoughKvMemory { max_total: u32, capacity: u32 },
@@ -132,11 +138,17 @@ impl Args {
             .max_total_tokens
             .unwrap_or_else(|| capacity.min(shards.max_position_embeddings.max(2)));
         if max_total > capacity {
-            return Err(LimitsError::NotEnoughKvMemory { max_total, capacity });
+            return Err(LimitsError::NotEnoughKvMemory {
+                max_total,
+                capacity,
+            });
         }
         let max_input = self.max_input_tokens.unwrap_or(max_total.saturating_sub(1));
         if max_input >= max_total || max_input == 0 {
-            return Err(LimitsError::InputNotBelowTotal { max_input, max_total });
+            return Err(LimitsError::InputNotBelowTotal {
+                max_input,
+                max_total,
+            });
         }
         Ok(Limits {
             max_input_tokens: max_input,
@@ -147,10 +159,14 @@ impl Args {
     }
 
     /// Sequences per step announced to the shards at warmup: a step never carries more
-    /// sequences than tokens.
+    /// sequences than tokens, nor more than can be in flight (requests × best_of).
     pub fn warmup_batch_size(&self) -> u32 {
+        let in_flight = self
+            .max_concurrent_requests
+            .saturating_mul(self.max_best_of.max(1));
+        let in_flight = u32::try_from(in_flight).unwrap_or(u32::MAX);
         self.max_batch_size
-            .unwrap_or(self.max_batch_prefill_tokens)
+            .unwrap_or(in_flight)
             .min(self.max_batch_prefill_tokens)
     }
 }
@@ -165,8 +181,11 @@ mod tests {
         Args::try_parse_from(argv).expect("valid arguments")
     }
 
-    const POOL: ShardCapacity =
-        ShardCapacity { block_size: 16, num_blocks: 100, max_position_embeddings: 8192 };
+    const POOL: ShardCapacity = ShardCapacity {
+        block_size: 16,
+        num_blocks: 100,
+        max_position_embeddings: 8192,
+    };
 
     #[test]
     fn defaults_follow_tgi() {
@@ -185,15 +204,29 @@ mod tests {
         let limits = args(&[]).derive_limits(POOL).unwrap();
         assert_eq!(limits.max_total_tokens, 1600);
         assert_eq!(limits.max_input_tokens, 1599);
-        let small_model = ShardCapacity { max_position_embeddings: 512, ..POOL };
+        let small_model = ShardCapacity {
+            max_position_embeddings: 512,
+            ..POOL
+        };
         let limits = args(&[]).derive_limits(small_model).unwrap();
-        assert_eq!((limits.max_total_tokens, limits.max_input_tokens), (512, 511));
+        assert_eq!(
+            (limits.max_total_tokens, limits.max_input_tokens),
+            (512, 511)
+        );
     }
 
     #[test]
     fn total_over_pool_is_refused() {
-        let err = args(&["--max-total-tokens", "2000"]).derive_limits(POOL).unwrap_err();
-        assert_eq!(err, LimitsError::NotEnoughKvMemory { max_total: 2000, capacity: 1600 });
+        let err = args(&["--max-total-tokens", "2000"])
+            .derive_limits(POOL)
+            .unwrap_err();
+        assert_eq!(
+            err,
+            LimitsError::NotEnoughKvMemory {
+                max_total: 2000,
+                capacity: 1600
+            }
+        );
     }
 
     #[test]
@@ -206,16 +239,28 @@ mod tests {
 
     #[test]
     fn batch_total_caps_the_pool() {
-        let limits = args(&["--max-batch-total-tokens", "800"]).derive_limits(POOL).unwrap();
+        let limits = args(&["--max-batch-total-tokens", "800"])
+            .derive_limits(POOL)
+            .unwrap();
         assert_eq!(limits.num_blocks, 50);
         assert_eq!(limits.max_total_tokens, 800);
-        let err = args(&["--max-batch-total-tokens", "8"]).derive_limits(POOL).unwrap_err();
+        let err = args(&["--max-batch-total-tokens", "8"])
+            .derive_limits(POOL)
+            .unwrap_err();
         assert_eq!(err, LimitsError::BatchTotalBelowBlock(8));
     }
 
     #[test]
     fn warmup_batch_never_exceeds_token_budget() {
-        assert_eq!(args(&["--max-batch-prefill-tokens", "64"]).warmup_batch_size(), 64);
+        assert_eq!(
+            args(&["--max-batch-prefill-tokens", "64"]).warmup_batch_size(),
+            64
+        );
+        assert_eq!(
+            args(&[]).warmup_batch_size(),
+            256,
+            "128 requests x best_of 2"
+        );
         let a = args(&["--max-batch-prefill-tokens", "64", "--max-batch-size", "8"]);
         assert_eq!(a.warmup_batch_size(), 8);
     }

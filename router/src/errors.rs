@@ -60,7 +60,10 @@ impl InferError {
 
     /// The body sent inside an SSE stream, where the status line is already 200.
     pub fn body(&self) -> ErrorBody {
-        ErrorBody { error: self.to_string(), error_type: self.error_type().to_owned() }
+        ErrorBody {
+            error: self.to_string(),
+            error_type: self.error_type().to_owned(),
+        }
     }
 }
 
@@ -86,7 +89,10 @@ impl ApiError {
     }
 
     pub fn body(&self) -> ErrorBody {
-        ErrorBody { error: self.to_string(), error_type: self.error_type().to_owned() }
+        ErrorBody {
+            error: self.to_string(),
+            error_type: self.error_type().to_owned(),
+        }
     }
 }
 
@@ -142,7 +148,10 @@ mod tests {
             validation.to_string(),
             "Input validation error: `inputs` cannot be empty"
         );
-        assert_eq!(InferError::Overloaded.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(
+            InferError::Overloaded.status(),
+            StatusCode::TOO_MANY_REQUESTS
+        );
         assert_eq!(InferError::Overloaded.error_type(), "overloaded");
         let failed = InferError::Generation("shard 0: broken pipe".into());
         assert_eq!(failed.status(), StatusCode::FAILED_DEPENDENCY);
@@ -152,8 +161,10 @@ mod tests {
 
     #[test]
     fn api_errors_map_to_statuses() {
-        let too_large =
-            ApiError::BadBody { status: StatusCode::PAYLOAD_TOO_LARGE, message: "x".into() };
+        let too_large = ApiError::BadBody {
+            status: StatusCode::PAYLOAD_TOO_LARGE,
+            message: "x".into(),
+        };
         assert_eq!(too_large.status().as_u16(), 413);
         assert_eq!(too_large.error_type(), "payload_too_large");
         assert_eq!(ApiError::Unhealthy.status().as_u16(), 503);
@@ -165,11 +176,16 @@ mod tests {
     async fn response_body_is_tgi_json() {
         let response = ApiError::from(InferError::Overloaded).into_response();
         assert_eq!(response.status().as_u16(), 429);
-        let bytes = axum::body::to_bytes(response.into_body(), 1 << 16).await.unwrap();
+        let bytes = axum::body::to_bytes(response.into_body(), 1 << 16)
+            .await
+            .unwrap();
         let body: ErrorBody = serde_json::from_slice(&bytes).unwrap();
         assert_eq!(
             body,
-            ErrorBody { error: "Model is overloaded".into(), error_type: "overloaded".into() }
+            ErrorBody {
+                error: "Model is overloaded".into(),
+                error_type: "overloaded".into()
+            }
         );
     }
 }

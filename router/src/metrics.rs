@@ -18,7 +18,9 @@ const SECONDS_BUCKETS: &[f64] = &[
     15.0, 30.0, 60.0, 120.0,
 ];
 /// Sequences per step.
-const BATCH_SIZE_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0];
+const BATCH_SIZE_BUCKETS: &[f64] = &[
+    1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0,
+];
 /// Tokens per step (prefill chunks plus decodes).
 const STEP_TOKENS_BUCKETS: &[f64] = &[
     1.0, 4.0, 16.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0, 32768.0,
@@ -28,8 +30,14 @@ const STEP_TOKENS_BUCKETS: &[f64] = &[
 pub fn builder() -> Result<PrometheusBuilder, BuildError> {
     PrometheusBuilder::new()
         .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), SECONDS_BUCKETS)?
-        .set_buckets_for_metric(Matcher::Full("textgen_batch_size".into()), BATCH_SIZE_BUCKETS)?
-        .set_buckets_for_metric(Matcher::Full("textgen_step_tokens".into()), STEP_TOKENS_BUCKETS)
+        .set_buckets_for_metric(
+            Matcher::Full("textgen_batch_size".into()),
+            BATCH_SIZE_BUCKETS,
+        )?
+        .set_buckets_for_metric(
+            Matcher::Full("textgen_step_tokens".into()),
+            STEP_TOKENS_BUCKETS,
+        )
 }
 
 /// Installs the global recorder, describes the metrics and keeps histograms trimmed.
@@ -50,17 +58,42 @@ pub fn install() -> Result<PrometheusHandle, BuildError> {
 
 fn describe() {
     describe_counter!(REQUESTS_TOTAL, "Requests by route and outcome");
-    describe_histogram!(TIME_TO_FIRST_TOKEN, Unit::Seconds, "Arrival to first generated token");
-    describe_histogram!(INTER_TOKEN_LATENCY, Unit::Seconds, "Time between consecutive tokens");
-    describe_histogram!(REQUEST_DURATION, Unit::Seconds, "Arrival to last token (end to end)");
+    describe_histogram!(
+        TIME_TO_FIRST_TOKEN,
+        Unit::Seconds,
+        "Arrival to first generated token"
+    );
+    describe_histogram!(
+        INTER_TOKEN_LATENCY,
+        Unit::Seconds,
+        "Time between consecutive tokens"
+    );
+    describe_histogram!(
+        REQUEST_DURATION,
+        Unit::Seconds,
+        "Arrival to last token (end to end)"
+    );
     describe_counter!(PROMPT_TOKENS_TOTAL, "Prompt tokens of finished requests");
-    describe_counter!(GENERATED_TOKENS_TOTAL, "Tokens generated for finished requests");
-    describe_gauge!("textgen_waiting_requests", "Sequences waiting to be scheduled");
+    describe_counter!(
+        GENERATED_TOKENS_TOTAL,
+        "Tokens generated for finished requests"
+    );
+    describe_gauge!(
+        "textgen_waiting_requests",
+        "Sequences waiting to be scheduled"
+    );
     describe_gauge!("textgen_running_requests", "Sequences being generated");
     describe_gauge!("textgen_kv_blocks_used", "KV blocks in use");
     describe_gauge!("textgen_kv_blocks_total", "KV blocks in the pool");
-    describe_counter!("textgen_preemptions_total", "Sequences preempted for lack of KV blocks");
-    describe_histogram!("textgen_queue_duration_seconds", Unit::Seconds, "Submission to first step");
+    describe_counter!(
+        "textgen_preemptions_total",
+        "Sequences preempted for lack of KV blocks"
+    );
+    describe_histogram!(
+        "textgen_queue_duration_seconds",
+        Unit::Seconds,
+        "Submission to first step"
+    );
     describe_histogram!("textgen_batch_size", "Sequences per step");
     describe_histogram!("textgen_step_tokens", "Tokens per step");
 }
@@ -102,7 +135,12 @@ pub struct RequestMeter {
 
 impl RequestMeter {
     pub fn start(route: &'static str) -> Self {
-        Self { route, arrived: Instant::now(), last_token: None, finished: false }
+        Self {
+            route,
+            arrived: Instant::now(),
+            last_token: None,
+            finished: false,
+        }
     }
 
     pub fn arrived(&self) -> Instant {
@@ -157,13 +195,23 @@ mod tests {
             histogram!("textgen_batch_size").record(3.0);
         });
         let text = handle.render();
-        assert!(text.contains(r#"textgen_requests_total{route="generate",outcome="success"} 1"#), "{text}");
-        assert!(text.contains(r#"textgen_requests_total{route="generate_stream",outcome="cancelled"} 1"#));
+        assert!(
+            text.contains(r#"textgen_requests_total{route="generate",outcome="success"} 1"#),
+            "{text}"
+        );
+        assert!(text
+            .contains(r#"textgen_requests_total{route="generate_stream",outcome="cancelled"} 1"#));
         assert!(text.contains("textgen_prompt_tokens_total 7"));
         assert!(text.contains("textgen_generated_tokens_total 2"));
-        assert!(text.contains(r#"textgen_time_to_first_token_seconds_bucket{le="0.001"}"#), "{text}");
+        assert!(
+            text.contains(r#"textgen_time_to_first_token_seconds_bucket{le="0.001"}"#),
+            "{text}"
+        );
         assert!(text.contains("textgen_inter_token_latency_seconds_count 1"));
-        assert!(text.contains(r#"textgen_batch_size_bucket{le="4"} 1"#), "{text}");
+        assert!(
+            text.contains(r#"textgen_batch_size_bucket{le="4"} 1"#),
+            "{text}"
+        );
     }
 
     #[test]

@@ -18,19 +18,29 @@ fn read_json(path: &Path) -> Result<Option<Value>, ModelFilesError> {
         Ok(text) => text,
         Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(err) => {
-            return Err(ModelFilesError::Read { path: path.display().to_string(), reason: err.to_string() })
+            return Err(ModelFilesError::Read {
+                path: path.display().to_string(),
+                reason: err.to_string(),
+            })
         }
     };
     serde_json::from_str(&text)
         .map(Some)
-        .map_err(|err| ModelFilesError::Read { path: path.display().to_string(), reason: err.to_string() })
+        .map_err(|err| ModelFilesError::Read {
+            path: path.display().to_string(),
+            reason: err.to_string(),
+        })
 }
 
 /// `eos_token_id` may be a number or a list of numbers.
 fn ids_of(value: Option<&Value>) -> Vec<u32> {
     match value {
         Some(Value::Number(n)) => n.as_u64().map(|id| vec![id as u32]).unwrap_or_default(),
-        Some(Value::Array(items)) => items.iter().filter_map(Value::as_u64).map(|id| id as u32).collect(),
+        Some(Value::Array(items)) => items
+            .iter()
+            .filter_map(Value::as_u64)
+            .map(|id| id as u32)
+            .collect(),
         _ => vec![],
     }
 }
@@ -46,7 +56,10 @@ fn token_string(value: Option<&Value>) -> Option<&str> {
 
 /// Ids whose sampling ends a sequence with `eos_token`: generation_config.json and
 /// config.json first, the tokenizer's EOS token when neither names one.
-pub fn stop_token_ids(model_dir: &Path, tokenizer: &TextTokenizer) -> Result<Vec<u32>, ModelFilesError> {
+pub fn stop_token_ids(
+    model_dir: &Path,
+    tokenizer: &TextTokenizer,
+) -> Result<Vec<u32>, ModelFilesError> {
     let mut ids = Vec::new();
     for file in ["generation_config.json", "config.json"] {
         if let Some(json) = read_json(&model_dir.join(file))? {
@@ -55,7 +68,9 @@ pub fn stop_token_ids(model_dir: &Path, tokenizer: &TextTokenizer) -> Result<Vec
     }
     if ids.is_empty() {
         if let Some(json) = read_json(&model_dir.join("tokenizer_config.json"))? {
-            if let Some(id) = token_string(json.get("eos_token")).and_then(|t| tokenizer.token_to_id(t)) {
+            if let Some(id) =
+                token_string(json.get("eos_token")).and_then(|t| tokenizer.token_to_id(t))
+            {
                 ids.push(id);
             }
         }
@@ -84,14 +99,20 @@ mod tests {
             ("generation_config.json", r#"{"eos_token_id":[2,7]}"#),
             ("config.json", r#"{"eos_token_id":2}"#),
         ]);
-        assert_eq!(stop_token_ids(dir.path(), &byte_level_tokenizer()).unwrap(), vec![2, 7]);
+        assert_eq!(
+            stop_token_ids(dir.path(), &byte_level_tokenizer()).unwrap(),
+            vec![2, 7]
+        );
     }
 
     #[test]
     fn falls_back_to_tokenizer_eos_token() {
         let dir = model_dir(&[
             ("config.json", r#"{"eos_token_id":null}"#),
-            ("tokenizer_config.json", r#"{"eos_token":{"content":"<eos>"}}"#),
+            (
+                "tokenizer_config.json",
+                r#"{"eos_token":{"content":"<eos>"}}"#,
+            ),
         ]);
         let tokenizer = byte_level_tokenizer();
         let eos = tokenizer.token_to_id("<eos>").unwrap();

@@ -25,7 +25,10 @@ pub struct CompatGenerateRequest {
 
 impl From<CompatGenerateRequest> for GenerateRequest {
     fn from(request: CompatGenerateRequest) -> Self {
-        Self { inputs: request.inputs, parameters: request.parameters }
+        Self {
+            inputs: request.inputs,
+            parameters: request.parameters,
+        }
     }
 }
 
@@ -77,7 +80,10 @@ pub struct GenerateParameters {
 
 impl GenerateParameters {
     fn when_omitted() -> Self {
-        Self { do_sample: true, ..Self::default() }
+        Self {
+            do_sample: true,
+            ..Self::default()
+        }
     }
 }
 

@@ -16,9 +16,18 @@ const CONNECT_RETRY_INTERVAL: Duration = Duration::from_millis(500);
 #[derive(Debug, thiserror::Error)]
 pub enum ShardError {
     #[error("shard {rank} at {path}: could not connect within {waited:?}: {reason}")]
-    Connect { rank: usize, path: String, waited: Duration, reason: String },
+    Connect {
+        rank: usize,
+        path: String,
+        waited: Duration,
+        reason: String,
+    },
     #[error("shard {rank}: {call} failed: {status}")]
-    Call { rank: usize, call: &'static str, status: tonic::Status },
+    Call {
+        rank: usize,
+        call: &'static str,
+        status: tonic::Status,
+    },
     #[error("no shards to talk to")]
     NoShards,
 }
@@ -43,7 +52,11 @@ async fn connect_one(path: &str) -> Result<Channel, tonic::transport::Error> {
 impl ShardSet {
     /// Connects to `{base}-0 .. {base}-{n-1}`, retrying until `timeout`: shards may still be
     /// loading weights when the router starts.
-    pub async fn connect(base: &str, num_shard: usize, timeout: Duration) -> Result<Self, ShardError> {
+    pub async fn connect(
+        base: &str,
+        num_shard: usize,
+        timeout: Duration,
+    ) -> Result<Self, ShardError> {
         if num_shard == 0 {
             return Err(ShardError::NoShards);
         }
@@ -93,17 +106,30 @@ impl ShardSet {
 
     /// Every shard's `Info`, in rank order.
     pub async fn info(&self) -> Result<Vec<pb::InfoResponse>, ShardError> {
-        self.on_all("Info", |mut c| async move { c.info(pb::InfoRequest {}).await }).await
+        self.on_all(
+            "Info",
+            |mut c| async move { c.info(pb::InfoRequest {}).await },
+        )
+        .await
     }
 
     /// Every shard's `Warmup` answer, in rank order.
-    pub async fn warmup(&self, request: pb::WarmupRequest) -> Result<Vec<pb::WarmupResponse>, ShardError> {
-        self.on_all("Warmup", move |mut c| async move { c.warmup(request).await }).await
+    pub async fn warmup(
+        &self,
+        request: pb::WarmupRequest,
+    ) -> Result<Vec<pb::WarmupResponse>, ShardError> {
+        self.on_all(
+            "Warmup",
+            move |mut c| async move { c.warmup(request).await },
+        )
+        .await
     }
 
     /// Ok when every shard answers `Health` within `timeout`.
     pub async fn health(&self, timeout: Duration) -> Result<(), ShardError> {
-        let probe = self.on_all("Health", |mut c| async move { c.health(pb::HealthRequest {}).await });
+        let probe = self.on_all("Health", |mut c| async move {
+            c.health(pb::HealthRequest {}).await
+        });
         match tokio::time::timeout(timeout, probe).await {
             Ok(result) => result.map(|_| ()),
             Err(_) => Err(ShardError::Call {
@@ -125,7 +151,9 @@ impl ShardSet {
             .into_iter()
             .enumerate()
             .map(|(rank, answer)| {
-                answer.map(tonic::Response::into_inner).map_err(|status| ShardError::Call { rank, call, status })
+                answer
+                    .map(tonic::Response::into_inner)
+                    .map_err(|status| ShardError::Call { rank, call, status })
             })
             .collect()
     }
@@ -141,6 +169,9 @@ impl StepExecutor for ShardSet {
             })
             .await
             .map_err(|err| StepError(err.to_string()))?;
-        answers.into_iter().next().ok_or_else(|| StepError("no shards".into()))
+        answers
+            .into_iter()
+            .next()
+            .ok_or_else(|| StepError("no shards".into()))
     }
 }

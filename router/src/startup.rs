@@ -18,7 +18,11 @@ const HEALTH_TIMEOUT: Duration = Duration::from_secs(10);
 
 impl HealthProbe for ShardSet {
     fn check(&self) -> BoxFuture<'_, Result<(), String>> {
-        Box::pin(async move { self.health(HEALTH_TIMEOUT).await.map_err(|err| err.to_string()) })
+        Box::pin(async move {
+            self.health(HEALTH_TIMEOUT)
+                .await
+                .map_err(|err| err.to_string())
+        })
     }
 }
 
@@ -31,9 +35,16 @@ struct ShardReport {
 async fn prepare_shards(args: &Args, shards: &ShardSet) -> anyhow::Result<ShardReport> {
     shards.clear_cache().await?;
     let infos = shards.info().await?;
-    let info = infos.first().cloned().ok_or_else(|| anyhow::anyhow!("no shard answered Info"))?;
+    let info = infos
+        .first()
+        .cloned()
+        .ok_or_else(|| anyhow::anyhow!("no shard answered Info"))?;
     if let Some(odd) = infos.iter().find(|i| i.block_size != info.block_size) {
-        anyhow::bail!("shards disagree on block_size: {} vs {}", info.block_size, odd.block_size);
+        anyhow::bail!(
+            "shards disagree on block_size: {} vs {}",
+            info.block_size,
+            odd.block_size
+        );
     }
     let warmups = shards
         .warmup(pb::WarmupRequest {
@@ -44,7 +55,12 @@ async fn prepare_shards(args: &Args, shards: &ShardSet) -> anyhow::Result<ShardR
     // The smallest pool bounds every shard (they hold the same block ids).
     let num_blocks = warmups.iter().map(|w| w.num_blocks).min().unwrap_or(0);
     let slowest_ms = warmups.iter().map(|w| w.warmup_ms).max().unwrap_or(0);
-    tracing::info!(num_blocks, block_size = info.block_size, warmup_ms = slowest_ms, "shards warmed up");
+    tracing::info!(
+        num_blocks,
+        block_size = info.block_size,
+        warmup_ms = slowest_ms,
+        "shards warmed up"
+    );
     let capacity = ShardCapacity {
         block_size: info.block_size,
         num_blocks,
@@ -111,7 +127,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         anyhow::bail!("--validation-workers must be > 0");
     }
     let prometheus = crate::metrics::install()?;
-    let tokenizer = Arc::new(TextTokenizer::from_file(&args.model_path.join("tokenizer.json"))?);
+    let tokenizer = Arc::new(TextTokenizer::from_file(
+        &args.model_path.join("tokenizer.json"),
+    )?);
     let stop_token_ids = crate::model_files::stop_token_ids(&args.model_path, &tokenizer)?;
     tracing::info!(?stop_token_ids, "tokenizer loaded");
 
@@ -141,8 +159,18 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         max_input_tokens: limits.max_input_tokens,
         max_total_tokens: limits.max_total_tokens,
     };
-    let validation = Validation::new(tokenizer.clone(), validation_limits, args.validation_workers);
-    let infer = Infer::new(scheduler, validation, tokenizer, args.max_concurrent_requests, stop_token_ids);
+    let validation = Validation::new(
+        tokenizer.clone(),
+        validation_limits,
+        args.validation_workers,
+    );
+    let infer = Infer::new(
+        scheduler,
+        validation,
+        tokenizer,
+        args.max_concurrent_requests,
+        stop_token_ids,
+    );
     let state = AppState {
         infer: Arc::new(infer),
         health: Arc::new(shards),

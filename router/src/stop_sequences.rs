@@ -16,7 +16,10 @@ pub struct StopMatch {
 
 impl StopMatcher {
     pub fn new(stops: Vec<String>) -> Self {
-        Self { stops, text: String::new() }
+        Self {
+            stops,
+            text: String::new(),
+        }
     }
 
     /// Everything pushed so far.
@@ -65,7 +68,8 @@ mod tests {
 
     #[test]
     fn matches_across_token_boundaries() {
-        let (index, found, text) = feed(&["world!"], &["hel", "lo wo", "r", "ld", "!!", "x"]).unwrap();
+        let (index, found, text) =
+            feed(&["world!"], &["hel", "lo wo", "r", "ld", "!!", "x"]).unwrap();
         assert_eq!(index, 4);
         assert_eq!(&text[..found.end], "hello world!");
         assert_eq!(found.sequence, "world!");

@@ -11,11 +11,19 @@ pub enum TelemetryError {
 }
 
 pub fn init(log_level: &str, json_output: bool) -> Result<(), TelemetryError> {
-    let filter = EnvFilter::try_new(log_level)
-        .map_err(|err| TelemetryError::Filter { filter: log_level.to_owned(), reason: err.to_string() })?;
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_target(false);
+    let filter = EnvFilter::try_new(log_level).map_err(|err| TelemetryError::Filter {
+        filter: log_level.to_owned(),
+        reason: err.to_string(),
+    })?;
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_target(false);
     let installed = if json_output {
-        builder.json().flatten_event(true).with_current_span(false).try_init()
+        builder
+            .json()
+            .flatten_event(true)
+            .with_current_span(false)
+            .try_init()
     } else {
         builder.try_init()
     };

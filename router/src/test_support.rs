@@ -10,12 +10,21 @@ use crate::tokenizer::TextTokenizer;
 pub fn byte_level_tokenizer() -> TextTokenizer {
     let mut alphabet: Vec<char> = ByteLevel::alphabet().into_iter().collect();
     alphabet.sort_unstable();
-    let mut vocab: Vec<(String, u32)> =
-        alphabet.iter().enumerate().map(|(id, c)| (c.to_string(), id as u32)).collect();
-    let merges: Vec<(String, String)> = [("h", "e"), ("l", "l"), ("he", "ll"), ("hell", "o"), ("a", "Ã")]
+    let mut vocab: Vec<(String, u32)> = alphabet
         .iter()
-        .map(|(a, b)| (a.to_string(), b.to_string()))
+        .enumerate()
+        .map(|(id, c)| (c.to_string(), id as u32))
         .collect();
+    let merges: Vec<(String, String)> = [
+        ("h", "e"),
+        ("l", "l"),
+        ("he", "ll"),
+        ("hell", "o"),
+        ("a", "Ã"),
+    ]
+    .iter()
+    .map(|(a, b)| (a.to_string(), b.to_string()))
+    .collect();
     for (a, b) in &merges {
         let id = vocab.len() as u32;
         vocab.push((format!("{a}{b}"), id));
@@ -89,7 +98,9 @@ async fn play(
     plan: Script,
     stats: Arc<FakeStats>,
 ) {
-    let _ = events.send(SequenceEvent::Started { queue_time: Duration::from_millis(3) });
+    let _ = events.send(SequenceEvent::Started {
+        queue_time: Duration::from_millis(3),
+    });
     if request.prefill_logprobs {
         let logprobs = vec![-1.0; request.input_ids.len().saturating_sub(1)];
         let _ = events.send(SequenceEvent::Prefill { logprobs });
@@ -109,12 +120,24 @@ async fn play(
         }
         let top_ids: Vec<u32> = (0..request.top_n_tokens).map(|i| id + i).collect();
         let top_logprobs = top_ids.iter().map(|_| logprob).collect();
-        let _ = events.send(SequenceEvent::Token(pb::Token { id, logprob, top_ids, top_logprobs }));
+        let _ = events.send(SequenceEvent::Token(pb::Token {
+            id,
+            logprob,
+            top_ids,
+            top_logprobs,
+        }));
         generated += 1;
         let eos = request.stop_token_ids.contains(&id);
         if ending.is_none() && (eos || generated >= request.max_new_tokens) {
-            let reason = if eos { FinishReason::EosToken } else { FinishReason::Length };
-            let _ = events.send(SequenceEvent::Finished { reason, generated_tokens: generated });
+            let reason = if eos {
+                FinishReason::EosToken
+            } else {
+                FinishReason::Length
+            };
+            let _ = events.send(SequenceEvent::Finished {
+                reason,
+                generated_tokens: generated,
+            });
             return;
         }
     }

@@ -28,7 +28,9 @@ pub struct TextTokenizer {
 
 impl std::fmt::Debug for TextTokenizer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TextTokenizer").field("special_ids", &self.special_ids).finish()
+        f.debug_struct("TextTokenizer")
+            .field("special_ids", &self.special_ids)
+            .finish()
     }
 }
 
@@ -57,14 +59,21 @@ impl TextTokenizer {
 
     /// `/tokenize`'s answer: ids with the text they cover and character offsets.
     pub fn tokenize(&self, text: &str) -> Result<Vec<SimpleToken>, TokenizerError> {
-        let encoding = self.inner.encode_char_offsets(text, true).map_err(tokenizer_error)?;
+        let encoding = self
+            .inner
+            .encode_char_offsets(text, true)
+            .map_err(tokenizer_error)?;
         let tokens = encoding
             .get_ids()
             .iter()
             .zip(encoding.get_offsets())
             .map(|(&id, &(start, stop))| SimpleToken {
                 id,
-                text: text.chars().skip(start).take(stop.saturating_sub(start)).collect(),
+                text: text
+                    .chars()
+                    .skip(start)
+                    .take(stop.saturating_sub(start))
+                    .collect(),
                 start,
                 stop,
             })
@@ -73,7 +82,9 @@ impl TextTokenizer {
     }
 
     pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String, TokenizerError> {
-        self.inner.decode(ids, skip_special_tokens).map_err(tokenizer_error)
+        self.inner
+            .decode(ids, skip_special_tokens)
+            .map_err(tokenizer_error)
     }
 
     /// Text of one token on its own (used for prefill and top-n alternatives).
@@ -109,13 +120,18 @@ pub struct IncrementalDecoder {
 impl IncrementalDecoder {
     /// `context` are the last prompt ids; they are decoded for context, never emitted.
     pub fn new(context: &[u32]) -> Self {
-        Self { ids: context.to_vec(), prefix_offset: 0, read_offset: context.len() }
+        Self {
+            ids: context.to_vec(),
+            prefix_offset: 0,
+            read_offset: context.len(),
+        }
     }
 
     /// Adds one generated id and returns the text it completes (possibly empty).
     pub fn push(&mut self, tokenizer: &TextTokenizer, id: u32) -> Result<String, TokenizerError> {
         self.ids.push(id);
-        let prefix_text = tokenizer.decode(&self.ids[self.prefix_offset..self.read_offset], false)?;
+        let prefix_text =
+            tokenizer.decode(&self.ids[self.prefix_offset..self.read_offset], false)?;
         let new_text = tokenizer.decode(&self.ids[self.prefix_offset..], false)?;
         if new_text.len() <= prefix_text.len() || new_text.ends_with(char::REPLACEMENT_CHARACTER) {
             return Ok(String::new());
@@ -147,7 +163,9 @@ mod tests {
 
     fn stream(tokenizer: &TextTokenizer, prompt: &[u32], ids: &[u32]) -> Vec<String> {
         let mut decoder = tokenizer.decoder_for(prompt);
-        ids.iter().map(|&id| decoder.push(tokenizer, id).unwrap()).collect()
+        ids.iter()
+            .map(|&id| decoder.push(tokenizer, id).unwrap())
+            .collect()
     }
 
     #[test]
@@ -155,12 +173,21 @@ mod tests {
         let tokenizer = byte_level_tokenizer();
         let text = "hello é 日本 🙂!";
         let ids = tokenizer.encode(text).unwrap();
-        assert!(ids.len() > text.chars().count(), "multi-byte chars must span tokens");
+        assert!(
+            ids.len() > text.chars().count(),
+            "multi-byte chars must span tokens"
+        );
         let pieces = stream(&tokenizer, &[], &ids);
         for piece in &pieces {
-            assert!(!piece.contains(char::REPLACEMENT_CHARACTER), "broken piece {piece:?}");
+            assert!(
+                !piece.contains(char::REPLACEMENT_CHARACTER),
+                "broken piece {piece:?}"
+            );
         }
-        assert!(pieces.iter().any(String::is_empty), "some bytes must have been held back");
+        assert!(
+            pieces.iter().any(String::is_empty),
+            "some bytes must have been held back"
+        );
         assert_eq!(pieces.concat(), text);
         assert_eq!(pieces.concat(), tokenizer.decode(&ids, false).unwrap());
     }
@@ -179,7 +206,10 @@ mod tests {
         // "aé" encodes as the merged token "a"+first byte of "é", then the second byte.
         let ids = tokenizer.encode("aé").unwrap();
         assert_eq!(ids.len(), 2);
-        assert_eq!(stream(&tokenizer, &[], &ids), vec![String::new(), "aé".to_owned()]);
+        assert_eq!(
+            stream(&tokenizer, &[], &ids),
+            vec![String::new(), "aé".to_owned()]
+        );
     }
 
     #[test]
@@ -196,7 +226,11 @@ mod tests {
     fn tokenize_reports_character_offsets() {
         let tokenizer = byte_level_tokenizer();
         let tokens = tokenizer.tokenize("é hello").unwrap();
-        let covered: String = tokens.iter().map(|t| t.text.as_str()).collect::<Vec<_>>().join("");
+        let covered: String = tokens
+            .iter()
+            .map(|t| t.text.as_str())
+            .collect::<Vec<_>>()
+            .join("");
         assert!(covered.contains("hello"));
         let last = tokens.last().unwrap();
         assert_eq!(last.stop, "é hello".chars().count());

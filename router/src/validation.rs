@@ -125,17 +125,24 @@ pub fn check_parameters(
         return Err(ValidationError::MaxNewTokens);
     }
     // Sampling is on when asked for or when any warper would change the distribution.
-    let do_sample = p.do_sample || temperature != 1.0 || top_k != 0 || top_p < 1.0 || typical_p < 1.0;
+    let do_sample =
+        p.do_sample || temperature != 1.0 || top_k != 0 || top_p < 1.0 || typical_p < 1.0;
     let best_of = check_best_of(p, do_sample, streaming, limits)?;
     if p.stop.len() > limits.max_stop_sequences {
-        return Err(ValidationError::StopSequence(limits.max_stop_sequences, p.stop.len()));
+        return Err(ValidationError::StopSequence(
+            limits.max_stop_sequences,
+            p.stop.len(),
+        ));
     }
     if p.stop.iter().any(String::is_empty) {
         return Err(ValidationError::EmptyStopSequence);
     }
     let top_n_tokens = p.top_n_tokens.unwrap_or(0);
     if top_n_tokens > limits.max_top_n_tokens {
-        return Err(ValidationError::TopNTokens(limits.max_top_n_tokens, top_n_tokens));
+        return Err(ValidationError::TopNTokens(
+            limits.max_top_n_tokens,
+            top_n_tokens,
+        ));
     }
     if streaming && p.decoder_input_details {
         return Err(ValidationError::PrefillDetailsStream);
@@ -222,7 +229,10 @@ pub fn check_lengths(
     }
     let input_length = u32::try_from(input_ids.len()).unwrap_or(u32::MAX);
     if input_length > limits.max_input_tokens {
-        return Err(ValidationError::InputLength(limits.max_input_tokens, input_length));
+        return Err(ValidationError::InputLength(
+            limits.max_input_tokens,
+            input_length,
+        ));
     }
     let max_new_tokens = params
         .max_new_tokens
@@ -247,7 +257,11 @@ pub struct Validation {
 
 impl Validation {
     pub fn new(tokenizer: Arc<TextTokenizer>, limits: ValidationLimits, workers: usize) -> Self {
-        Self { tokenizer, limits, workers: Arc::new(Semaphore::new(workers.max(1))) }
+        Self {
+            tokenizer,
+            limits,
+            workers: Arc::new(Semaphore::new(workers.max(1))),
+        }
     }
 
     pub fn limits(&self) -> &ValidationLimits {
@@ -271,7 +285,12 @@ impl Validation {
             return Err(ValidationError::EmptyInput);
         }
         let max_new_tokens = check_lengths(&mut input_ids, &params, &self.limits)?;
-        Ok(ValidRequest { inputs: request.inputs, input_ids, max_new_tokens, params })
+        Ok(ValidRequest {
+            inputs: request.inputs,
+            input_ids,
+            max_new_tokens,
+            params,
+        })
     }
 
     pub async fn tokenize(&self, text: &str) -> Result<Vec<u32>, ValidationError> {

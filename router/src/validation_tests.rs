@@ -52,7 +52,12 @@ fn any_warper_turns_sampling_on() {
     ] {
         assert!(check(json).unwrap().sampling.do_sample, "{json}");
     }
-    assert!(!check(r#"{"repetition_penalty":1.2}"#).unwrap().sampling.do_sample);
+    assert!(
+        !check(r#"{"repetition_penalty":1.2}"#)
+            .unwrap()
+            .sampling
+            .do_sample
+    );
 }
 
 #[test]
@@ -87,10 +92,19 @@ fn range_rules() {
 fn best_of_rules() {
     use ValidationError::*;
     assert_eq!(check(r#"{"best_of":0}"#).unwrap_err(), BestOf(2, 0));
-    assert_eq!(check(r#"{"best_of":3,"do_sample":true}"#).unwrap_err(), BestOf(2, 3));
+    assert_eq!(
+        check(r#"{"best_of":3,"do_sample":true}"#).unwrap_err(),
+        BestOf(2, 3)
+    );
     assert_eq!(check(r#"{"best_of":2}"#).unwrap_err(), BestOfSampling);
-    assert_eq!(check(r#"{"best_of":2,"do_sample":true,"seed":1}"#).unwrap_err(), BestOfSeed);
-    assert_eq!(check_streaming(r#"{"best_of":2,"do_sample":true}"#).unwrap_err(), BestOfStream);
+    assert_eq!(
+        check(r#"{"best_of":2,"do_sample":true,"seed":1}"#).unwrap_err(),
+        BestOfSeed
+    );
+    assert_eq!(
+        check_streaming(r#"{"best_of":2,"do_sample":true}"#).unwrap_err(),
+        BestOfStream
+    );
     assert_eq!(check(r#"{"best_of":2,"top_k":5}"#).unwrap().best_of, 2);
 }
 
@@ -106,8 +120,14 @@ fn streaming_rejects_decoder_input_details() {
 #[test]
 fn unsupported_fields_are_refused_unless_neutral() {
     use ValidationError::Unsupported;
-    assert_eq!(check(r#"{"watermark":true}"#).unwrap_err(), Unsupported("watermark"));
-    assert_eq!(check(r#"{"adapter_id":"lora"}"#).unwrap_err(), Unsupported("adapter_id"));
+    assert_eq!(
+        check(r#"{"watermark":true}"#).unwrap_err(),
+        Unsupported("watermark")
+    );
+    assert_eq!(
+        check(r#"{"adapter_id":"lora"}"#).unwrap_err(),
+        Unsupported("adapter_id")
+    );
     assert_eq!(
         check(r#"{"grammar":{"type":"regex","value":"a+"}}"#).unwrap_err(),
         Unsupported("grammar")
@@ -177,7 +197,10 @@ async fn validate_tokenizes_and_draws_a_seed() {
 #[tokio::test]
 async fn validate_rejects_empty_and_long_inputs() {
     let empty: GenerateRequest = serde_json::from_str(r#"{"inputs":""}"#).unwrap();
-    assert_eq!(validation().validate(empty, false).await.unwrap_err(), ValidationError::EmptyInput);
+    assert_eq!(
+        validation().validate(empty, false).await.unwrap_err(),
+        ValidationError::EmptyInput
+    );
     let long: GenerateRequest = serde_json::from_str(r#"{"inputs":"abcdefghijkl"}"#).unwrap();
     assert_eq!(
         validation().validate(long, false).await.unwrap_err(),

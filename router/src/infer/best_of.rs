@@ -33,7 +33,11 @@ pub fn pick(finished: Vec<FinishedSequence>, seeds: &[u64]) -> (Candidate, Vec<C
     let mut candidates: Vec<Candidate> = finished
         .into_iter()
         .zip(seeds)
-        .map(|(f, &seed)| Candidate { decoder: f.decoder, finish: f.finish, seed })
+        .map(|(f, &seed)| Candidate {
+            decoder: f.decoder,
+            finish: f.finish,
+            seed,
+        })
         .collect();
     let best = candidates
         .iter()

@@ -2,6 +2,7 @@
 //! → follow the sequence's events into TGI responses. No scheduling decisions here.
 mod best_of;
 mod sequence;
+mod streaming;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -12,11 +13,12 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use crate::errors::InferError;
 use crate::metrics::{Outcome, RequestMeter};
 use crate::scheduler::{SchedulerHandle, SequenceRequest, SequenceStream};
-use crate::schema::{Details, GenerateRequest, GenerateResponse, StreamDetails, StreamResponse, Token};
+use crate::schema::{Details, GenerateRequest, GenerateResponse, StreamResponse};
 use crate::tokenizer::TextTokenizer;
 use crate::validation::{ValidRequest, Validation};
 
 pub use sequence::{Progress, SequenceDecoder, SequenceRecord, SequenceSpec, TokenUpdate};
+use streaming::{Step, StreamBuilder};
 
 /// Shared by every request handler.
 #[derive(Debug)]
@@ -86,7 +88,10 @@ impl Infer {
 
     /// Takes a concurrency slot for the request's whole life, or answers 429.
     fn admit(&self) -> Result<OwnedSemaphorePermit, InferError> {
-        self.limiter.clone().try_acquire_owned().map_err(|_| InferError::Overloaded)
+        self.limiter
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| InferError::Overloaded)
     }
 
     fn spec(&self, valid: &ValidRequest) -> SequenceSpec {
@@ -109,7 +114,9 @@ impl Infer {
             prefill_logprobs: valid.params.decoder_input_details,
             top_n_tokens: valid.params.top_n_tokens,
         };
-        self.scheduler.submit(request).map_err(|_| InferError::SchedulerStopped)
+        self.scheduler
+            .submit(request)
+            .map_err(|_| InferError::SchedulerStopped)
     }
 
     /// `/generate`: runs `best_of` sequences and answers with the best one.
@@ -144,16 +151,24 @@ impl Infer {
         let details = valid.params.details.then(|| Details {
             finish_reason: best.finish,
             generated_tokens,
-            seed: Some(best.seed),
+            // TGI reports a seed only when it was used (sampling).
+            seed: valid.params.sampling.do_sample.then_some(best.seed),
             prefill: best.decoder.record().prefill.clone(),
             tokens: best.decoder.record().tokens.clone(),
             top_tokens: best.decoder.record().top_tokens.clone(),
-            best_of_sequences: (valid.params.best_of > 1)
-                .then(|| others.into_iter().map(best_of::to_best_of_sequence).collect()),
+            best_of_sequences: (valid.params.best_of > 1).then(|| {
+                others
+                    .into_iter()
+                    .map(best_of::to_best_of_sequence)
+                    .collect()
+            }),
         });
         let validation = validated_at - meter.arrived();
         Ok(GenerateOutput {
-            response: GenerateResponse { generated_text, details },
+            response: GenerateResponse {
+                generated_text,
+                details,
+            },
             input_length,
             generated_tokens,
             timings: Timings {
@@ -186,63 +201,40 @@ impl Infer {
                 return Err(err);
             }
         };
-        let mut decoder = SequenceDecoder::new(self.tokenizer.clone(), self.spec(&valid));
         let input_length = valid.input_ids.len() as u32;
-        let seed = valid.params.sampling.seed;
-        let full_text_prefix = valid.params.return_full_text.then(|| valid.inputs.clone());
+        let sampling = valid.params.sampling;
+        let mut builder = StreamBuilder::new(
+            SequenceDecoder::new(self.tokenizer.clone(), self.spec(&valid)),
+            meter,
+            input_length,
+            sampling.do_sample.then_some(sampling.seed),
+            valid.params.return_full_text.then(|| valid.inputs.clone()),
+        );
         let stream = async_stream::stream! {
             let _permit = permit;
-            let mut index = 0u32;
-            let mut last_token: Option<Token> = None;
             loop {
                 let Some(event) = events.recv().await else {
-                    meter.finish(Outcome::Incomplete);
-                    yield Err(InferError::IncompleteGeneration);
+                    yield builder.on_closed();
                     break;
                 };
-                let update = match decoder.on_event(event) {
-                    Ok(Progress::Pending) => continue,
-                    Ok(Progress::Token(update)) => update,
-                    // Ended without a token marked last: close with an empty one.
-                    Ok(Progress::Finished(reason)) => TokenUpdate {
-                        token: Token { text: String::new(), ..last_token.clone().unwrap_or(Token { id: 0, text: String::new(), logprob: 0.0, special: true }) },
-                        top_tokens: vec![],
-                        finish: Some(reason),
-                    },
-                    Err(err) => {
-                        meter.finish(outcome_of(&err));
-                        yield Err(err);
+                match builder.on_event(event) {
+                    Step::Wait => {}
+                    Step::Send(response) => yield Ok(response),
+                    Step::Last(item) => {
+                        yield item;
                         break;
                     }
-                };
-                index += 1;
-                meter.on_token();
-                last_token = Some(update.token.clone());
-                let Some(finish_reason) = update.finish else {
-                    yield Ok(StreamResponse { index, token: update.token, top_tokens: update.top_tokens, generated_text: None, details: None });
-                    continue;
-                };
-                let generated_tokens = decoder.record().tokens.len() as u32;
-                let mut text = decoder.generated_text();
-                if let Some(prefix) = &full_text_prefix {
-                    text.insert_str(0, prefix);
                 }
-                meter.succeed(input_length, generated_tokens);
-                yield Ok(StreamResponse {
-                    index,
-                    token: update.token,
-                    top_tokens: update.top_tokens,
-                    generated_text: Some(text),
-                    details: Some(StreamDetails { finish_reason, generated_tokens, seed: Some(seed), input_length }),
-                });
-                break;
             }
         };
         Ok((StreamStart { input_length }, stream))
     }
 
     /// `/tokenize`.
-    pub async fn tokenize(&self, text: String) -> Result<Vec<crate::schema::SimpleToken>, InferError> {
+    pub async fn tokenize(
+        &self,
+        text: String,
+    ) -> Result<Vec<crate::schema::SimpleToken>, InferError> {
         let tokenizer = self.tokenizer.clone();
         tokio::task::spawn_blocking(move || tokenizer.tokenize(&text))
             .await

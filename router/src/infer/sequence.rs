@@ -64,7 +64,13 @@ impl SequenceDecoder {
     pub fn new(tokenizer: Arc<TextTokenizer>, spec: SequenceSpec) -> Self {
         let detokenizer = tokenizer.decoder_for(&spec.input_ids);
         let stops = StopMatcher::new(spec.stop_sequences.clone());
-        Self { tokenizer, spec, detokenizer, stops, record: SequenceRecord::default() }
+        Self {
+            tokenizer,
+            spec,
+            detokenizer,
+            stops,
+            record: SequenceRecord::default(),
+        }
     }
 
     pub fn is_finished(&self) -> bool {
@@ -147,7 +153,11 @@ impl SequenceDecoder {
             None
         };
         self.record.finish = finish;
-        Ok(TokenUpdate { token, top_tokens, finish })
+        Ok(TokenUpdate {
+            token,
+            top_tokens,
+            finish,
+        })
     }
 
     /// Prompt tokens with the logprob the model gave each; the first has none.
@@ -159,7 +169,9 @@ impl SequenceDecoder {
             .map(|(position, &id)| PrefillToken {
                 id,
                 text: self.tokenizer.token_text(id),
-                logprob: position.checked_sub(1).and_then(|i| logprobs.get(i).copied()),
+                logprob: position
+                    .checked_sub(1)
+                    .and_then(|i| logprobs.get(i).copied()),
             })
             .collect()
     }
@@ -194,7 +206,12 @@ mod tests {
     }
 
     fn token(id: u32) -> SequenceEvent {
-        SequenceEvent::Token(pb::Token { id, logprob: -0.5, top_ids: vec![], top_logprobs: vec![] })
+        SequenceEvent::Token(pb::Token {
+            id,
+            logprob: -0.5,
+            top_ids: vec![],
+            top_logprobs: vec![],
+        })
     }
 
     fn feed_text(d: &mut SequenceDecoder, t: &TextTokenizer, text: &str) -> Vec<TokenUpdate> {
@@ -213,7 +230,10 @@ mod tests {
         let updates = feed_text(&mut d, &t, " hello world");
         let last = updates.iter().position(|u| u.finish.is_some()).unwrap();
         assert_eq!(updates[last].finish, Some(FinishReason::StopSequence));
-        assert!(updates[last + 1..].is_empty(), "nothing is emitted after the stop");
+        assert!(
+            updates[last + 1..].is_empty(),
+            "nothing is emitted after the stop"
+        );
         assert_eq!(d.generated_text(), " hello w");
     }
 
@@ -222,12 +242,17 @@ mod tests {
         let (mut d, t) = decoder(100, &[]);
         feed_text(&mut d, &t, "hi");
         let eos = t.token_to_id("<eos>").unwrap();
-        let Progress::Token(update) = d.on_event(token(eos)).unwrap() else { panic!() };
+        let Progress::Token(update) = d.on_event(token(eos)).unwrap() else {
+            panic!()
+        };
         assert_eq!(update.finish, Some(FinishReason::EosToken));
         assert!(update.token.special);
         assert_eq!(d.generated_text(), "hi");
         // The scheduler's own Finished event is then ignored.
-        let finished = SequenceEvent::Finished { reason: SchedulerFinish::EosToken, generated_tokens: 3 };
+        let finished = SequenceEvent::Finished {
+            reason: SchedulerFinish::EosToken,
+            generated_tokens: 3,
+        };
         assert!(matches!(d.on_event(finished).unwrap(), Progress::Pending));
     }
 
@@ -245,16 +270,24 @@ mod tests {
         let (mut d, _) = decoder(5, &[]);
         let spec_len = d.spec.input_ids.len();
         d.spec.input_ids = vec![1, 2, 3];
-        d.on_event(SequenceEvent::Prefill { logprobs: vec![-1.0, -2.0] }).unwrap();
+        d.on_event(SequenceEvent::Prefill {
+            logprobs: vec![-1.0, -2.0],
+        })
+        .unwrap();
         let prefill = &d.record().prefill;
         assert!(spec_len > 0);
-        assert_eq!(prefill.iter().map(|p| p.logprob).collect::<Vec<_>>(), vec![None, Some(-1.0), Some(-2.0)]);
+        assert_eq!(
+            prefill.iter().map(|p| p.logprob).collect::<Vec<_>>(),
+            vec![None, Some(-1.0), Some(-2.0)]
+        );
     }
 
     #[test]
     fn shard_error_becomes_generation_error() {
         let (mut d, _) = decoder(5, &[]);
-        let err = d.on_event(SequenceEvent::Error("shard 1 died".into())).unwrap_err();
+        let err = d
+            .on_event(SequenceEvent::Error("shard 1 died".into()))
+            .unwrap_err();
         assert_eq!(err.error_type(), "generation");
     }
 
@@ -268,7 +301,9 @@ mod tests {
             top_ids: vec![h, h + 1],
             top_logprobs: vec![-0.1, -2.0],
         });
-        let Progress::Token(update) = d.on_event(event).unwrap() else { panic!() };
+        let Progress::Token(update) = d.on_event(event).unwrap() else {
+            panic!()
+        };
         assert_eq!(update.top_tokens.len(), 2);
         assert_eq!(update.top_tokens[0].text, "h");
         assert_eq!(update.top_tokens[1].logprob, -2.0);

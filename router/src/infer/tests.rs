@@ -25,7 +25,10 @@ where
     let eos = tokenizer.token_to_id("<eos>").unwrap();
     let (scheduler, stats) = fake_scheduler(script);
     let validation = Validation::new(tokenizer.clone(), LIMITS, 1);
-    (Infer::new(scheduler, validation, tokenizer, max_concurrent, vec![eos]), stats)
+    (
+        Infer::new(scheduler, validation, tokenizer, max_concurrent, vec![eos]),
+        stats,
+    )
 }
 
 /// Answers every request with `text` followed by EOS.
@@ -41,15 +44,20 @@ fn request(json: &str) -> GenerateRequest {
 }
 
 async fn generate(infer: &Infer, json: &str) -> Result<GenerateOutput, InferError> {
-    infer.generate(request(json), &mut RequestMeter::start("test")).await
+    infer
+        .generate(request(json), &mut RequestMeter::start("test"))
+        .await
 }
 
 #[tokio::test]
 async fn generate_returns_text_and_details() {
     let (infer, _) = infer_with(4, says(" wörld 日本"));
-    let out = generate(&infer, r#"{"inputs":"hello","parameters":{"details":true,"seed":9}}"#)
-        .await
-        .unwrap();
+    let out = generate(
+        &infer,
+        r#"{"inputs":"hello","parameters":{"details":true,"seed":9,"do_sample":true}}"#,
+    )
+    .await
+    .unwrap();
     assert_eq!(out.response.generated_text, " wörld 日本");
     let details = out.response.details.unwrap();
     assert_eq!(details.finish_reason, FinishReason::EosToken);
@@ -65,29 +73,49 @@ async fn generate_returns_text_and_details() {
 #[tokio::test]
 async fn max_new_tokens_ends_with_length() {
     let (infer, _) = infer_with(4, says("abcdef"));
-    let out = generate(&infer, r#"{"inputs":"x","parameters":{"max_new_tokens":3,"details":true}}"#)
-        .await
-        .unwrap();
+    let out = generate(
+        &infer,
+        r#"{"inputs":"x","parameters":{"max_new_tokens":3,"details":true}}"#,
+    )
+    .await
+    .unwrap();
     assert_eq!(out.response.generated_text, "abc");
-    assert_eq!(out.response.details.unwrap().finish_reason, FinishReason::Length);
+    let details = out.response.details.unwrap();
+    assert_eq!(details.finish_reason, FinishReason::Length);
+    assert_eq!(details.seed, None, "greedy requests report no seed");
 }
 
 #[tokio::test]
 async fn stop_sequence_cuts_text_and_cancels_the_sequence() {
     let (infer, stats) = infer_with(4, says(" hello world and more"));
-    let out = generate(&infer, r#"{"inputs":"x","parameters":{"stop":["o wo"],"details":true}}"#)
-        .await
-        .unwrap();
+    let out = generate(
+        &infer,
+        r#"{"inputs":"x","parameters":{"stop":["o wo"],"details":true}}"#,
+    )
+    .await
+    .unwrap();
     assert_eq!(out.response.generated_text, " hello wo");
-    assert_eq!(out.response.details.unwrap().finish_reason, FinishReason::StopSequence);
+    assert_eq!(
+        out.response.details.unwrap().finish_reason,
+        FinishReason::StopSequence
+    );
     tokio::time::sleep(Duration::from_millis(30)).await;
-    assert_eq!(stats.cancelled(), 1, "dropping the stream must cancel the sequence");
+    assert_eq!(
+        stats.cancelled(),
+        1,
+        "dropping the stream must cancel the sequence"
+    );
 }
 
 #[tokio::test]
 async fn return_full_text_prepends_the_prompt() {
     let (infer, _) = infer_with(4, says(" there"));
-    let out = generate(&infer, r#"{"inputs":"hi","parameters":{"return_full_text":true}}"#).await.unwrap();
+    let out = generate(
+        &infer,
+        r#"{"inputs":"hi","parameters":{"return_full_text":true}}"#,
+    )
+    .await
+    .unwrap();
     assert_eq!(out.response.generated_text, "hi there");
 }
 
@@ -96,20 +124,28 @@ async fn best_of_runs_n_sequences_and_keeps_the_most_likely() {
     // Seed-dependent text, so the winner is identifiable.
     let tokenizer = byte_level_tokenizer();
     let (infer, stats) = infer_with(4, move |req| {
-        let mut ids = tokenizer.encode(&format!("s{}", req.sampling.seed % 5)).unwrap();
+        let mut ids = tokenizer
+            .encode(&format!("s{}", req.sampling.seed % 5))
+            .unwrap();
         ids.push(tokenizer.token_to_id("<eos>").unwrap());
         Script::Tokens(ids)
     });
-    let out = generate(&infer, r#"{"inputs":"x","parameters":{"best_of":2,"do_sample":true,"details":true}}"#)
-        .await
-        .unwrap();
+    let out = generate(
+        &infer,
+        r#"{"inputs":"x","parameters":{"best_of":2,"do_sample":true,"details":true}}"#,
+    )
+    .await
+    .unwrap();
     assert_eq!(stats.submitted.load(Ordering::SeqCst), 2);
     let details = out.response.details.unwrap();
     let others = details.best_of_sequences.unwrap();
     assert_eq!(others.len(), 1);
     let best_seed = details.seed.unwrap();
     assert_ne!(best_seed, others[0].seed.unwrap());
-    assert!(best_seed % 5 <= others[0].seed.unwrap() % 5, "lower seed%5 means higher logprob");
+    assert!(
+        best_seed % 5 <= others[0].seed.unwrap() % 5,
+        "lower seed%5 means higher logprob"
+    );
     assert_eq!(out.response.generated_text, format!("s{}", best_seed % 5));
 }
 
@@ -133,16 +169,23 @@ async fn decoder_input_details_and_top_tokens() {
 #[tokio::test]
 async fn validation_errors_surface_before_scheduling() {
     let (infer, stats) = infer_with(4, says("a"));
-    let err = generate(&infer, r#"{"inputs":"x","parameters":{"temperature":0}}"#).await.unwrap_err();
+    let err = generate(&infer, r#"{"inputs":"x","parameters":{"temperature":0}}"#)
+        .await
+        .unwrap_err();
     assert!(matches!(err, InferError::Validation(_)));
     assert_eq!(stats.submitted.load(Ordering::SeqCst), 0);
 }
 
 #[tokio::test]
 async fn shard_failure_is_a_generation_error() {
-    let (infer, _) = infer_with(4, |_| Script::FailAfter(vec![70], "shard 1: unavailable".into()));
+    let (infer, _) = infer_with(4, |_| {
+        Script::FailAfter(vec![70], "shard 1: unavailable".into())
+    });
     let err = generate(&infer, r#"{"inputs":"x"}"#).await.unwrap_err();
-    assert_eq!(err.to_string(), "Request failed during generation: shard 1: unavailable");
+    assert_eq!(
+        err.to_string(),
+        "Request failed during generation: shard 1: unavailable"
+    );
 }
 
 #[tokio::test]
@@ -153,21 +196,33 @@ async fn a_stream_that_stops_early_is_incomplete() {
 }
 
 async fn collect_stream(infer: &Infer, json: &str) -> Vec<StreamItem> {
-    let (_, stream) = infer.generate_stream(request(json), RequestMeter::start("test")).await.unwrap();
+    let (_, stream) = infer
+        .generate_stream(request(json), RequestMeter::start("test"))
+        .await
+        .unwrap();
     stream.collect().await
 }
 
 #[tokio::test]
 async fn stream_emits_tokens_then_a_final_event() {
     let (infer, _) = infer_with(4, says("é日本 ok"));
-    let items = collect_stream(&infer, r#"{"inputs":"x","parameters":{"seed":5}}"#).await;
+    let items = collect_stream(
+        &infer,
+        r#"{"inputs":"x","parameters":{"seed":5,"top_k":3}}"#,
+    )
+    .await;
     let items: Vec<StreamResponse> = items.into_iter().map(Result::unwrap).collect();
     let (last, rest) = items.split_last().unwrap();
-    assert!(rest.iter().all(|i| i.generated_text.is_none() && i.details.is_none()));
+    assert!(rest
+        .iter()
+        .all(|i| i.generated_text.is_none() && i.details.is_none()));
     for item in &items {
         assert!(!item.token.text.contains(char::REPLACEMENT_CHARACTER));
     }
-    assert_eq!(items.iter().map(|i| i.index).collect::<Vec<_>>(), (1..=items.len() as u32).collect::<Vec<_>>());
+    assert_eq!(
+        items.iter().map(|i| i.index).collect::<Vec<_>>(),
+        (1..=items.len() as u32).collect::<Vec<_>>()
+    );
     assert_eq!(last.generated_text.as_deref(), Some("é日本 ok"));
     let details = last.details.as_ref().unwrap();
     assert_eq!(details.finish_reason, FinishReason::EosToken);
@@ -186,7 +241,10 @@ async fn stream_errors_arrive_as_items() {
 #[tokio::test]
 async fn dropping_a_stream_cancels_and_frees_its_slot() {
     let (infer, stats) = infer_with(1, says("a long answer that goes on"));
-    let (_, stream) = infer.generate_stream(request(r#"{"inputs":"x"}"#), RequestMeter::start("t")).await.unwrap();
+    let (_, stream) = infer
+        .generate_stream(request(r#"{"inputs":"x"}"#), RequestMeter::start("t"))
+        .await
+        .unwrap();
     let mut stream = Box::pin(stream);
     assert!(stream.next().await.unwrap().is_ok());
     // The only slot is taken: a second request is refused.
@@ -195,14 +253,25 @@ async fn dropping_a_stream_cancels_and_frees_its_slot() {
     drop(stream);
     tokio::time::sleep(Duration::from_millis(30)).await;
     assert_eq!(stats.cancelled(), 1);
-    assert!(generate(&infer, r#"{"inputs":"x"}"#).await.is_ok(), "the slot is free again");
+    assert!(
+        generate(&infer, r#"{"inputs":"x"}"#).await.is_ok(),
+        "the slot is free again"
+    );
 }
 
 #[tokio::test]
 async fn streaming_refuses_best_of() {
     let (infer, _) = infer_with(4, says("a"));
     let result = infer
-        .generate_stream(request(r#"{"inputs":"x","parameters":{"best_of":2,"do_sample":true}}"#), RequestMeter::start("t"))
+        .generate_stream(
+            request(r#"{"inputs":"x","parameters":{"best_of":2,"do_sample":true}}"#),
+            RequestMeter::start("t"),
+        )
         .await;
-    assert!(matches!(result, Err(InferError::Validation(crate::validation::ValidationError::BestOfStream))));
+    assert!(matches!(
+        result,
+        Err(InferError::Validation(
+            crate::validation::ValidationError::BestOfStream
+        ))
+    ));
 }

@@ -57,7 +57,10 @@ pub fn router(state: AppState, options: &HttpOptions) -> Router {
         .route("/generate", post(tgi::generate))
         .route("/generate_stream", post(tgi::generate_stream))
         .route("/tokenize", post(tgi::tokenize))
-        .route_layer(middleware::from_fn_with_state(options.api_key.clone(), require_api_key));
+        .route_layer(middleware::from_fn_with_state(
+            options.api_key.clone(),
+            require_api_key,
+        ));
     let operations = Router::new()
         .route("/", get(ops::health))
         .route("/health", get(ops::health))
@@ -110,7 +113,9 @@ pub async fn serve(
     app: Router,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, app).with_graceful_shutdown(shutdown).await
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown)
+        .await
 }
 
 #[cfg(test)]

@@ -27,13 +27,18 @@ where
     S: Stream<Item = StreamItem> + Send + 'static,
 {
     let events = items.map(|item| Ok::<_, std::convert::Infallible>(to_event(item)));
-    let mut response = Sse::new(events).keep_alive(KeepAlive::default()).into_response();
+    let mut response = Sse::new(events)
+        .keep_alive(KeepAlive::default())
+        .into_response();
     let headers = response.headers_mut();
     headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
     if let Ok(value) = HeaderValue::from_str(compute_type) {
         headers.insert("x-compute-type", value);
     }
-    headers.insert("x-compute-characters", HeaderValue::from(compute_characters));
+    headers.insert(
+        "x-compute-characters",
+        HeaderValue::from(compute_characters),
+    );
     response
 }
 
@@ -44,26 +49,45 @@ mod tests {
     use crate::schema::{FinishReason, StreamDetails, StreamResponse, Token};
 
     fn token(id: u32, text: &str) -> Token {
-        Token { id, text: text.into(), logprob: -0.25, special: false }
+        Token {
+            id,
+            text: text.into(),
+            logprob: -0.25,
+            special: false,
+        }
     }
 
     async fn body_of(items: Vec<StreamItem>) -> (Response, String) {
         let response = sse_response(futures::stream::iter(items), "cpu", 5);
         let (parts, body) = response.into_parts();
         let bytes = axum::body::to_bytes(body, 1 << 20).await.unwrap();
-        (Response::from_parts(parts, axum::body::Body::empty()), String::from_utf8(bytes.to_vec()).unwrap())
+        (
+            Response::from_parts(parts, axum::body::Body::empty()),
+            String::from_utf8(bytes.to_vec()).unwrap(),
+        )
     }
 
     #[tokio::test]
     async fn each_item_is_one_data_event() {
         let items = vec![
-            Ok(StreamResponse { index: 1, token: token(5, "he"), top_tokens: vec![], generated_text: None, details: None }),
+            Ok(StreamResponse {
+                index: 1,
+                token: token(5, "he"),
+                top_tokens: vec![],
+                generated_text: None,
+                details: None,
+            }),
             Ok(StreamResponse {
                 index: 2,
                 token: token(6, "llo"),
                 top_tokens: vec![],
                 generated_text: Some("hello".into()),
-                details: Some(StreamDetails { finish_reason: FinishReason::Length, generated_tokens: 2, seed: Some(3), input_length: 1 }),
+                details: Some(StreamDetails {
+                    finish_reason: FinishReason::Length,
+                    generated_tokens: 2,
+                    seed: Some(3),
+                    input_length: 1,
+                }),
             }),
         ];
         let (response, body) = body_of(items).await;
@@ -73,7 +97,10 @@ mod tests {
         let events: Vec<&str> = body.split("\n\n").filter(|e| !e.is_empty()).collect();
         assert_eq!(events.len(), 2, "{body:?}");
         for event in &events {
-            assert!(event.starts_with("data: ") && !event.contains('\n'), "{event:?}");
+            assert!(
+                event.starts_with("data: ") && !event.contains('\n'),
+                "{event:?}"
+            );
         }
         let first: serde_json::Value = serde_json::from_str(&events[0]["data: ".len()..]).unwrap();
         assert_eq!(first["token"]["text"], "he");
@@ -87,14 +114,24 @@ mod tests {
     #[tokio::test]
     async fn errors_become_tgi_error_events() {
         let (_, body) = body_of(vec![Err(InferError::Generation("shard 0 died".into()))]).await;
-        let json: serde_json::Value = serde_json::from_str(body.trim().strip_prefix("data: ").unwrap()).unwrap();
+        let json: serde_json::Value =
+            serde_json::from_str(body.trim().strip_prefix("data: ").unwrap()).unwrap();
         assert_eq!(json["error_type"], "generation");
-        assert_eq!(json["error"], "Request failed during generation: shard 0 died");
+        assert_eq!(
+            json["error"],
+            "Request failed during generation: shard 0 died"
+        );
     }
 
     #[tokio::test]
     async fn newlines_in_text_stay_inside_one_event() {
-        let items = vec![Ok(StreamResponse { index: 1, token: token(1, "a\n\nb"), top_tokens: vec![], generated_text: None, details: None })];
+        let items = vec![Ok(StreamResponse {
+            index: 1,
+            token: token(1, "a\n\nb"),
+            top_tokens: vec![],
+            generated_text: None,
+            details: None,
+        })];
         let (_, body) = body_of(items).await;
         assert_eq!(body.matches("data: ").count(), 1);
         assert!(body.contains(r#""text":"a\n\nb""#));

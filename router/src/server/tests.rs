@@ -14,7 +14,13 @@ struct FlagProbe(AtomicBool);
 impl HealthProbe for FlagProbe {
     fn check(&self) -> BoxFuture<'_, Result<(), String>> {
         let healthy = self.0.load(Ordering::SeqCst);
-        Box::pin(async move { if healthy { Ok(()) } else { Err("shard 0 down".into()) } })
+        Box::pin(async move {
+            if healthy {
+                Ok(())
+            } else {
+                Err("shard 0 down".into())
+            }
+        })
     }
 }
 
@@ -69,18 +75,29 @@ fn app_with(options: HttpOptions, healthy: bool) -> Router {
 }
 
 fn app() -> Router {
-    app_with(HttpOptions { payload_limit: 1000, ..HttpOptions::default() }, true)
+    app_with(
+        HttpOptions {
+            payload_limit: 1000,
+            ..HttpOptions::default()
+        },
+        true,
+    )
 }
 
 fn post(path: &str, body: &str) -> Request<Body> {
-    Request::post(path).header("content-type", "application/json").body(Body::from(body.to_owned())).unwrap()
+    Request::post(path)
+        .header("content-type", "application/json")
+        .body(Body::from(body.to_owned()))
+        .unwrap()
 }
 
 async fn call(app: Router, request: Request<Body>) -> (StatusCode, axum::http::HeaderMap, String) {
     let response = app.oneshot(request).await.unwrap();
     let status = response.status();
     let headers = response.headers().clone();
-    let bytes = axum::body::to_bytes(response.into_body(), 1 << 20).await.unwrap();
+    let bytes = axum::body::to_bytes(response.into_body(), 1 << 20)
+        .await
+        .unwrap();
     (status, headers, String::from_utf8(bytes.to_vec()).unwrap())
 }
 
@@ -90,16 +107,31 @@ fn json(body: &str) -> serde_json::Value {
 
 #[tokio::test]
 async fn generate_answers_text_details_and_timing_headers() {
-    let (status, headers, body) =
-        call(app(), post("/generate", r#"{"inputs":"hello","parameters":{"details":true}}"#)).await;
+    let (status, headers, body) = call(
+        app(),
+        post(
+            "/generate",
+            r#"{"inputs":"hello","parameters":{"details":true}}"#,
+        ),
+    )
+    .await;
     assert_eq!(status, StatusCode::OK, "{body}");
     let body = json(&body);
     assert_eq!(body["generated_text"], " world");
     assert_eq!(body["details"]["finish_reason"], "eos_token");
-    assert_eq!(headers["x-generated-tokens"], "7", "six byte tokens and EOS");
+    assert_eq!(
+        headers["x-generated-tokens"], "7",
+        "six byte tokens and EOS"
+    );
     assert_eq!(headers["x-prompt-tokens"], "1");
     assert_eq!(headers["x-compute-type"], "cpu");
-    for name in ["x-total-time", "x-validation-time", "x-queue-time", "x-inference-time", "x-time-per-token"] {
+    for name in [
+        "x-total-time",
+        "x-validation-time",
+        "x-queue-time",
+        "x-inference-time",
+        "x-time-per-token",
+    ] {
         assert!(headers.contains_key(name), "{name}");
     }
 }
@@ -108,10 +140,31 @@ async fn generate_answers_text_details_and_timing_headers() {
 async fn body_errors_answer_tgi_json() {
     let cases = [
         (post("/generate", "{not json"), 400, "bad_request"),
-        (post("/generate", r#"{"inputs":"x","parameters":{"top_k":"a"}}"#), 422, "validation"),
-        (post("/generate", r#"{"inputs":"x","parameters":{"grammer":1}}"#), 422, "validation"),
-        (Request::post("/generate").body(Body::from(r#"{"inputs":"x"}"#)).unwrap(), 415, "unsupported_media_type"),
-        (post("/generate", &format!(r#"{{"inputs":"{}"}}"#, "a".repeat(2000))), 413, "payload_too_large"),
+        (
+            post("/generate", r#"{"inputs":"x","parameters":{"top_k":"a"}}"#),
+            422,
+            "validation",
+        ),
+        (
+            post("/generate", r#"{"inputs":"x","parameters":{"grammer":1}}"#),
+            422,
+            "validation",
+        ),
+        (
+            Request::post("/generate")
+                .body(Body::from(r#"{"inputs":"x"}"#))
+                .unwrap(),
+            415,
+            "unsupported_media_type",
+        ),
+        (
+            post(
+                "/generate",
+                &format!(r#"{{"inputs":"{}"}}"#, "a".repeat(2000)),
+            ),
+            413,
+            "payload_too_large",
+        ),
     ];
     for (request, status, error_type) in cases {
         let (got, _, body) = call(app(), request).await;
@@ -124,7 +177,11 @@ async fn body_errors_answer_tgi_json() {
 
 #[tokio::test]
 async fn validation_errors_are_422_with_tgi_messages() {
-    let (status, _, body) = call(app(), post("/generate", r#"{"inputs":"x","parameters":{"top_p":1.0}}"#)).await;
+    let (status, _, body) = call(
+        app(),
+        post("/generate", r#"{"inputs":"x","parameters":{"top_p":1.0}}"#),
+    )
+    .await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
     assert_eq!(
         json(&body),
@@ -137,7 +194,8 @@ async fn validation_errors_are_422_with_tgi_messages() {
 
 #[tokio::test]
 async fn generate_stream_sends_sse() {
-    let (status, headers, body) = call(app(), post("/generate_stream", r#"{"inputs":"hello"}"#)).await;
+    let (status, headers, body) =
+        call(app(), post("/generate_stream", r#"{"inputs":"hello"}"#)).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(headers["content-type"], "text/event-stream");
     let events: Vec<serde_json::Value> = body
@@ -156,7 +214,10 @@ async fn compat_route_picks_array_or_stream() {
     assert_eq!(status, StatusCode::OK);
     let body = json(&body);
     assert_eq!(body.as_array().unwrap().len(), 1);
-    assert_eq!(body[0]["generated_text"], "hello world", "return_full_text defaults to true here");
+    assert_eq!(
+        body[0]["generated_text"], "hello world",
+        "return_full_text defaults to true here"
+    );
     let (_, headers, body) = call(app(), post("/", r#"{"inputs":"hello","stream":true}"#)).await;
     assert_eq!(headers["content-type"], "text/event-stream");
     assert!(body.starts_with("data: "));
@@ -175,28 +236,55 @@ async fn tokenize_returns_char_offsets() {
 async fn health_info_metrics() {
     let (status, _, _) = call(app(), Request::get("/health").body(Body::empty()).unwrap()).await;
     assert_eq!(status, StatusCode::OK);
-    let sick = app_with(HttpOptions { payload_limit: 1000, ..HttpOptions::default() }, false);
+    let sick = app_with(
+        HttpOptions {
+            payload_limit: 1000,
+            ..HttpOptions::default()
+        },
+        false,
+    );
     let (status, _, body) = call(sick, Request::get("/health").body(Body::empty()).unwrap()).await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
-    assert_eq!(json(&body), serde_json::json!({"error":"unhealthy","error_type":"healthcheck"}));
+    assert_eq!(
+        json(&body),
+        serde_json::json!({"error":"unhealthy","error_type":"healthcheck"})
+    );
     let (_, _, body) = call(app(), Request::get("/info").body(Body::empty()).unwrap()).await;
     let info = json(&body);
     assert_eq!(info["model_id"], "test/model");
     assert_eq!(info["max_total_tokens"], 200);
-    let (status, headers, _) = call(app(), Request::get("/metrics").body(Body::empty()).unwrap()).await;
+    let (status, headers, _) =
+        call(app(), Request::get("/metrics").body(Body::empty()).unwrap()).await;
     assert_eq!(status, StatusCode::OK);
-    assert!(headers["content-type"].to_str().unwrap().starts_with("text/plain"));
+    assert!(headers["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("text/plain"));
 }
 
 #[tokio::test]
 async fn api_key_guards_generation_routes_only() {
-    let options = HttpOptions { payload_limit: 1000, api_key: Some("secret".into()), ..HttpOptions::default() };
-    let (status, _, _) = call(app_with(options.clone(), true), post("/generate", r#"{"inputs":"x"}"#)).await;
+    let options = HttpOptions {
+        payload_limit: 1000,
+        api_key: Some("secret".into()),
+        ..HttpOptions::default()
+    };
+    let (status, _, _) = call(
+        app_with(options.clone(), true),
+        post("/generate", r#"{"inputs":"x"}"#),
+    )
+    .await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
     let mut request = post("/generate", r#"{"inputs":"x"}"#);
-    request.headers_mut().insert("authorization", "Bearer secret".parse().unwrap());
+    request
+        .headers_mut()
+        .insert("authorization", "Bearer secret".parse().unwrap());
     let (status, _, _) = call(app_with(options.clone(), true), request).await;
     assert_eq!(status, StatusCode::OK);
-    let (status, _, _) = call(app_with(options, true), Request::get("/health").body(Body::empty()).unwrap()).await;
+    let (status, _, _) = call(
+        app_with(options, true),
+        Request::get("/health").body(Body::empty()).unwrap(),
+    )
+    .await;
     assert_eq!(status, StatusCode::OK);
 }

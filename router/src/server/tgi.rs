@@ -70,10 +70,22 @@ async fn run_generate(
     }
 }
 
-async fn run_stream(state: &AppState, request: GenerateRequest, route: &'static str) -> Result<Response, ApiError> {
+async fn run_stream(
+    state: &AppState,
+    request: GenerateRequest,
+    route: &'static str,
+) -> Result<Response, ApiError> {
     let characters = request.inputs.chars().count();
-    match state.infer.generate_stream(request, RequestMeter::start(route)).await {
-        Ok((_, items)) => Ok(sse_response(items, &state.info.model_device_type, characters)),
+    match state
+        .infer
+        .generate_stream(request, RequestMeter::start(route))
+        .await
+    {
+        Ok((_, items)) => Ok(sse_response(
+            items,
+            &state.info.model_device_type,
+            characters,
+        )),
         Err(err) => Err(err.into()),
     }
 }
