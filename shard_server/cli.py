@@ -68,7 +68,9 @@ class ServeConfig:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="textgen-shard", description="textgen model shard (gRPC over a unix socket)")
+    parser = argparse.ArgumentParser(
+        prog="textgen-shard", description="textgen model shard (gRPC over a unix socket)"
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="load a model and serve TextGenerationShard")
     d = ServeConfig(model_path=Path("."), uds_path="")
@@ -78,14 +80,20 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--world-size", type=int, default=d.world_size)
     serve.add_argument("--master-addr", default=d.master_addr)
     serve.add_argument("--master-port", type=int, default=d.master_port)
-    serve.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="default: float32 on CPU, bfloat16 on CUDA")
+    serve.add_argument(
+        "--dtype", choices=sorted(DTYPES), default=None, help="default: float32 on CPU, bfloat16 on CUDA"
+    )
     serve.add_argument("--device", choices=["cpu", "cuda"], default=None, help="default: cuda when available")
-    serve.add_argument("--kv-cache-tokens", type=int, default=d.kv_cache_tokens, help="CPU KV pool size in tokens")
+    serve.add_argument(
+        "--kv-cache-tokens", type=int, default=d.kv_cache_tokens, help="CPU KV pool size in tokens"
+    )
     serve.add_argument("--cuda-memory-fraction", type=float, default=d.cuda_memory_fraction)
     serve.add_argument("--attention", choices=["reference"], default=d.attention)
     serve.add_argument("--block-size", type=int, default=d.block_size, help="tokens per KV block")
     serve.add_argument("--json-output", action="store_true")
-    serve.add_argument("--otlp-endpoint", default=None, help="accepted; tracing export is not implemented yet")
+    serve.add_argument(
+        "--otlp-endpoint", default=None, help="accepted; tracing export is not implemented yet"
+    )
     return parser
 
 

@@ -35,7 +35,7 @@ class SamplingParams:
     seed: int = 0
 
     @classmethod
-    def from_proto(cls, msg) -> "SamplingParams":
+    def from_proto(cls, msg) -> SamplingParams:
         params = cls(
             do_sample=bool(msg.do_sample),
             temperature=_unset_is_one(msg.temperature),

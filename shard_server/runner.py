@@ -65,7 +65,7 @@ class ModelRunner:
 
     # -- one step ----------------------------------------------------------------------
     @torch.inference_mode()
-    def step(self, request) -> "pb.StepResponse":
+    def step(self, request) -> pb.StepResponse:
         if self.kv_cache is None:
             raise NotWarmedUpError("Warmup must run before the first Step")
         plan = plan_step(request, self.table, self.limits())
@@ -80,9 +80,15 @@ class ModelRunner:
         samplers = [i for i, item in enumerate(plan.work) if item.sample]
         logits = None
         if samplers:
-            rows = torch.tensor([tensors.query_starts[i] + plan.work[i].num_tokens - 1 for i in samplers], device=self.device)
+            rows = torch.tensor(
+                [tensors.query_starts[i] + plan.work[i].num_tokens - 1 for i in samplers], device=self.device
+            )
             logits = self.model.compute_logits(hidden.index_select(0, rows))
-        prefill = {i: self._prefill_logprobs(hidden, tensors.query_starts[i], item) for i, item in enumerate(plan.work) if self._wants_prefill_logprobs(item)}
+        prefill = {
+            i: self._prefill_logprobs(hidden, tensors.query_starts[i], item)
+            for i, item in enumerate(plan.work)
+            if self._wants_prefill_logprobs(item)
+        }
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         sampled_at = time.perf_counter_ns()
@@ -136,13 +142,15 @@ class ModelRunner:
             params=params,
             positions=[len(s.token_ids) for s in states],
             all_tokens=[s.token_ids for s in states] if any(p.needs_all_tokens for p in params) else [],
-            generated_tokens=[s.generated_ids for s in states] if any(p.needs_generated_counts for p in params) else [],
+            generated_tokens=[s.generated_ids for s in states]
+            if any(p.needs_generated_counts for p in params)
+            else [],
             top_n=[s.top_n_tokens for s in states],
         )
         return self.sampler(logits, rows)
 
     def _finish(self, work, samplers, tokens: SampledTokens | None, prefill, response) -> None:
-        sampled: dict[int, "pb.Token"] = {}
+        sampled: dict[int, pb.Token] = {}
         if tokens is not None:
             ids = tokens.ids.tolist()
             logprobs = tokens.logprobs.tolist()

@@ -23,7 +23,9 @@ _HASH_MULTIPLIER = 0x45D9F3B  # < 2**27, so products stay inside int64
 
 
 # -- logits processors (each returns a new tensor; rows with neutral params are unchanged) --
-def apply_repetition_penalty(logits: torch.Tensor, token_ids: torch.Tensor, penalty: torch.Tensor) -> torch.Tensor:
+def apply_repetition_penalty(
+    logits: torch.Tensor, token_ids: torch.Tensor, penalty: torch.Tensor
+) -> torch.Tensor:
     """HF/CTRL: divide positive, multiply negative logits of tokens seen so far.
 
     token_ids: [N, L] padded by repeating a real id of the row (duplicates are harmless).
@@ -155,7 +157,9 @@ class Sampler:
             penalty = _column([p.repetition_penalty for p in params], torch.float32, dev)
             logits = apply_repetition_penalty(logits, ids, penalty)
         if any(p.needs_generated_counts for p in params):
-            counts = token_counts(_pad(rows.generated_tokens, lambda r: self.vocab_size, dev), self.vocab_size)
+            counts = token_counts(
+                _pad(rows.generated_tokens, lambda r: self.vocab_size, dev), self.vocab_size
+            )
             frequency = _column([p.frequency_penalty for p in params], torch.float32, dev)
             presence = _column([p.presence_penalty for p in params], torch.float32, dev)
             logits = apply_frequency_presence(logits, counts, frequency, presence)

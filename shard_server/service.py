@@ -90,10 +90,20 @@ class ShardService(pb_grpc.TextGenerationShardServicer):
                 "Warmup: max_batch_prefill_tokens and max_batch_size must be >= 1",
             )
         num_blocks, warmup_ms = await self._run(
-            context, "Warmup", warmup, self.runner, request.max_batch_prefill_tokens, request.max_batch_size, self.sizing
+            context,
+            "Warmup",
+            warmup,
+            self.runner,
+            request.max_batch_prefill_tokens,
+            request.max_batch_size,
+            self.sizing,
         )
-        log.info("warmup done: %d blocks of %d tokens in %d ms", num_blocks, self.runner.block_size, warmup_ms)
-        return pb.WarmupResponse(num_blocks=num_blocks, block_size=self.runner.block_size, warmup_ms=warmup_ms)
+        log.info(
+            "warmup done: %d blocks of %d tokens in %d ms", num_blocks, self.runner.block_size, warmup_ms
+        )
+        return pb.WarmupResponse(
+            num_blocks=num_blocks, block_size=self.runner.block_size, warmup_ms=warmup_ms
+        )
 
     async def ClearCache(self, request, context):
         await self._run(context, "ClearCache", self.runner.clear)

@@ -50,7 +50,9 @@ def _ceil_div(a: int, b: int) -> int:
 def _check_blocks(block_ids, limits: PoolLimits, seq_id: int) -> None:
     for block in block_ids:
         if block >= limits.num_blocks:
-            raise InvalidStepError(f"sequence {seq_id}: block id {block} outside the pool of {limits.num_blocks}")
+            raise InvalidStepError(
+                f"sequence {seq_id}: block id {block} outside the pool of {limits.num_blocks}"
+            )
 
 
 def new_sequence_state(msg, limits: PoolLimits) -> SequenceState:
@@ -62,11 +64,15 @@ def new_sequence_state(msg, limits: PoolLimits) -> SequenceState:
     if max(ids) >= limits.vocab_size:
         raise InvalidStepError(f"sequence {msg.id}: token id {max(ids)} >= vocab size {limits.vocab_size}")
     if len(ids) > limits.max_positions:
-        raise InvalidStepError(f"sequence {msg.id}: {len(ids)} tokens exceed {limits.max_positions} positions")
+        raise InvalidStepError(
+            f"sequence {msg.id}: {len(ids)} tokens exceed {limits.max_positions} positions"
+        )
     if msg.cached_len > len(ids):
         raise InvalidStepError(f"sequence {msg.id}: cached_len {msg.cached_len} > {len(ids)} input ids")
     if len(msg.block_ids) < _ceil_div(msg.cached_len, limits.block_size):
-        raise InvalidStepError(f"sequence {msg.id}: {len(msg.block_ids)} blocks cannot hold {msg.cached_len} cached tokens")
+        raise InvalidStepError(
+            f"sequence {msg.id}: {len(msg.block_ids)} blocks cannot hold {msg.cached_len} cached tokens"
+        )
     _check_blocks(msg.block_ids, limits, msg.id)
     sampling = SamplingParams.from_proto(msg.sampling) if msg.HasField("sampling") else SamplingParams()
     return SequenceState(
@@ -117,7 +123,9 @@ def _scheduled(msg, state: SequenceState, limits: PoolLimits) -> ScheduledWork:
     if item.sample and item.end != len(state.token_ids):
         raise InvalidStepError(f"sequence {state.id}: sample requested before the last known token")
     if item.end > limits.max_positions:
-        raise InvalidStepError(f"sequence {state.id}: position {item.end - 1} exceeds the model's {limits.max_positions}")
+        raise InvalidStepError(
+            f"sequence {state.id}: position {item.end - 1} exceeds the model's {limits.max_positions}"
+        )
     _check_blocks(item.new_block_ids, limits, state.id)
     capacity = (len(state.block_table) + len(item.new_block_ids)) * limits.block_size
     if item.end > capacity:

@@ -26,7 +26,9 @@ class PoolSizing:
     cuda_memory_fraction: float  # CUDA
 
 
-def worst_case_step(max_tokens: int, max_batch_size: int, block_size: int, vocab_size: int, max_positions: int):
+def worst_case_step(
+    max_tokens: int, max_batch_size: int, block_size: int, vocab_size: int, max_positions: int
+):
     """A StepRequest with `max_tokens` prompt tokens over up to `max_batch_size` sequences,
     plus the number of blocks it needs."""
     tokens = max(1, max_tokens)
@@ -43,12 +45,21 @@ def worst_case_step(max_tokens: int, max_batch_size: int, block_size: int, vocab
             input_ids=ids,
             prompt_len=length,
             sampling=pb.SamplingParameters(
-                do_sample=True, temperature=0.7, top_k=50, top_p=0.9, typical_p=0.95,
-                repetition_penalty=1.1, frequency_penalty=0.1, presence_penalty=0.1, seed=index,
+                do_sample=True,
+                temperature=0.7,
+                top_k=50,
+                top_p=0.9,
+                typical_p=0.95,
+                repetition_penalty=1.1,
+                frequency_penalty=0.1,
+                presence_penalty=0.1,
+                seed=index,
             ),
             top_n_tokens=5,
         )
-        request.sequences.add(id=index, num_tokens=length, new_block_ids=range(next_block, next_block + blocks), sample=True)
+        request.sequences.add(
+            id=index, num_tokens=length, new_block_ids=range(next_block, next_block + blocks), sample=True
+        )
         next_block += blocks
     return request, next_block
 

@@ -38,7 +38,7 @@ class WeightStore:
     def close(self) -> None:
         self._stack.close()
 
-    def __enter__(self) -> "WeightStore":
+    def __enter__(self) -> WeightStore:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -44,9 +44,7 @@ class ReferenceAttention(AttentionBackend):
         starts = layout.query_starts
         singles = [i for i, n in enumerate(layout.query_lens) if n == 1]
         chunks = [
-            self._plan_chunk(starts[i], layout, i, device)
-            for i, n in enumerate(layout.query_lens)
-            if n > 1
+            self._plan_chunk(starts[i], layout, i, device) for i, n in enumerate(layout.query_lens) if n > 1
         ]
         single_rows = single_slots = single_mask = None
         if singles:

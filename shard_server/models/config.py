@@ -40,7 +40,7 @@ class ModelConfig:
     rope_scaling: RopeScaling = field(default_factory=RopeScaling)
 
     @classmethod
-    def from_dict(cls, raw: dict) -> "ModelConfig":
+    def from_dict(cls, raw: dict) -> ModelConfig:
         model_type = raw.get("model_type", "")
         if model_type not in LLAMA_FAMILY:
             raise UnsupportedModelError(

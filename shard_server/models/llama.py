@@ -37,7 +37,9 @@ class LlamaAttention(nn.Module):
             dtype,
             device,
         )
-        self.o_proj = RowParallelLinear(cfg.num_attention_heads * d, cfg.hidden_size, False, ctx, dtype, device)
+        self.o_proj = RowParallelLinear(
+            cfg.num_attention_heads * d, cfg.hidden_size, False, ctx, dtype, device
+        )
         self.q_norm = self.k_norm = None
         if cfg.qk_norm:
             self.q_norm = RMSNorm(d, cfg.rms_norm_eps, dtype, device)

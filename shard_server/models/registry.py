@@ -11,7 +11,12 @@ from ..weights import WeightStore
 from .config import ModelConfig
 from .llama import LlamaForCausalLM
 
-FAMILIES = {"llama": LlamaForCausalLM, "mistral": LlamaForCausalLM, "qwen2": LlamaForCausalLM, "qwen3": LlamaForCausalLM}
+FAMILIES = {
+    "llama": LlamaForCausalLM,
+    "mistral": LlamaForCausalLM,
+    "qwen2": LlamaForCausalLM,
+    "qwen3": LlamaForCausalLM,
+}
 
 
 def attention_shape(cfg: ModelConfig, ctx: ParallelContext) -> AttentionShape:

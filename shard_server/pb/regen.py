@@ -43,9 +43,7 @@ def _run_protoc(proto_dir: Path, out_dir: Path) -> None:
 
 
 def _fix_grpc_module(text: str) -> str:
-    text = text.replace(
-        "import generate_pb2 as generate__pb2", "from . import generate_pb2 as generate__pb2"
-    )
+    text = text.replace("import generate_pb2 as generate__pb2", "from . import generate_pb2 as generate__pb2")
     return re.sub(
         r"GRPC_GENERATED_VERSION = '[^']*'",
         f"GRPC_GENERATED_VERSION = '{GRPCIO_FLOOR}'",

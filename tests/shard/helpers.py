@@ -23,7 +23,9 @@ def load_model(directory: Path, dtype=torch.float32):
         return build_model(config, store, ParallelContext(), "reference", dtype, CPU)
 
 
-def load_runner(directory: Path, block_size: int = 4, num_blocks: int = 256, dtype=torch.float32) -> ModelRunner:
+def load_runner(
+    directory: Path, block_size: int = 4, num_blocks: int = 256, dtype=torch.float32
+) -> ModelRunner:
     model = load_model(directory, dtype)
     cfg = model.config
     spec = KVSpec(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, block_size, dtype)
@@ -68,7 +70,9 @@ class StepDriver:
         return self.runner.step(request)
 
 
-def generate_greedy(driver: StepDriver, seq_id: int, prompt: list[int], new_tokens: int, chunk: int, sampling=None) -> list[int]:
+def generate_greedy(
+    driver: StepDriver, seq_id: int, prompt: list[int], new_tokens: int, chunk: int, sampling=None
+) -> list[int]:
     """Chunked prefill, then decodes, through the runner; returns the generated ids."""
     kwargs = {"sampling": sampling} if sampling is not None else {}
     new = [pb.NewSequence(id=seq_id, input_ids=prompt, prompt_len=len(prompt), **kwargs)]
@@ -76,13 +80,17 @@ def generate_greedy(driver: StepDriver, seq_id: int, prompt: list[int], new_toke
     while done < len(prompt):
         n = min(chunk, len(prompt) - done)
         last = done + n == len(prompt)
-        sched = pb.ScheduledSequence(id=seq_id, num_tokens=n, new_block_ids=driver.blocks_for(seq_id, done + n), sample=last)
+        sched = pb.ScheduledSequence(
+            id=seq_id, num_tokens=n, new_block_ids=driver.blocks_for(seq_id, done + n), sample=last
+        )
         response = driver.step(new=new, scheduled=[sched])
         new, done = [], done + n
     out.append(response.outputs[0].token.id)
     for _ in range(new_tokens - 1):
         length = len(prompt) + len(out)
-        sched = pb.ScheduledSequence(id=seq_id, num_tokens=1, new_block_ids=driver.blocks_for(seq_id, length), sample=True)
+        sched = pb.ScheduledSequence(
+            id=seq_id, num_tokens=1, new_block_ids=driver.blocks_for(seq_id, length), sample=True
+        )
         out.append(driver.step(scheduled=[sched]).outputs[0].token.id)
     driver.step(released=[seq_id])
     return out

@@ -4,7 +4,6 @@ import random
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from shard_server.attention.base import AttentionShape, StepLayout, slot_mapping
 from shard_server.attention.reference import ReferenceAttention

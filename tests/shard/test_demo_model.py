@@ -28,7 +28,9 @@ def demo_model_dir():
 def prompts(demo_model_dir):
     tokenizer = transformers.AutoTokenizer.from_pretrained(demo_model_dir)
     return [
-        tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True, return_dict=False)
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True, return_dict=False
+        )
         for q in QUESTIONS
     ]
 
@@ -41,10 +43,13 @@ def transformers_greedy(model_dir, prompts) -> list[list[int]]:
         ids = torch.tensor([prompt])
         with torch.no_grad():
             generated = model.generate(
-                ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS,
-                do_sample=False, pad_token_id=0,
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=NEW_TOKENS,
+                do_sample=False,
+                pad_token_id=0,
             )
-        out.append(generated[0, len(prompt):].tolist())
+        out.append(generated[0, len(prompt) :].tolist())
     return out
 
 
@@ -62,7 +67,11 @@ def textgen_greedy(model_dir, prompts, chunk: int = 24) -> list[list[int]]:
                 continue
             n = min(chunk, len(prompt) - done[i]) if done[i] < len(prompt) else 1
             total = done[i] + n if done[i] < len(prompt) else len(prompt) + len(out[i])
-            scheduled.append(pb.ScheduledSequence(id=i, num_tokens=n, new_block_ids=driver.blocks_for(i, total), sample=total >= len(prompt)))
+            scheduled.append(
+                pb.ScheduledSequence(
+                    id=i, num_tokens=n, new_block_ids=driver.blocks_for(i, total), sample=total >= len(prompt)
+                )
+            )
             done[i] = min(done[i] + n, len(prompt))
         for output in driver.step(new=new, scheduled=scheduled).outputs:
             out[output.id].append(output.token.id)

@@ -44,5 +44,5 @@ def test_greedy_tokens_match_transformers(family, tiny_model_dirs):
             do_sample=False,
             pad_token_id=0,
             eos_token_id=None,
-        )[0, len(prompt):].tolist()
+        )[0, len(prompt) :].tolist()
     assert generate_greedy(driver, 7, prompt, 20, chunk=6) == expected

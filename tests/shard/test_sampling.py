@@ -71,7 +71,9 @@ def test_frequency_and_presence_penalty_match_plain_loop():
     generated = [[3, 3, 3, 8], []]
     frequency, presence = [0.5, 0.9], [0.25, 1.0]
     padded = torch.tensor([r + [VOCAB] * (4 - len(r)) for r in generated])
-    ours = apply_frequency_presence(logits, token_counts(padded, VOCAB), torch.tensor(frequency), torch.tensor(presence))
+    ours = apply_frequency_presence(
+        logits, token_counts(padded, VOCAB), torch.tensor(frequency), torch.tensor(presence)
+    )
     expected = logits.clone()
     for i, tokens in enumerate(generated):
         for token in set(tokens):
@@ -92,7 +94,9 @@ def test_top_k_matches_transformers():
     logits = random_logits(4)
     ks = [1, 5, 0, 10_000]
     ours = apply_top_k(logits, torch.tensor(ks))
-    expected = per_row_reference(logits, lambda i: transformers.TopKLogitsWarper(ks[i]) if 0 < ks[i] < VOCAB else None)
+    expected = per_row_reference(
+        logits, lambda i: transformers.TopKLogitsWarper(ks[i]) if 0 < ks[i] < VOCAB else None
+    )
     torch.testing.assert_close(ours, expected)
     assert (ours[0] > float("-inf")).sum() == 1 and (ours[1] > float("-inf")).sum() == 5
 
@@ -101,7 +105,9 @@ def test_top_p_matches_transformers():
     logits = random_logits(4)
     ps = [0.1, 0.5, 0.95, 1.0]
     ours = apply_top_p(logits, torch.tensor(ps))
-    expected = per_row_reference(logits, lambda i: transformers.TopPLogitsWarper(ps[i]) if ps[i] < 1 else None)
+    expected = per_row_reference(
+        logits, lambda i: transformers.TopPLogitsWarper(ps[i]) if ps[i] < 1 else None
+    )
     torch.testing.assert_close(ours, expected)
     assert torch.equal(ours[3], logits[3])
 
@@ -110,7 +116,9 @@ def test_typical_p_matches_transformers():
     logits = random_logits(4)
     masses = [0.2, 0.6, 0.9, 1.0]
     ours = apply_typical_p(logits, torch.tensor(masses))
-    expected = per_row_reference(logits, lambda i: transformers.TypicalLogitsWarper(masses[i]) if masses[i] < 1 else None)
+    expected = per_row_reference(
+        logits, lambda i: transformers.TypicalLogitsWarper(masses[i]) if masses[i] < 1 else None
+    )
     torch.testing.assert_close(ours, expected)
     assert (ours[0] == float("-inf")).any()
 
@@ -159,13 +167,28 @@ def test_seeded_draw_is_independent_of_batch():
     alone = sampler(target, rows_for([params], positions=[33])).ids.item()
     others = random_logits(5, seed=12)
     batch = torch.cat([others[:2], target, others[2:]])
-    mixed = [SamplingParams(do_sample=True, top_k=3, seed=1), SamplingParams(), params,
-             SamplingParams(do_sample=True, top_p=0.5, seed=9), SamplingParams(repetition_penalty=1.5)]
+    mixed = [
+        SamplingParams(do_sample=True, top_k=3, seed=1),
+        SamplingParams(),
+        params,
+        SamplingParams(do_sample=True, top_p=0.5, seed=9),
+        SamplingParams(repetition_penalty=1.5),
+    ]
     result = sampler(batch, rows_for(mixed, positions=[1, 2, 33, 4, 5], all_tokens=[[0], [1], [2], [3], [4]]))
     assert result.ids[2].item() == alone
     # The draw varies with the seed and with the position.
-    by_seed = {sampler(target, rows_for([SamplingParams(do_sample=True, temperature=3, seed=s)], positions=[33])).ids.item() for s in range(20)}
-    by_pos = {sampler(target, rows_for([SamplingParams(do_sample=True, temperature=3, seed=1)], positions=[p])).ids.item() for p in range(20)}
+    by_seed = {
+        sampler(
+            target, rows_for([SamplingParams(do_sample=True, temperature=3, seed=s)], positions=[33])
+        ).ids.item()
+        for s in range(20)
+    }
+    by_pos = {
+        sampler(
+            target, rows_for([SamplingParams(do_sample=True, temperature=3, seed=1)], positions=[p])
+        ).ids.item()
+        for p in range(20)
+    }
     assert len(by_seed) > 3 and len(by_pos) > 3
 
 
@@ -182,8 +205,16 @@ def test_logprob_comes_from_the_processed_distribution():
 
 @pytest.mark.parametrize(
     "field,value",
-    [("temperature", -1.0), ("temperature", math.nan), ("top_p", 1.5), ("top_p", -0.1), ("typical_p", 2.0),
-     ("repetition_penalty", -2.0), ("frequency_penalty", math.inf), ("presence_penalty", math.nan)],
+    [
+        ("temperature", -1.0),
+        ("temperature", math.nan),
+        ("top_p", 1.5),
+        ("top_p", -0.1),
+        ("typical_p", 2.0),
+        ("repetition_penalty", -2.0),
+        ("frequency_penalty", math.inf),
+        ("presence_penalty", math.nan),
+    ],
 )
 def test_invalid_parameters_are_rejected(field, value):
     with pytest.raises(InvalidStepError, match=field):
@@ -205,7 +236,9 @@ def test_invalid_parameters_are_rejected(field, value):
 def test_extreme_valid_parameters_always_yield_a_token(**fields):
     params = SamplingParams.from_proto(pb.SamplingParameters(**fields))
     sampler = Sampler(VOCAB, torch.device("cpu"))
-    out = sampler(random_logits(2, seed=fields["seed"] % 1000),
-                  rows_for([params, SamplingParams()], all_tokens=[[1, 2], [3]], generated=[[2, 2], []], top_n=[3, 0]))
+    out = sampler(
+        random_logits(2, seed=fields["seed"] % 1000),
+        rows_for([params, SamplingParams()], all_tokens=[[1, 2], [3]], generated=[[2, 2], []], top_n=[3, 0]),
+    )
     assert all(0 <= i < VOCAB for i in out.ids.tolist())
     assert math.isfinite(out.logprobs[0].item()) and out.logprobs[0].item() <= 0

@@ -1,6 +1,5 @@
 """The shard process end to end: `python -m shard_server serve` over a real unix socket."""
 
-import os
 import signal
 import subprocess
 import sys
@@ -18,16 +17,33 @@ from shard_server.pb import generate_pb2_grpc as pb_grpc
 REPO = Path(__file__).resolve().parents[2]
 BLOCK = 4
 KV_TOKENS = 1024
-SAMPLING = pb.SamplingParameters(do_sample=True, temperature=0.9, top_k=40, top_p=0.95, repetition_penalty=1.1, seed=77)
+SAMPLING = pb.SamplingParameters(
+    do_sample=True, temperature=0.9, top_k=40, top_p=0.95, repetition_penalty=1.1, seed=77
+)
 
 
 @pytest.fixture(scope="module")
 def shard(tiny_model_dirs, tmp_path_factory):
     base = str(tmp_path_factory.mktemp("sock") / "shard")
     command = [
-        sys.executable, "-m", "shard_server", "serve", "--model-path", str(tiny_model_dirs["llama"]),
-        "--uds-path", base, "--rank", "0", "--world-size", "1", "--device", "cpu",
-        "--kv-cache-tokens", str(KV_TOKENS), "--block-size", str(BLOCK),
+        sys.executable,
+        "-m",
+        "shard_server",
+        "serve",
+        "--model-path",
+        str(tiny_model_dirs["llama"]),
+        "--uds-path",
+        base,
+        "--rank",
+        "0",
+        "--world-size",
+        "1",
+        "--device",
+        "cpu",
+        "--kv-cache-tokens",
+        str(KV_TOKENS),
+        "--block-size",
+        str(BLOCK),
     ]
     process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     socket = Path(f"{base}-0")
@@ -79,7 +95,11 @@ class Router:
         self.step_id += 1
         for seq_id in released:
             self.owned.pop(seq_id, None)
-        return self.stub.Step(pb.StepRequest(step_id=self.step_id, new_sequences=new, sequences=scheduled, released_ids=released))
+        return self.stub.Step(
+            pb.StepRequest(
+                step_id=self.step_id, new_sequences=new, sequences=scheduled, released_ids=released
+            )
+        )
 
     def run(self, seq_id: int, input_ids: list[int], prompt_len: int, new_tokens: int, chunk: int, **fields):
         """Prefills input_ids in chunks, then decodes; returns the sampled Token messages."""
@@ -88,13 +108,26 @@ class Router:
         while done < len(input_ids):
             n = min(chunk, len(input_ids) - done)
             sample = done + n == len(input_ids)
-            response = self.step(new, [pb.ScheduledSequence(id=seq_id, num_tokens=n, new_block_ids=self.grow(seq_id, done + n), sample=sample)])
+            response = self.step(
+                new,
+                [
+                    pb.ScheduledSequence(
+                        id=seq_id, num_tokens=n, new_block_ids=self.grow(seq_id, done + n), sample=sample
+                    )
+                ],
+            )
             responses.append(response)
             new, done = [], done + n
         tokens.append(responses[-1].outputs[0].token)
         for _ in range(new_tokens - 1):
             total = len(input_ids) + len(tokens)
-            response = self.step(scheduled=[pb.ScheduledSequence(id=seq_id, num_tokens=1, new_block_ids=self.grow(seq_id, total), sample=True)])
+            response = self.step(
+                scheduled=[
+                    pb.ScheduledSequence(
+                        id=seq_id, num_tokens=1, new_block_ids=self.grow(seq_id, total), sample=True
+                    )
+                ]
+            )
             tokens.append(response.outputs[0].token)
         return tokens, responses
 
@@ -117,8 +150,15 @@ def test_greedy_chunked_prefill_and_decode_match_transformers(stub, reference):
     prompt = prompt_of(19, seed=1)
     tokens, responses = Router(stub).run(1, prompt, len(prompt), 15, chunk=7)
     ids = torch.tensor([prompt])
-    expected = reference.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=15, do_sample=False, eos_token_id=None, pad_token_id=0)
-    assert [t.id for t in tokens] == expected[0, len(prompt):].tolist()
+    expected = reference.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=15,
+        do_sample=False,
+        eos_token_id=None,
+        pad_token_id=0,
+    )
+    assert [t.id for t in tokens] == expected[0, len(prompt) :].tolist()
     assert all(not r.outputs for r in responses[:-1]), "non-sampling chunks report nothing"
     assert all(t.logprob <= 0 for t in tokens)
     assert responses[-1].forward_ns > 0
@@ -140,14 +180,27 @@ def test_preempted_sequence_resent_gives_the_same_tokens(stub):
 def test_batched_sequences_match_their_solo_runs(stub):
     stub.ClearCache(pb.ClearCacheRequest())
     prompts = {11: prompt_of(9, 3), 12: prompt_of(14, 4), 13: prompt_of(3, 5)}
-    solo = {i: [t.id for t in Router(stub).run(i, p, len(p), 6, chunk=5, sampling=SAMPLING)[0]] for i, p in prompts.items()}
+    solo = {
+        i: [t.id for t in Router(stub).run(i, p, len(p), 6, chunk=5, sampling=SAMPLING)[0]]
+        for i, p in prompts.items()
+    }
     stub.ClearCache(pb.ClearCacheRequest())
     router = Router(stub)
-    new = [pb.NewSequence(id=i, input_ids=p, prompt_len=len(p), sampling=SAMPLING) for i, p in prompts.items()]
-    sched = [pb.ScheduledSequence(id=i, num_tokens=len(p), new_block_ids=router.grow(i, len(p)), sample=True) for i, p in prompts.items()]
+    new = [
+        pb.NewSequence(id=i, input_ids=p, prompt_len=len(p), sampling=SAMPLING) for i, p in prompts.items()
+    ]
+    sched = [
+        pb.ScheduledSequence(id=i, num_tokens=len(p), new_block_ids=router.grow(i, len(p)), sample=True)
+        for i, p in prompts.items()
+    ]
     got = {o.id: [o.token.id] for o in router.step(new, sched).outputs}
     for _ in range(5):
-        sched = [pb.ScheduledSequence(id=i, num_tokens=1, new_block_ids=router.grow(i, len(prompts[i]) + len(got[i])), sample=True) for i in prompts]
+        sched = [
+            pb.ScheduledSequence(
+                id=i, num_tokens=1, new_block_ids=router.grow(i, len(prompts[i]) + len(got[i])), sample=True
+            )
+            for i in prompts
+        ]
         for output in router.step(scheduled=sched).outputs:
             got[output.id].append(output.token.id)
     assert got == solo
@@ -156,7 +209,9 @@ def test_batched_sequences_match_their_solo_runs(stub):
 def test_prefill_logprobs_and_top_n(stub, reference):
     stub.ClearCache(pb.ClearCacheRequest())
     prompt = prompt_of(11, seed=6)
-    tokens, responses = Router(stub).run(21, prompt, len(prompt), 2, chunk=4, prefill_logprobs=True, top_n_tokens=3)
+    tokens, responses = Router(stub).run(
+        21, prompt, len(prompt), 2, chunk=4, prefill_logprobs=True, top_n_tokens=3
+    )
     reported = [lp for r in responses for o in r.outputs for lp in o.prefill_logprobs]
     with torch.no_grad():
         logprobs = reference(torch.tensor([prompt])).logits[0].log_softmax(-1)
@@ -170,14 +225,38 @@ def test_prefill_logprobs_and_top_n(stub, reference):
     "request_fields, message",
     [
         (dict(sequences=[pb.ScheduledSequence(id=999, num_tokens=1)]), "not known"),
-        (dict(new_sequences=[pb.NewSequence(id=31, input_ids=[1, 2], prompt_len=2)],
-              sequences=[pb.ScheduledSequence(id=31, num_tokens=2, new_block_ids=[10**6], sample=True)]), "outside the pool"),
+        (
+            dict(
+                new_sequences=[pb.NewSequence(id=31, input_ids=[1, 2], prompt_len=2)],
+                sequences=[pb.ScheduledSequence(id=31, num_tokens=2, new_block_ids=[10**6], sample=True)],
+            ),
+            "outside the pool",
+        ),
         (dict(new_sequences=[pb.NewSequence(id=32, input_ids=[1, 999], prompt_len=2)]), "vocab"),
-        (dict(new_sequences=[pb.NewSequence(id=33, input_ids=[1], prompt_len=1, sampling=pb.SamplingParameters(temperature=-1))]), "temperature"),
-        (dict(new_sequences=[pb.NewSequence(id=34, input_ids=[1, 2], prompt_len=2)],
-              sequences=[pb.ScheduledSequence(id=34, num_tokens=5, new_block_ids=[0, 1], sample=True)]), "only 2 tokens"),
-        (dict(new_sequences=[pb.NewSequence(id=35, input_ids=[1] * 9, prompt_len=9)],
-              sequences=[pb.ScheduledSequence(id=35, num_tokens=9, new_block_ids=[0], sample=True)]), "blocks"),
+        (
+            dict(
+                new_sequences=[
+                    pb.NewSequence(
+                        id=33, input_ids=[1], prompt_len=1, sampling=pb.SamplingParameters(temperature=-1)
+                    )
+                ]
+            ),
+            "temperature",
+        ),
+        (
+            dict(
+                new_sequences=[pb.NewSequence(id=34, input_ids=[1, 2], prompt_len=2)],
+                sequences=[pb.ScheduledSequence(id=34, num_tokens=5, new_block_ids=[0, 1], sample=True)],
+            ),
+            "only 2 tokens",
+        ),
+        (
+            dict(
+                new_sequences=[pb.NewSequence(id=35, input_ids=[1] * 9, prompt_len=9)],
+                sequences=[pb.ScheduledSequence(id=35, num_tokens=9, new_block_ids=[0], sample=True)],
+            ),
+            "blocks",
+        ),
         (dict(new_sequences=[pb.NewSequence(id=36, input_ids=[], prompt_len=0)]), "empty"),
     ],
 )
@@ -189,7 +268,13 @@ def test_bad_steps_are_rejected_and_the_shard_survives(stub, request_fields, mes
     stub.Health(pb.HealthRequest())
     # A rejected step leaves no state behind: the same ids can be registered again.
     for seq in request_fields.get("new_sequences", []):
-        stub.Step(pb.StepRequest(step_id=2, new_sequences=[pb.NewSequence(id=seq.id, input_ids=[1, 2], prompt_len=2)], released_ids=[seq.id]))
+        stub.Step(
+            pb.StepRequest(
+                step_id=2,
+                new_sequences=[pb.NewSequence(id=seq.id, input_ids=[1, 2], prompt_len=2)],
+                released_ids=[seq.id],
+            )
+        )
 
 
 def test_clear_cache_forgets_sequences(stub):

@@ -25,8 +25,12 @@ FAMILIES = {
         transformers.LlamaForCausalLM,
         dict(
             rope_parameters=dict(
-                rope_type="llama3", rope_theta=500000.0, factor=8.0, low_freq_factor=1.0,
-                high_freq_factor=4.0, original_max_position_embeddings=64,
+                rope_type="llama3",
+                rope_theta=500000.0,
+                factor=8.0,
+                low_freq_factor=1.0,
+                high_freq_factor=4.0,
+                original_max_position_embeddings=64,
             )
         ),
     ),
