@@ -106,4 +106,30 @@ mod tests {
         assert!(matcher.push("ab").is_some());
         assert!(matcher.push("c").is_none());
     }
+
+    proptest::proptest! {
+        /// However the text is split into pieces, the match ends where the stop sequence
+        /// first ends in the whole text.
+        #[test]
+        fn any_split_finds_the_first_occurrence(
+            text in "[abé ]{0,30}",
+            stop in "[abé]{1,3}",
+            cuts in proptest::collection::vec(0usize..40, 0..8),
+        ) {
+            let chars: Vec<char> = text.chars().collect();
+            let mut cuts: Vec<usize> = cuts.into_iter().map(|c| c.min(chars.len())).collect();
+            cuts.sort_unstable();
+            cuts.dedup();
+            let mut pieces = Vec::new();
+            let mut start = 0;
+            for cut in cuts.into_iter().chain([chars.len()]) {
+                pieces.push(chars[start..cut.max(start)].iter().collect::<String>());
+                start = cut.max(start);
+            }
+            let mut matcher = StopMatcher::new(vec![stop.clone()]);
+            let found = pieces.iter().find_map(|piece| matcher.push(piece));
+            let expected = text.find(&stop).map(|at| at + stop.len());
+            proptest::prop_assert_eq!(found.map(|f| f.end), expected);
+        }
+    }
 }

@@ -238,4 +238,24 @@ mod tests {
             assert!(token.start <= token.stop);
         }
     }
+
+    proptest::proptest! {
+        /// Any text, any mix of 1- to 4-byte characters: no streamed piece is broken and
+        /// the pieces add up to the full decode.
+        #[test]
+        fn streamed_pieces_are_whole_and_complete(
+            text in "[a-z hé日本🙂\\n]{0,40}",
+            context in "[a-zé]{0,6}",
+        ) {
+            let tokenizer = byte_level_tokenizer();
+            let prompt = tokenizer.encode(&context).unwrap();
+            let ids = tokenizer.encode(&text).unwrap();
+            let pieces = stream(&tokenizer, &prompt, &ids);
+            for piece in &pieces {
+                proptest::prop_assert!(!piece.contains(char::REPLACEMENT_CHARACTER));
+            }
+            proptest::prop_assert_eq!(pieces.concat(), tokenizer.decode(&ids, false).unwrap());
+            proptest::prop_assert_eq!(pieces.concat(), text);
+        }
+    }
 }
