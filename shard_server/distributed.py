@@ -50,6 +50,8 @@ def init_parallel(
     rank: int, world_size: int, master_addr: str, master_port: int, device: torch.device
 ) -> ParallelContext:
     ctx = ParallelContext(rank=rank, world_size=world_size)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
     if ctx.is_parallel and not dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
         dist.init_process_group(
