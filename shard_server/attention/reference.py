@@ -1,8 +1,9 @@
 """The `reference` attention backend: plain torch, any device, the correctness oracle.
 
-Sequences with a single query token (decodes) are batched into one SDPA call over their
-gathered, padded contexts. Multi-token chunks (prefill) run one SDPA call each; a chunk with
-no earlier context attends to its own fresh k/v without touching the cache.
+Sequences are grouped into padded batches, one SDPA call per group, over contexts gathered
+from the paged cache: every 1-token query (decodes) in one group, and the multi-token
+chunks (prefill) in another when padding them wastes little. Otherwise each chunk runs
+alone; a chunk with no earlier context then attends to its own k/v without a gather.
 """
 
 from __future__ import annotations
@@ -13,6 +14,21 @@ import torch
 import torch.nn.functional as F
 
 from .base import AttentionBackend, AttentionShape, StepLayout, slot_mapping
+
+PADDING_WASTE_LIMIT = 2.0  # pad chunks together while padded work <= this x real work
+
+
+@dataclass
+class PaddedGroup:
+    """Sequences computed by one SDPA call over [B, max_query, ...] padded tensors."""
+
+    batch: int
+    max_query: int
+    query_rows: torch.Tensor | None  # [B * max_query] step rows (padding -> 0); None: all rows in order
+    real_rows: torch.Tensor | None  # which padded rows are real; None: all of them
+    dest_rows: torch.Tensor | None  # step rows those real rows fill
+    key_slots: torch.Tensor  # [B, max_context] cache slots (padding -> 0)
+    mask: torch.Tensor  # [B, 1, max_query, max_context]
 
 
 @dataclass
@@ -26,9 +42,7 @@ class ChunkPlan:
 @dataclass
 class ReferenceMetadata:
     slot_mapping: torch.Tensor  # [T]
-    single_rows: torch.Tensor | None  # rows of 1-token queries; None when every row is one
-    single_slots: torch.Tensor | None  # [B, L] cache slots of their contexts (padded)
-    single_mask: torch.Tensor | None  # [B, 1, 1, L] True where a slot is attended
+    groups: list[PaddedGroup]
     chunks: list[ChunkPlan]
 
 
@@ -41,45 +55,66 @@ class ReferenceAttention(AttentionBackend):
     # -- per-step planning -------------------------------------------------------------
     def build_metadata(self, layout: StepLayout, device: torch.device) -> ReferenceMetadata:
         slots = torch.tensor(slot_mapping(layout), dtype=torch.long, device=device)
-        starts = layout.query_starts
         singles = [i for i, n in enumerate(layout.query_lens) if n == 1]
-        chunks = [
-            self._plan_chunk(starts[i], layout, i, device) for i, n in enumerate(layout.query_lens) if n > 1
-        ]
-        single_rows = single_slots = single_mask = None
-        if singles:
-            single_slots, single_mask = self._plan_singles(layout, singles, device)
-            if len(singles) != len(layout.query_lens):
-                single_rows = torch.tensor([starts[i] for i in singles], device=device)
-        return ReferenceMetadata(slots, single_rows, single_slots, single_mask, chunks)
+        multis = [i for i, n in enumerate(layout.query_lens) if n > 1]
+        groups = [self._plan_group(layout, singles, device)] if singles else []
+        chunks = []
+        if multis and self._worth_padding(layout, multis):
+            groups.append(self._plan_group(layout, multis, device))
+        else:
+            starts = layout.query_starts
+            chunks = [self._plan_chunk(starts[i], layout, i, device) for i in multis]
+        return ReferenceMetadata(slots, groups, chunks)
 
-    def _plan_singles(self, layout: StepLayout, which: list[int], device: torch.device):
-        bs = layout.block_size
-        ctx = torch.tensor([layout.context_lens[i] for i in which], device=device)
-        max_ctx = int(max(layout.context_lens[i] for i in which))
-        width = (max_ctx + bs - 1) // bs
+    @staticmethod
+    def _worth_padding(layout: StepLayout, which: list[int]) -> bool:
+        if len(which) < 2:
+            return False
+        q_max = max(layout.query_lens[i] for i in which)
+        k_max = max(layout.context_lens[i] for i in which)
+        real = sum(layout.query_lens[i] * layout.context_lens[i] for i in which)
+        return len(which) * q_max * k_max <= PADDING_WASTE_LIMIT * real
+
+    def _plan_group(self, layout: StepLayout, which: list[int], device: torch.device) -> PaddedGroup:
+        bs, starts = layout.block_size, layout.query_starts
+        q_lens = [layout.query_lens[i] for i in which]
+        ctx_lens = [layout.context_lens[i] for i in which]
+        q_max, k_max = max(q_lens), max(ctx_lens)
+        width = -(-k_max // bs)
         tables = torch.zeros((len(which), width), dtype=torch.long)
         for row, i in enumerate(which):
             table = layout.block_tables[i][:width]
             tables[row, : len(table)] = torch.tensor(table, dtype=torch.long)
         tables = tables.to(device)
-        offsets = torch.arange(bs, device=device)
-        slots = (tables.unsqueeze(-1) * bs + offsets).reshape(len(which), -1)[:, :max_ctx]
-        key_pos = torch.arange(max_ctx, device=device).unsqueeze(0)
-        mask = key_pos < ctx.unsqueeze(1)
+        key_slots = (tables.unsqueeze(-1) * bs + torch.arange(bs, device=device)).reshape(len(which), -1)
+        key_slots = key_slots[:, :k_max]
+        q_len_t = torch.tensor(q_lens, device=device)
+        ctx_t = torch.tensor(ctx_lens, device=device)
+        offset = torch.arange(q_max, device=device).unsqueeze(0)  # [1, Qmax]
+        real = offset < q_len_t.unsqueeze(1)  # [B, Qmax]
+        query_pos = (ctx_t - q_len_t).unsqueeze(1) + offset  # [B, Qmax]
+        key_pos = torch.arange(k_max, device=device)
+        mask = key_pos.view(1, 1, -1) <= query_pos.unsqueeze(-1)
         if self.shape.sliding_window is not None:
-            mask &= key_pos >= (ctx - self.shape.sliding_window).unsqueeze(1)
-        # Padding rows point at slot 0 and are masked out.
-        slots = slots.masked_fill(~mask, 0)
-        return slots, mask[:, None, None, :]
+            mask &= key_pos.view(1, 1, -1) > (query_pos - self.shape.sliding_window).unsqueeze(-1)
+        # Padded query rows attend to one key so SDPA stays finite; their output is dropped.
+        mask[:, :, 0] |= ~real
+        key_slots = key_slots.masked_fill(key_pos.unsqueeze(0) >= ctx_t.unsqueeze(1), 0)
+        in_order = q_max == 1 and which == list(range(len(layout.query_lens)))
+        query_rows = real_rows = dest_rows = None
+        if not in_order:
+            first = torch.tensor([starts[i] for i in which], device=device).unsqueeze(1)
+            query_rows = (first + offset).masked_fill(~real, 0).reshape(-1)
+            real_rows = real.reshape(-1).nonzero().squeeze(1)
+            dest_rows = query_rows.index_select(0, real_rows)
+        return PaddedGroup(len(which), q_max, query_rows, real_rows, dest_rows, key_slots, mask.unsqueeze(1))
 
     def _plan_chunk(self, start: int, layout: StepLayout, i: int, device: torch.device) -> ChunkPlan:
         n, ctx = layout.query_lens[i], layout.context_lens[i]
         window = self.shape.sliding_window
         fresh = ctx == n
-        needs_mask = not fresh or (window is not None and window < n)
         mask = None
-        if needs_mask:
+        if not fresh or (window is not None and window < n):
             query_pos = torch.arange(ctx - n, ctx, device=device).unsqueeze(1)
             key_pos = torch.arange(ctx, device=device).unsqueeze(0)
             mask = key_pos <= query_pos
@@ -89,7 +124,7 @@ class ReferenceAttention(AttentionBackend):
         if not fresh:
             bs = layout.block_size
             pos = torch.arange(ctx)
-            table = torch.tensor(layout.block_tables[i][: (ctx + bs - 1) // bs], dtype=torch.long)
+            table = torch.tensor(layout.block_tables[i][: -(-ctx // bs)], dtype=torch.long)
             context_slots = (table[pos // bs] * bs + pos % bs).to(device)
         return ChunkPlan(start, start + n, context_slots, mask)
 
@@ -99,28 +134,30 @@ class ReferenceAttention(AttentionBackend):
         v_flat = v_cache.view(-1, *v_cache.shape[2:])
         k_flat.index_copy_(0, metadata.slot_mapping, k)
         v_flat.index_copy_(0, metadata.slot_mapping, v)
-        if metadata.single_slots is not None and not metadata.chunks:
-            return self._singles(q, k_flat, v_flat, metadata)
+        groups = metadata.groups
+        if len(groups) == 1 and groups[0].query_rows is None and not metadata.chunks:
+            return self._group(q, k_flat, v_flat, groups[0])  # pure decode step
         out = torch.empty_like(q)
-        if metadata.single_slots is not None:
-            rows = metadata.single_rows
-            out.index_copy_(0, rows, self._singles(q.index_select(0, rows), k_flat, v_flat, metadata))
+        for group in groups:
+            result = self._group(q, k_flat, v_flat, group)
+            out.index_copy_(0, group.dest_rows, result.index_select(0, group.real_rows))
         for chunk in metadata.chunks:
             out[chunk.start : chunk.end] = self._chunk(q, k, v, k_flat, v_flat, chunk)
         return out
 
-    def _singles(self, q, k_flat, v_flat, metadata: ReferenceMetadata) -> torch.Tensor:
-        keys = k_flat[metadata.single_slots].transpose(1, 2)  # [B, Hkv, L, D]
-        values = v_flat[metadata.single_slots].transpose(1, 2)
+    def _group(self, q, k_flat, v_flat, group: PaddedGroup) -> torch.Tensor:
+        """Attention output of the group's padded rows, [B * max_query, H, D]."""
+        rows = q if group.query_rows is None else q.index_select(0, group.query_rows)
+        query = rows.view(group.batch, group.max_query, *q.shape[1:]).transpose(1, 2)
         out = F.scaled_dot_product_attention(
-            q.unsqueeze(2),  # [B, H, 1, D]
-            keys,
-            values,
-            attn_mask=metadata.single_mask,
+            query,
+            k_flat[group.key_slots].transpose(1, 2),
+            v_flat[group.key_slots].transpose(1, 2),
+            attn_mask=group.mask,
             scale=self.shape.scale,
             enable_gqa=True,
         )
-        return out.squeeze(2)
+        return out.transpose(1, 2).reshape(-1, *q.shape[1:])
 
     def _chunk(self, q, k, v, k_flat, v_flat, chunk: ChunkPlan) -> torch.Tensor:
         query = q[chunk.start : chunk.end].transpose(0, 1).unsqueeze(0)  # [1, H, n, D]

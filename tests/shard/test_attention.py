@@ -64,6 +64,7 @@ CASES = {
     "chunk_over_cached_prefix": [(7, 20)],
     "block_boundaries": [(4, 8), (1, 4), (1, 5), (8, 8), (4, 4)],
     "mixed_step": [(1, 30), (9, 9), (1, 2), (6, 17), (1, 12), (5, 5)],
+    "similar_prefills": [(8, 8), (8, 8), (7, 7), (8, 12), (1, 6)],
     "many_tiny": [(1, 1), (2, 2), (1, 3), (2, 3), (1, 2), (3, 3), (1, 1), (2, 4)],
 }
 
@@ -96,3 +97,13 @@ def test_slots_outside_the_context_are_ignored(case):
     """Huge values in slots a sequence does not own (padding, spare blocks) must not leak in."""
     out, expected = run_case(CASES[case], fill=1e4)
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_similar_chunks_share_one_padded_call_and_a_long_one_runs_alone():
+    backend = ReferenceAttention(AttentionShape(HEADS, KV_HEADS, DIM, DIM**-0.5))
+    similar = StepLayout([8, 8, 7], [8, 8, 7], [[0, 1], [2, 3], [4, 5]], BLOCK)
+    metadata = backend.build_metadata(similar, torch.device("cpu"))
+    assert len(metadata.groups) == 1 and not metadata.chunks
+    uneven = StepLayout([60, 2, 2], [60, 2, 2], [list(range(15)), [15], [16]], BLOCK)
+    metadata = backend.build_metadata(uneven, torch.device("cpu"))
+    assert not metadata.groups and len(metadata.chunks) == 3
