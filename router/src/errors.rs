@@ -68,6 +68,14 @@ impl InferError {
 }
 
 impl ApiError {
+    /// A well-formed JSON body of the wrong shape (422, like axum's own type errors).
+    pub fn invalid_body(message: impl Into<String>) -> Self {
+        Self::BadBody {
+            status: StatusCode::UNPROCESSABLE_ENTITY,
+            message: message.into(),
+        }
+    }
+
     pub fn status(&self) -> StatusCode {
         match self {
             Self::Infer(err) => err.status(),

@@ -1,6 +1,6 @@
 //! JSON shapes of TGI's native API (`/generate`, `/generate_stream`, `/`, `/tokenize`).
 //! Field names and defaults follow TGI so existing clients work unchanged.
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize};
 
 /// Body of `/generate`, `/generate_stream` and `/tokenize`.
 #[derive(Debug, Clone, Deserialize)]
@@ -8,7 +8,10 @@ use serde::{Deserialize, Serialize};
 pub struct GenerateRequest {
     pub inputs: String,
     /// TGI asymmetry: an omitted `parameters` object means `do_sample: true`.
-    #[serde(default = "GenerateParameters::when_omitted")]
+    #[serde(
+        default = "GenerateParameters::when_omitted",
+        deserialize_with = "json_object"
+    )]
     pub parameters: GenerateParameters,
 }
 
@@ -17,7 +20,10 @@ pub struct GenerateRequest {
 #[serde(deny_unknown_fields)]
 pub struct CompatGenerateRequest {
     pub inputs: String,
-    #[serde(default = "GenerateParameters::when_omitted")]
+    #[serde(
+        default = "GenerateParameters::when_omitted",
+        deserialize_with = "json_object"
+    )]
     pub parameters: GenerateParameters,
     #[serde(default)]
     pub stream: bool,
@@ -177,4 +183,15 @@ pub struct SimpleToken {
 pub struct ErrorBody {
     pub error: String,
     pub error_type: String,
+}
+
+/// Deserializes `T` only from a JSON object. serde's derive would also build a struct from
+/// an array of its fields in order (`"parameters": [1]`), which no client means.
+pub fn json_object<'de, D, T>(deserializer: D) -> Result<T, D::Error>
+where
+    D: Deserializer<'de>,
+    T: serde::de::DeserializeOwned,
+{
+    let object = serde_json::Map::<String, serde_json::Value>::deserialize(deserializer)?;
+    T::deserialize(serde_json::Value::Object(object)).map_err(serde::de::Error::custom)
 }

@@ -7,7 +7,7 @@ mod tgi;
 use std::future::Future;
 use std::sync::Arc;
 
-use axum::extract::{DefaultBodyLimit, FromRequest, Request, State};
+use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{header, HeaderValue, Method};
 use axum::middleware::{self, Next};
 use axum::response::Response;
@@ -47,9 +47,28 @@ pub struct HttpOptions {
 
 /// JSON body extractor whose rejections (malformed JSON, wrong types, missing content
 /// type, body over the payload limit) answer TGI's error JSON.
-#[derive(Debug, Clone, FromRequest)]
-#[from_request(via(axum::Json), rejection(ApiError))]
+/// Only a JSON object is accepted as a body.
+#[derive(Debug, Clone)]
 pub struct ApiJson<T>(pub T);
+
+impl<S, T> axum::extract::FromRequest<S> for ApiJson<T>
+where
+    S: Send + Sync,
+    T: serde::de::DeserializeOwned,
+{
+    type Rejection = ApiError;
+
+    async fn from_request(request: axum::extract::Request, state: &S) -> Result<Self, ApiError> {
+        let axum::Json(value) =
+            axum::Json::<serde_json::Value>::from_request(request, state).await?;
+        if !value.is_object() {
+            return Err(ApiError::invalid_body("the request body must be a JSON object"));
+        }
+        serde_json::from_value(value)
+            .map(ApiJson)
+            .map_err(|e| ApiError::invalid_body(format!("Failed to deserialize the JSON body: {e}")))
+    }
+}
 
 pub fn router(state: AppState, options: &HttpOptions) -> Router {
     let generation = Router::new()

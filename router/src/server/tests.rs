@@ -150,6 +150,13 @@ async fn body_errors_answer_tgi_json() {
             422,
             "validation",
         ),
+        // serde would otherwise build a struct from an array of its fields.
+        (
+            post("/generate", r#"{"inputs":"x","parameters":[1]}"#),
+            422,
+            "validation",
+        ),
+        (post("/generate", r#"["x"]"#), 422, "validation"),
         (
             Request::post("/generate")
                 .body(Body::from(r#"{"inputs":"x"}"#))
