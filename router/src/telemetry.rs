@@ -1,5 +1,7 @@
 //! Logging: human-readable or JSON lines (`--json-output`). Prompt text is never logged
 //! at info level or above.
+use std::io::IsTerminal;
+
 use tracing_subscriber::EnvFilter;
 
 #[derive(Debug, thiserror::Error)]
@@ -15,9 +17,12 @@ pub fn init(log_level: &str, json_output: bool) -> Result<(), TelemetryError> {
         filter: log_level.to_owned(),
         reason: err.to_string(),
     })?;
+    // Colours only on a terminal: under the launcher, stderr is a pipe into its log.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_target(false);
+        .with_target(false)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_writer(std::io::stderr);
     let installed = if json_output {
         builder
             .json()
