@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from conftest import MAX_CONCURRENT
+from server import SESSION_MAX_CONCURRENT as MAX_CONCURRENT
 from server import Server, metric, scrape_metrics
 
 LONG = {"max_new_tokens": 200}
