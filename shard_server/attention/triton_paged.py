@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from .base import AttentionBackend, AttentionShape, StepLayout
@@ -90,43 +91,38 @@ class TritonPagedAttention(AttentionBackend):
 
     def _pack(self, layout: StepLayout, pad_to: int | None, width: int | None):
         bs = layout.block_size
-        q_lens, ctx_lens = list(layout.query_lens), list(layout.context_lens)
-        tables = [table[: -(-ctx // bs)] for table, ctx in zip(layout.block_tables, ctx_lens)]
-        slots: list[int] = []
-        for n, ctx, table in zip(q_lens, ctx_lens, tables):
-            slots.extend(table[p // bs] * bs + p % bs for p in range(ctx - n, ctx))
-        starts = layout.query_starts
+        q_lens = np.asarray(layout.query_lens, dtype=np.int32)
+        ctx_lens = np.asarray(layout.context_lens, dtype=np.int32)
         real = len(q_lens)
-        if pad_to is not None:
-            if pad_to < real:
-                raise ValueError(f"cannot pad {real} sequences to {pad_to}")
-            extra = pad_to - real
-            starts = starts + list(range(len(slots), len(slots) + extra))
-            slots += [-1] * extra
-            q_lens += [1] * extra
-            ctx_lens += [0] * extra
-            tables += [[]] * extra
-        needed = max((len(t) for t in tables), default=1)
+        batch = real if pad_to is None else pad_to
+        if batch < real:
+            raise ValueError(f"cannot pad {real} sequences to {pad_to}")
+        needed = int((-(-ctx_lens // bs)).max()) if real else 1
         width = max(1, needed) if width is None else width
         if needed > width:
             raise ValueError(f"a block table of {needed} blocks exceeds the width {width}")
-        flat_tables: list[int] = []
-        for table in tables:
-            flat_tables.extend(table)
-            flat_tables.extend([0] * (width - len(table)))
-        tiles = self._tiles(q_lens)
-        sections = [
-            ("slots", len(slots)),
-            ("starts", len(q_lens)),
-            ("q_lens", len(q_lens)),
-            ("ctx_lens", len(q_lens)),
-            ("tables", len(flat_tables)),
-        ]
-        values = slots + starts + q_lens + ctx_lens + flat_tables
-        for config, seqs, firsts in tiles:
-            sections += [(config, len(seqs))]
-            values += seqs + firsts
-        return torch.tensor(values, dtype=torch.int32), sections, width
+        tables = np.zeros((batch, width), dtype=np.int32)
+        slot_parts = []
+        for i, (n, ctx, table) in enumerate(zip(layout.query_lens, layout.context_lens, layout.block_tables)):
+            used = -(-ctx // bs)
+            tables[i, :used] = table[:used]
+            positions = np.arange(ctx - n, ctx, dtype=np.int32)
+            slot_parts.append(tables[i, positions // bs] * bs + positions % bs)
+        tokens = int(q_lens.sum())
+        extra = batch - real
+        # Padding: one query token each, no context, no slot written.
+        slot_parts.append(np.full(extra, -1, dtype=np.int32))
+        starts = np.zeros(batch, dtype=np.int32)
+        starts[1:real] = np.cumsum(q_lens)[:-1] if real else starts[1:real]
+        starts[real:] = np.arange(tokens, tokens + extra, dtype=np.int32)
+        q_padded = np.concatenate([q_lens, np.ones(extra, dtype=np.int32)])
+        ctx_padded = np.concatenate([ctx_lens, np.zeros(extra, dtype=np.int32)])
+        parts = [np.concatenate(slot_parts), starts, q_padded, ctx_padded, tables.reshape(-1)]
+        sections = [(name, part.shape[0]) for name, part in zip(("slots", "starts", "q_lens", "ctx_lens", "tables"), parts)]
+        for config, seqs, firsts in self._tiles(q_padded.tolist()):
+            sections.append((config, len(seqs)))
+            parts += [np.asarray(seqs, dtype=np.int32), np.asarray(firsts, dtype=np.int32)]
+        return torch.from_numpy(np.concatenate(parts)), sections, width
 
     def _tiles(self, q_lens: list[int]):
         """Per tile config: (config, sequence of each tile, first query offset of each tile)."""
