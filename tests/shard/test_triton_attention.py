@@ -19,6 +19,7 @@ from shard_server.attention.reference import ReferenceAttention  # noqa: E402
 from shard_server.attention.triton_paged import TritonPagedAttention  # noqa: E402
 
 CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if CUDA else "cpu"  # small cases: compiled on a GPU, interpreted on CPU
 needs_cuda = pytest.mark.skipif(not CUDA, reason="GPU-sized case: the Triton interpreter is too slow on CPU")
 
 
@@ -46,7 +47,7 @@ def make_step(specs, heads, kv_heads, dim, block, dtype, device, seed=0, spare_b
     return layout, to(q), to(k), to(v), to(k_cache), to(v_cache)
 
 
-def compare(specs, heads=4, kv_heads=2, dim=16, block=4, dtype=torch.float32, device="cpu", window=None,
+def compare(specs, heads=4, kv_heads=2, dim=16, block=4, dtype=torch.float32, device=DEVICE, window=None,
             seed=0, atol=1e-4):  # fmt: skip
     device = torch.device(device)
     layout, q, k, v, k_cache, v_cache = make_step(specs, heads, kv_heads, dim, block, dtype, device, seed)
@@ -111,7 +112,7 @@ def test_random_steps(seed):
 def test_padded_metadata_and_refill_match_unpadded():
     """The CUDA-graph path: a decode step padded to 8 rows, then refilled with a new layout."""
     heads, kv_heads, dim, block = 4, 2, 16, 4
-    device = torch.device("cpu")
+    device = torch.device(DEVICE)
     shape = AttentionShape(heads, kv_heads, dim, dim**-0.5)
     backend = TritonPagedAttention(shape)
     first, q, k, v, k_cache, v_cache = make_step([(1, 5), (1, 9), (1, 2)], heads, kv_heads, dim, block,
@@ -120,19 +121,19 @@ def test_padded_metadata_and_refill_match_unpadded():
     second = StepLayout([1, 1, 1, 1, 1], [3, 6, 1, 7, 4], [[0], [1, 2], [3], [4, 5], [6]], block)
     backend.refill(metadata, second)
     fresh = backend.build_metadata(second, device)
-    pad = lambda t: torch.cat([t, torch.randn(3, *t.shape[1:])])  # noqa: E731
-    q2, k2, v2 = (torch.randn(5, h, dim) for h in (heads, kv_heads, kv_heads))
+    pad = lambda t: torch.cat([t, torch.randn(3, *t.shape[1:], device=device)])  # noqa: E731
+    q2, k2, v2 = (torch.randn(5, h, dim, device=device) for h in (heads, kv_heads, kv_heads))
     cache_a, cache_b = (k_cache.clone(), v_cache.clone()), (k_cache.clone(), v_cache.clone())
     padded_out = backend.forward(pad(q2), pad(k2), pad(v2), *cache_a, metadata)
     plain_out = backend.forward(q2, k2, v2, *cache_b, fresh)
     torch.testing.assert_close(padded_out[:5], plain_out, atol=1e-6, rtol=0)
-    torch.testing.assert_close(padded_out[5:], torch.zeros(3, heads, dim))  # padding attends to nothing
+    torch.testing.assert_close(padded_out[5:], torch.zeros(3, heads, dim, device=device))  # padding attends to nothing
     torch.testing.assert_close(cache_a[0], cache_b[0], atol=0, rtol=0)  # padding wrote no slot
 
 
 def test_refill_rejects_a_different_shape():
     backend = TritonPagedAttention(AttentionShape(4, 2, 16, 0.25))
-    metadata = backend.build_metadata(StepLayout([1], [3], [[0]], 4), torch.device("cpu"), pad_to=2, width=4)
+    metadata = backend.build_metadata(StepLayout([1], [3], [[0]], 4), torch.device(DEVICE), pad_to=2, width=4)
     with pytest.raises(ValueError):
         backend.refill(metadata, StepLayout([1] * 3, [1] * 3, [[0], [1], [2]], 4))
     with pytest.raises(ValueError):

@@ -46,11 +46,11 @@ def test_parse_cuda_graph_sizes():
 
 @pytest.mark.parametrize("family", ["llama", "mistral_window", "qwen3"])
 def test_triton_model_gives_the_reference_greedy_tokens(tiny_model_dirs, family):
-    cpu = torch.device("cpu")
+    device = torch.device("cuda" if CUDA else "cpu")  # interpreted kernels on CPU
     prompt = [(7 * i + 3) % 150 for i in range(21)]
     tokens = {}
     for attention in ("reference", "triton"):
-        driver = StepDriver(make_runner(tiny_model_dirs[family], attention, cpu))
+        driver = StepDriver(make_runner(tiny_model_dirs[family], attention, device))
         tokens[attention] = generate_greedy(driver, 1, prompt, new_tokens=6, chunk=8)
     assert tokens["triton"] == tokens["reference"]
 
