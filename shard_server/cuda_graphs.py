@@ -97,7 +97,10 @@ class DecodeGraphs:
             return None
         if max(layout.context_lens) > self.width * self.block_size:
             return None
-        return next(size for size in self.sizes if size >= batch)
+        return self.size_for_batch(batch)
+
+    def size_for_batch(self, batch: int) -> int | None:
+        return next((size for size in self.sizes if size >= batch), None)
 
     def run(self, size: int, input_ids: list[int], positions: list[int], layout: StepLayout) -> torch.Tensor:
         step = self.steps[size]
