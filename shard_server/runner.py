@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from .attention.base import StepLayout
+from .cuda_graphs import DecodeGraphs
 from .kv_cache import KVCache, KVSpec
 from .pb import generate_pb2 as pb
 from .requests import InvalidStepError, SequenceTable
@@ -26,9 +27,9 @@ class NotWarmedUpError(RuntimeError):
 
 
 @dataclass
-class StepTensors:
-    input_ids: torch.Tensor
-    positions: torch.Tensor
+class StepInputs:
+    input_ids: list[int]
+    positions: list[int]
     layout: StepLayout
     query_starts: list[int]
 
@@ -43,12 +44,15 @@ class ModelRunner:
         self.sampler = Sampler(self.config.vocab_size, device)
         self.table = SequenceTable()
         self.kv_cache: KVCache | None = None
+        self.graphs: DecodeGraphs | None = None  # set by warmup when CUDA graphs are on
 
     @property
     def block_size(self) -> int:
         return self.kv_spec.block_size
 
     def allocate_kv_cache(self, num_blocks: int) -> None:
+        if self.graphs is not None:
+            self.graphs.release()  # they point into the old pool
         self.kv_cache = None  # free the old pool before allocating the new one
         self.kv_cache = KVCache(self.kv_spec, num_blocks, self.device)
 
@@ -75,8 +79,7 @@ class ModelRunner:
             return response
         started = time.perf_counter_ns()
         tensors = self._prepare(plan.work)
-        metadata = self.backend.build_metadata(tensors.layout, self.device)
-        hidden = self.model(tensors.input_ids, tensors.positions, self.kv_cache, metadata)
+        hidden = self._forward(tensors)
         samplers = [i for i, item in enumerate(plan.work) if item.sample]
         logits = None
         if samplers:
@@ -98,7 +101,17 @@ class ModelRunner:
         response.sample_ns = time.perf_counter_ns() - sampled_at
         return response
 
-    def _prepare(self, work: list[ScheduledWork]) -> StepTensors:
+    def _forward(self, inputs: StepInputs) -> torch.Tensor:
+        """Hidden states of the step's tokens: from a CUDA graph when one fits, else eager."""
+        size = self.graphs.size_for(inputs.layout) if self.graphs is not None else None
+        if size is not None:
+            return self.graphs.run(size, inputs.input_ids, inputs.positions, inputs.layout)
+        metadata = self.backend.build_metadata(inputs.layout, self.device)
+        input_ids = torch.tensor(inputs.input_ids, dtype=torch.long).to(self.device, non_blocking=True)
+        positions = torch.tensor(inputs.positions, dtype=torch.long).to(self.device, non_blocking=True)
+        return self.model(input_ids, positions, self.kv_cache, metadata)
+
+    def _prepare(self, work: list[ScheduledWork]) -> StepInputs:
         ids: list[int] = []
         positions: list[int] = []
         starts: list[int] = []
@@ -112,9 +125,9 @@ class ModelRunner:
             block_tables=[item.state.block_table for item in work],
             block_size=self.block_size,
         )
-        return StepTensors(
-            input_ids=torch.tensor(ids, dtype=torch.long, device=self.device),
-            positions=torch.tensor(positions, dtype=torch.long, device=self.device),
+        return StepInputs(
+            input_ids=ids,
+            positions=positions,
             layout=layout,
             query_starts=starts,
         )
