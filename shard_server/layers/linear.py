@@ -1,9 +1,9 @@
 """Linear layers that know which slice of a weight their rank holds.
 
 `ColumnParallelLinear` splits output features across ranks and can fuse several HF
-projections into one matmul (q/k/v, gate/up): each projection is sliced on its own, so the
-fused matrix holds this rank's q rows, then its k rows, then its v rows. `RowParallelLinear` splits input features and
-all-reduces the partial sums. With world size 1 both are a plain `F.linear`.
+projections into one matmul (q/k/v, gate/up): each projection is sliced on its own,
+so the fused matrix holds this rank's q rows, then its k rows, then its v rows.
+`RowParallelLinear` splits input features and all-reduces the partial sums. With world size 1 both are a plain `F.linear`.
 """
 
 from __future__ import annotations

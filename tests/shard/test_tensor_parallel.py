@@ -55,7 +55,8 @@ def prefill_logits(model, parallel) -> torch.Tensor:
 def generations(model, parallel) -> dict:
     """Greedy and seeded-sampled tokens through the real runner, plus prefill logits."""
     config = model.config
-    spec = KVSpec(config.num_hidden_layers, shard_heads(config, parallel).num_kv_heads, config.head_dim, 4, torch.float32)
+    kv_heads = shard_heads(config, parallel).num_kv_heads
+    spec = KVSpec(config.num_hidden_layers, kv_heads, config.head_dim, 4, torch.float32)
     runner = ModelRunner(model, spec, CPU)
     runner.allocate_kv_cache(64)
     greedy = generate_greedy(StepDriver(runner), 1, PROMPT, NEW_TOKENS, chunk=5)
@@ -70,7 +71,10 @@ def _rank_main(rank: int, world: int, directories, port: int, what: str, results
         outputs = []
         for directory in directories:  # one rendezvous for several models: spawning is slow
             model = load_rank_model(directory, parallel)
-            result = {"logits": prefill_logits(model, parallel)} if what == "logits" else generations(model, parallel)
+            if what == "logits":
+                result = {"logits": prefill_logits(model, parallel)}
+            else:
+                result = generations(model, parallel)
             # numpy pickles by value; a torch tensor would travel as a shared-memory handle
             # that dies with this process.
             result["logits"] = result["logits"].numpy()
@@ -120,7 +124,8 @@ def test_two_ranks_match_one(tiny_model_dirs):
         expected = prefill_logits(load_rank_model(directory, ParallelContext()), ParallelContext())
         for rank in range(2):
             torch.testing.assert_close(
-                outputs[rank][index]["logits"], expected, atol=1e-4, rtol=1e-4, msg=f"{families[index]} rank {rank}"
+                outputs[rank][index]["logits"], expected, atol=1e-4, rtol=1e-4,
+                msg=f"{families[index]} rank {rank}"
             )
 
 
@@ -131,8 +136,9 @@ def single_rank(tiny_model_dirs):
 
 
 @pytest.mark.parametrize("world", [2, 4])
-def test_gqa_model_greedy_tokens_match_one_rank_and_ranks_sample_alike(world, tiny_model_dirs, single_rank):
-    outputs = {rank: results[0] for rank, results in run_ranks(world, [tiny_model_dirs["llama_8h_2kv"]], "generate").items()}
+def test_gqa_model_matches_one_rank_and_ranks_sample_alike(world, tiny_model_dirs, single_rank):
+    ranks = run_ranks(world, [tiny_model_dirs["llama_8h_2kv"]], "generate")
+    outputs = {rank: results[0] for rank, results in ranks.items()}
     assert len(single_rank["greedy"]) == NEW_TOKENS
     for rank in range(world):
         assert outputs[rank]["greedy"] == single_rank["greedy"], f"rank {rank}"

@@ -66,7 +66,8 @@ def qkv_layer(cfg, rank, world, store, bias=False):
     ctx = LocalRank(rank, world)
     heads = shard_heads(cfg, ctx)
     d = cfg.head_dim
-    layer = ColumnParallelLinear(cfg.hidden_size, [heads.q_rows(d), heads.kv_rows(d)] + [heads.kv_rows(d)], bias, F32, CPU)
+    parts = [heads.q_rows(d), heads.kv_rows(d), heads.kv_rows(d)]
+    layer = ColumnParallelLinear(cfg.hidden_size, parts, bias, F32, CPU)
     layer.load(store, ["q", "k", "v"])
     return layer, heads
 
@@ -126,7 +127,8 @@ def test_row_parallel_partials_sum_to_the_full_product(weights, world):
         start, end = ctx.split(16)
         assert layer.weight.shape == (6, end - start)
         total += F.linear(x[:, start:end], layer.weight)  # the partial each rank all-reduces
-    torch.testing.assert_close(total + full["down.bias"], F.linear(x, full["down.weight"], full["down.bias"]))
+    expected = F.linear(x, full["down.weight"], full["down.bias"])
+    torch.testing.assert_close(total + full["down.bias"], expected)
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
@@ -177,7 +179,8 @@ def test_ranks_read_only_their_slices(weights):
         for rank in range(world):
             with WeightStore(store.model_dir) as rank_store:
                 layer, _ = qkv_layer(cfg, rank, world, rank_store)
-                RowParallelLinear(8 * d, hidden, False, LocalRank(rank, world), F32, CPU).load(rank_store, "o")
+                out = RowParallelLinear(8 * d, hidden, False, LocalRank(rank, world), F32, CPU)
+                out.load(rank_store, "o")
                 read += rank_store.bytes_read
                 largest = max(largest, rank_store.largest_read)
         assert read == full_bytes + (kv_copies - 1) * kv_bytes
