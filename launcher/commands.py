@@ -103,6 +103,16 @@ def child_environment(settings: Settings, environ: Mapping[str, str]) -> dict[st
     return env
 
 
+# NCCL's NVLink multicast reserves GPU memory per communicator and has hung collectives on
+# some drivers; tensor parallelism does not need it.
+SHARD_ENVIRONMENT = {"NCCL_NVLS_ENABLE": "0"}
+
+
+def shard_environment(settings: Settings, environ: Mapping[str, str]) -> dict[str, str]:
+    """What a shard runs with: the children's environment plus NCCL's settings."""
+    return {**child_environment(settings, environ), **SHARD_ENVIRONMENT}
+
+
 SECRET_FLAGS = frozenset({"--api-key"})
 
 

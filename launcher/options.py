@@ -133,6 +133,9 @@ OPTIONS: tuple[Option, ...] = (
     _router("--max-batch-total-tokens", "Cap on the KV pool used, in tokens.",
             default="the whole pool measured at warmup"),
     _router("--max-batch-size", "Most sequences in one step.", default="unlimited"),
+    _router("--step-timeout", "Seconds a step may take before the router counts a shard as "
+            "hung, fails the in-flight requests and turns /health to 503 (textgen only).",
+            default="60"),
     _router("--payload-limit", "Largest request body in bytes (413 above).", default="2000000"),
     _router("--validation-workers", "Threads that may tokenize at once.", default="2"),
     _router("--api-key", "Bearer token required on generation routes.", non_empty,

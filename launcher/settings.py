@@ -43,6 +43,7 @@ class Settings:
     max_batch_prefill_tokens: int | None
     max_batch_total_tokens: int | None
     max_batch_size: int | None
+    step_timeout: int | None
     payload_limit: int | None
     validation_workers: int | None
     api_key: str | None

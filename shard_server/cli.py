@@ -26,6 +26,7 @@ from .distributed import init_parallel
 from .kv_cache import KVSpec
 from .models.config import ModelConfig
 from .models.registry import build_model
+from .models.sharding import check_shardable, shard_heads
 from .pb import generate_pb2_grpc as pb_grpc
 from .runner import ModelRunner
 from .service import ShardIdentity, ShardService
@@ -152,15 +153,20 @@ def load_service(config: ServeConfig) -> ShardService:
     device = config.torch_device()
     dtype = config.torch_dtype(device)
     torch.set_num_threads(len(os.sched_getaffinity(0)))
+    model_config = ModelConfig.from_dict(read_config(config.model_path))
+    check_shardable(model_config, config.world_size)  # fail before the rendezvous, naming the numbers
     parallel = init_parallel(config.rank, config.world_size, config.master_addr, config.master_port, device)
     attention = config.attention_backend(device)
-    raw = read_config(config.model_path)
-    model_config = ModelConfig.from_dict(raw)
     with WeightStore(config.model_path) as store:
         model = build_model(model_config, store, parallel, attention, dtype, device)
+        log.info(
+            "rank %d/%d read %.1f MiB of the checkpoint's %.1f MiB (largest read %.1f MiB)",
+            parallel.rank, parallel.world_size, store.bytes_read / 2**20, store.total_bytes() / 2**20,
+            store.largest_read / 2**20,
+        )
     spec = KVSpec(
         num_layers=model_config.num_hidden_layers,
-        num_kv_heads=model_config.num_key_value_heads // parallel.world_size,
+        num_kv_heads=shard_heads(model_config, parallel).num_kv_heads,
         head_dim=model_config.head_dim,
         block_size=config.block_size,
         dtype=dtype,

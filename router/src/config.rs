@@ -67,6 +67,10 @@ pub struct Args {
     /// Seconds to keep retrying the shard sockets at startup.
     #[arg(long, env = "SHARD_CONNECT_TIMEOUT", default_value_t = 600)]
     pub shard_connect_timeout: u64,
+    /// Seconds a step may take on the shards before the router counts a shard as hung: it
+    /// fails the in-flight requests and reports unhealthy on `/health`.
+    #[arg(long, env = "STEP_TIMEOUT", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
+    pub step_timeout: u64,
     /// Log filter (tracing-subscriber syntax), e.g. `info` or `textgen_router=debug`.
     #[arg(long, env = "LOG_LEVEL", default_value = "info")]
     pub log_level: String,

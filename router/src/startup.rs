@@ -138,7 +138,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         args.num_shard as usize,
         Duration::from_secs(args.shard_connect_timeout),
     )
-    .await?;
+    .await?
+    .with_step_timeout(Duration::from_secs(args.step_timeout));
     let report = prepare_shards(&args, &shards).await?;
     let limits = args.derive_limits(report.capacity)?;
     tracing::info!(?limits, "limits");

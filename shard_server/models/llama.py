@@ -19,23 +19,21 @@ from ..layers.norm import RMSNorm
 from ..layers.rotary import RotaryEmbedding, apply_rotary
 from ..weights import WeightStore
 from .config import ModelConfig
+from .sharding import even_rows, shard_heads
 
 
 class LlamaAttention(nn.Module):
     def __init__(self, cfg: ModelConfig, ctx: ParallelContext, backend: AttentionBackend, dtype, device):
         super().__init__()
         d = cfg.head_dim
-        self.num_heads = cfg.num_attention_heads // ctx.world_size
-        self.num_kv_heads = cfg.num_key_value_heads // ctx.world_size
+        heads = shard_heads(cfg, ctx)
+        self.num_heads = heads.num_heads
+        self.num_kv_heads = heads.num_kv_heads
         self.head_dim = d
         self.backend = backend
+        q_rows, kv_rows = heads.q_rows(d), heads.kv_rows(d)
         self.qkv_proj = ColumnParallelLinear(
-            cfg.hidden_size,
-            [cfg.num_attention_heads * d, cfg.num_key_value_heads * d, cfg.num_key_value_heads * d],
-            cfg.attention_bias,
-            ctx,
-            dtype,
-            device,
+            cfg.hidden_size, [q_rows, kv_rows, kv_rows], cfg.attention_bias, dtype, device
         )
         self.o_proj = RowParallelLinear(
             cfg.num_attention_heads * d, cfg.hidden_size, False, ctx, dtype, device
@@ -70,7 +68,8 @@ class LlamaMLP(nn.Module):
     def __init__(self, cfg: ModelConfig, ctx: ParallelContext, dtype, device):
         super().__init__()
         size = cfg.intermediate_size
-        self.gate_up_proj = ColumnParallelLinear(cfg.hidden_size, [size, size], False, ctx, dtype, device)
+        rows = even_rows(size, ctx)
+        self.gate_up_proj = ColumnParallelLinear(cfg.hidden_size, [rows, rows], False, dtype, device)
         self.down_proj = RowParallelLinear(size, cfg.hidden_size, False, ctx, dtype, device)
 
     def load(self, store: WeightStore, prefix: str) -> None:
