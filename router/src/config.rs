@@ -231,7 +231,10 @@ mod tests {
         assert_eq!(a.scheduling_policy, AdmissionPolicy::Fifo);
         assert!(args(&["--prefix-caching", "TRUE"]).prefix_caching);
         let argv = ["textgen-router", "--model-id", "m", "--model-path", "/m"];
-        for bad in [["--prefix-caching", "maybe"], ["--scheduling-policy", "random"]] {
+        for bad in [
+            ["--prefix-caching", "maybe"],
+            ["--scheduling-policy", "random"],
+        ] {
             let error = Args::try_parse_from(argv.iter().chain(bad.iter())).unwrap_err();
             assert!(error.to_string().contains(bad[1]), "{error}");
         }

@@ -258,7 +258,13 @@ impl RadixCache {
         }
     }
 
-    fn add_child(&mut self, parent: NodeId, tokens: Vec<u32>, blocks: KvBlocks, generated_from: usize) {
+    fn add_child(
+        &mut self,
+        parent: NodeId,
+        tokens: Vec<u32>,
+        blocks: KvBlocks,
+        generated_from: usize,
+    ) {
         let key: Box<[u32]> = tokens[..self.block_size].into();
         self.cached_blocks += blocks.len();
         let stamp = self.clock;
@@ -350,11 +356,22 @@ impl RadixCache {
             if id == ROOT {
                 assert!(node.tokens.is_empty() && node.blocks.is_empty());
             } else {
-                assert!(!node.tokens.is_empty() && node.tokens.len() % bs == 0, "node {id} not block-aligned");
-                assert_eq!(node.blocks.len() * bs, node.tokens.len(), "node {id} blocks");
+                assert!(
+                    !node.tokens.is_empty() && node.tokens.len() % bs == 0,
+                    "node {id} not block-aligned"
+                );
+                assert_eq!(
+                    node.blocks.len() * bs,
+                    node.tokens.len(),
+                    "node {id} blocks"
+                );
                 assert!(node.generated_from <= node.tokens.len());
                 let parent = self.node(node.parent);
-                assert_eq!(parent.children.get(&node.tokens[..bs]), Some(&id), "node {id} parent link");
+                assert_eq!(
+                    parent.children.get(&node.tokens[..bs]),
+                    Some(&id),
+                    "node {id} parent link"
+                );
                 assert!(parent.last_access >= node.last_access || node.parent == ROOT);
                 if node.children.is_empty() {
                     leaves.insert((node.last_access, id));
@@ -365,7 +382,11 @@ impl RadixCache {
                 assert_eq!(&key[..], &self.node(child).tokens[..bs]);
             }
             blocks += node.blocks.len();
-            assert!(node.blocks.ids().iter().all(|&b| self.allocator.ref_count(b) > 0));
+            assert!(node
+                .blocks
+                .ids()
+                .iter()
+                .all(|&b| self.allocator.ref_count(b) > 0));
         }
         assert_eq!(blocks, self.cached_blocks, "cached block count");
         assert_eq!(leaves, self.leaves, "leaf index");

@@ -95,7 +95,12 @@ fn mean_us(started: Instant, count: usize) -> f64 {
 
 /// A prompt that repeats between half and all of an earlier document, then goes its
 /// own way (random tokens from a 32k vocabulary).
-fn derived_prompt(rng: &mut StdRng, documents: &[Vec<u32>], len: usize, block_size: usize) -> Vec<u32> {
+fn derived_prompt(
+    rng: &mut StdRng,
+    documents: &[Vec<u32>],
+    len: usize,
+    block_size: usize,
+) -> Vec<u32> {
     let mut prompt = Vec::with_capacity(len);
     if !documents.is_empty() {
         let source = &documents[rng.random_range(0..documents.len())];

@@ -40,7 +40,11 @@ fn a_partial_match_splits_the_node_and_shares_the_prefix() {
         table.grow(2).unwrap();
         table
     };
-    assert_eq!(cache.insert(&second, &table, 7), 1, "one new full block: [5, 9]");
+    assert_eq!(
+        cache.insert(&second, &table, 7),
+        1,
+        "one new full block: [5, 9]"
+    );
     cache.check_invariants();
     let mut entries = cache.entries();
     entries.sort();
@@ -61,7 +65,11 @@ fn a_query_shorter_than_a_block_or_unknown_matches_nothing() {
     let mut cache = RadixCache::new(pool.clone(), 4);
     let table = compute(&mut cache, &pool, &[1, 2, 3, 4, 5]);
     cache.insert(&[1, 2, 3, 4, 5], &table, 5);
-    assert_eq!(cache.cached_blocks(), 1, "the partial last block is not cached");
+    assert_eq!(
+        cache.cached_blocks(),
+        1,
+        "the partial last block is not cached"
+    );
     assert_eq!(cache.match_prefix(&[1, 2, 3]).tokens, 0);
     assert_eq!(cache.match_prefix(&[1, 2, 3, 5, 5]).tokens, 0);
     assert_eq!(cache.match_prefix(&[1, 2, 3, 4]).tokens, 4);
@@ -80,11 +88,19 @@ fn eviction_takes_least_recently_used_unheld_leaves_only() {
     let held = cache.match_prefix(&[1, 2]); // in use, and recently used
     cache.match_prefix(&[6]); // the most recent
     assert_eq!(cache.evict(1), 1);
-    assert_eq!(cache.match_len(&[3, 4]), 1, "leaf [4] was the least recently used");
+    assert_eq!(
+        cache.match_len(&[3, 4]),
+        1,
+        "leaf [4] was the least recently used"
+    );
     assert_eq!(cache.evict(1), 1);
     assert_eq!(cache.match_len(&[3, 5]), 1, "then leaf [5]");
     assert_eq!(cache.evict(1), 1);
-    assert_eq!(cache.match_len(&[3]), 0, "then [3], a leaf once its children went");
+    assert_eq!(
+        cache.match_len(&[3]),
+        0,
+        "then [3], a leaf once its children went"
+    );
     assert_eq!(cache.evict(10), 1, "[6] goes; [1, 2] is held and stays");
     assert_eq!(cache.match_len(&[1, 2]), 2);
     assert_eq!(pool.used(), 2);
@@ -217,15 +233,26 @@ impl Model {
     }
 }
 
-fn check_match(model: &Model, query: &[u32], hit: &super::PrefixMatch) -> Result<(), TestCaseError> {
+fn check_match(
+    model: &Model,
+    query: &[u32],
+    hit: &super::PrefixMatch,
+) -> Result<(), TestCaseError> {
     let expected = model.longest_match(query);
     prop_assert_eq!(hit.blocks.ids(), &expected[..], "match of {:?}", query);
     prop_assert_eq!(hit.tokens, expected.len() * model.block_size);
-    prop_assert!(hit.tokens <= query.len(), "a match is a prefix of the query");
+    prop_assert!(
+        hit.tokens <= query.len(),
+        "a match is a prefix of the query"
+    );
     Ok(())
 }
 
-fn check_pool(pool: &BlockAllocator, cache: &RadixCache, holders: &[Holder]) -> Result<(), TestCaseError> {
+fn check_pool(
+    pool: &BlockAllocator,
+    cache: &RadixCache,
+    holders: &[Holder],
+) -> Result<(), TestCaseError> {
     cache.check_invariants();
     let mut live: HashSet<u32> = cache.entries().into_iter().map(|(_, b)| b).collect();
     for holder in holders {

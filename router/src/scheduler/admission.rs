@@ -63,7 +63,11 @@ pub struct Candidate {
 pub const RANKED_WINDOW: usize = 256;
 
 /// Ids in the order admission should try them. `candidates` are in queue order.
-pub fn admission_order(policy: AdmissionPolicy, age_cap: Duration, candidates: &[Candidate]) -> Vec<u64> {
+pub fn admission_order(
+    policy: AdmissionPolicy,
+    age_cap: Duration,
+    candidates: &[Candidate],
+) -> Vec<u64> {
     if policy == AdmissionPolicy::Fifo {
         return candidates.iter().map(|c| c.id).collect();
     }
@@ -78,10 +82,17 @@ pub fn admission_order(policy: AdmissionPolicy, age_cap: Duration, candidates: &
             2
         };
         // Within the first two classes queue order rules; in the last, longest prefix.
-        let prefix = if class == 2 { candidate.cached_tokens } else { 0 };
+        let prefix = if class == 2 {
+            candidate.cached_tokens
+        } else {
+            0
+        };
         (class, std::cmp::Reverse(prefix), position)
     });
-    ranked.into_iter().map(|(_, candidate)| candidate.id).collect()
+    ranked
+        .into_iter()
+        .map(|(_, candidate)| candidate.id)
+        .collect()
 }
 
 #[cfg(test)]
@@ -129,7 +140,13 @@ mod tests {
             let policy: AdmissionPolicy = name.parse().unwrap();
             assert_eq!(policy.to_string(), name);
         }
-        assert_eq!("lpm".parse::<AdmissionPolicy>(), Ok(AdmissionPolicy::LongestPrefix));
-        assert!("random".parse::<AdmissionPolicy>().unwrap_err().contains("fifo"));
+        assert_eq!(
+            "lpm".parse::<AdmissionPolicy>(),
+            Ok(AdmissionPolicy::LongestPrefix)
+        );
+        assert!("random"
+            .parse::<AdmissionPolicy>()
+            .unwrap_err()
+            .contains("fifo"));
     }
 }

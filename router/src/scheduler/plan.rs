@@ -6,8 +6,8 @@ use std::time::Instant;
 
 use super::admission::admission_order;
 use super::api::SequenceEvent;
-use super::prefix::{self, CacheHit};
 use super::budget::{blocks_for, max_running, StepBudget};
+use super::prefix::{self, CacheHit};
 use super::state::{Delivery, InFlightStep, SchedulerState};
 use crate::pb;
 
@@ -156,7 +156,10 @@ impl SchedulerState {
         loop {
             let spare = self.running[&id].spare_slots(block_size);
             // Unused cached prefixes give way before any running sequence does.
-            self.ensure_free(blocks_for(u64::from(wanted.saturating_sub(spare)), block_size));
+            self.ensure_free(blocks_for(
+                u64::from(wanted.saturating_sub(spare)),
+                block_size,
+            ));
             let free = self.allocator.free();
             let room = spare.saturating_add(free.saturating_mul(block_size));
             if room >= 1 {
@@ -259,7 +262,9 @@ impl SchedulerState {
         if !self.ensure_free(fresh) {
             return None;
         }
-        table.grow(fresh as usize).expect("free blocks were counted");
+        table
+            .grow(fresh as usize)
+            .expect("free blocks were counted");
         Some(Reservation {
             table,
             cached_len,

@@ -35,7 +35,11 @@ pub(super) fn lookup(cache: Option<&mut RadixCache>, sequence: &Sequence) -> Opt
 fn insert_computed(cache: &mut RadixCache, sequence: &Sequence) {
     let tokens = sequence.known_tokens();
     let computed = (sequence.computed as usize).min(tokens.len());
-    cache.insert(&tokens[..computed], &sequence.blocks, sequence.prompt_len() as usize);
+    cache.insert(
+        &tokens[..computed],
+        &sequence.blocks,
+        sequence.prompt_len() as usize,
+    );
 }
 
 /// What an admission got from the cache, for the metrics.
@@ -110,6 +114,8 @@ impl SchedulerState {
 
     /// Blocks held by the prefix cache (0 when it is off).
     pub fn cached_blocks(&self) -> usize {
-        self.prefix_cache.as_ref().map_or(0, RadixCache::cached_blocks)
+        self.prefix_cache
+            .as_ref()
+            .map_or(0, RadixCache::cached_blocks)
     }
 }

@@ -98,7 +98,10 @@ impl Sequence {
     /// Readies a (possibly preempted) waiting sequence to be sent afresh with `table`,
     /// whose first `cached_blocks` blocks hold the KV of its first `cached_len` tokens.
     pub fn admit(&mut self, table: KvBlocks, cached_len: u32, cached_blocks: usize) {
-        debug_assert!(cached_len < self.known_len(), "the last token is always computed");
+        debug_assert!(
+            cached_len < self.known_len(),
+            "the last token is always computed"
+        );
         self.blocks = table;
         self.prefill_len = self.known_len();
         self.computed = cached_len;

@@ -210,7 +210,10 @@ impl ShardSim {
 
     fn run_sequence(&mut self, scheduled: &pb::ScheduledSequence) -> Option<pb::SequenceOutput> {
         let id = scheduled.id;
-        assert!(self.sequences.contains_key(&id), "scheduled sequence is unknown");
+        assert!(
+            self.sequences.contains_key(&id),
+            "scheduled sequence is unknown"
+        );
         for &block in &scheduled.new_block_ids {
             assert!(block < self.num_blocks, "block {block} out of range");
             let holders = self.block_holders.get(&block);
@@ -244,7 +247,10 @@ impl ShardSim {
                 vec![id],
                 "sequence {id} writes into block {block}, which others hold"
             );
-            let slots = self.slots.entry(block).or_insert_with(|| vec![None; block_size]);
+            let slots = self
+                .slots
+                .entry(block)
+                .or_insert_with(|| vec![None; block_size]);
             slots[position % block_size] = Some(identities[position]);
         }
         let prefill_logprobs: Vec<f32> = if sequence.prefill_logprobs {

@@ -34,7 +34,11 @@ fn a_shared_prompt_is_computed_once_and_only_the_suffix_runs() {
     let new = announced(&step, b).unwrap();
     assert_eq!(new.cached_len, 20, "the whole 20-token system prompt");
     assert_eq!(new.block_ids.len(), 5);
-    assert_eq!(chunks(&step), vec![(b, 5, true)], "only the question is computed");
+    assert_eq!(
+        chunks(&step),
+        vec![(b, 5, true)],
+        "only the question is computed"
+    );
     h.run_to_idle(10);
     assert_eq!(h.tokens(a), expected_tokens(a, 20, 3));
     assert_eq!(h.tokens(b), expected_tokens(b, 25, 3));
@@ -76,7 +80,10 @@ fn the_next_turn_of_a_chat_hits_the_previous_answer() {
         h.run_to_idle(10);
         assert_eq!(h.tokens(b), expected_tokens(b, 22, 2));
     });
-    assert_eq!(recorder.counter("textgen_prefix_cache_hits_tokens_total"), 16);
+    assert_eq!(
+        recorder.counter("textgen_prefix_cache_hits_tokens_total"),
+        16
+    );
     assert_eq!(
         recorder.counter("textgen_prefix_cache_hits_generated_tokens_total"),
         6,
@@ -150,7 +157,10 @@ fn longest_prefix_first_admits_cached_requests_ahead_and_fifo_does_not() {
         assert_eq!((cold, warm), (1, 2));
         let step = h.step().unwrap();
         assert_eq!(step.new_sequences.len(), 1);
-        assert_eq!(step.new_sequences[0].id, expected_first, "{policy:?} {age_cap:?}");
+        assert_eq!(
+            step.new_sequences[0].id, expected_first,
+            "{policy:?} {age_cap:?}"
+        );
         h.run_to_idle(10);
         assert_eq!(h.finished(cold), Some((FinishReason::Length, 1)));
         assert_eq!(h.finished(warm), Some((FinishReason::Length, 1)));
@@ -182,11 +192,17 @@ fn cached_blocks_are_evicted_for_new_work_but_never_while_in_use() {
 #[test]
 fn a_busy_tiny_pool_with_sharing_and_cancellations_stays_exact() {
     let run = |cached: bool| {
-        let cfg = if cached { cached_config(2, 24, 9) } else { config(2, 24, 9) };
+        let cfg = if cached {
+            cached_config(2, 24, 9)
+        } else {
+            config(2, 24, 9)
+        };
         let mut h = Harness::new(cfg);
         let mut submitted = Vec::new();
         for i in 0..30u32 {
-            let mut tokens: Vec<u32> = (0..(3 + i % 4) * 2).map(|t| 100 + t + 50 * (i % 3)).collect();
+            let mut tokens: Vec<u32> = (0..(3 + i % 4) * 2)
+                .map(|t| 100 + t + 50 * (i % 3))
+                .collect();
             tokens.extend((0..i % 5).map(|t| 1_000 + t + i));
             let new_tokens = 1 + (i * 7) % 9;
             let len = tokens.len() as u32;
@@ -201,7 +217,11 @@ fn a_busy_tiny_pool_with_sharing_and_cancellations_stays_exact() {
         h.run_to_idle(5_000);
         for &(id, len, new_tokens) in &submitted {
             if h.streams.contains_key(&id) {
-                assert_eq!(h.tokens(id), expected_tokens(id, len, new_tokens), "sequence {id}");
+                assert_eq!(
+                    h.tokens(id),
+                    expected_tokens(id, len, new_tokens),
+                    "sequence {id}"
+                );
             }
         }
         let cached_blocks = h.state.cached_blocks() as u32;
