@@ -48,6 +48,8 @@ def default_executables() -> Executables:
 
 
 def _format(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
     if isinstance(value, float) and value.is_integer():
         return str(int(value)) if abs(value) >= 1 else str(value)
     return str(value)
@@ -59,7 +61,7 @@ def _forwarded_flags(settings: Settings, child: str) -> list[str]:
         if child not in option.forward:
             continue
         value = getattr(settings, option.dest)
-        if value is None or value is False:
+        if value is None or (option.switch and value is False):
             continue
         if option.switch:
             args.append(option.long_flag)

@@ -136,6 +136,14 @@ OPTIONS: tuple[Option, ...] = (
     _router("--step-timeout", "Seconds a step may take before the router counts a shard as "
             "hung, fails the in-flight requests and turns /health to 503 (textgen only).",
             default="60"),
+    Option(("--prefix-caching",), "Reuse the KV of cached prompt and generated prefixes "
+           "(radix prefix cache), true/false.", parse_bool, forward=(ROUTER,),
+           child_default="true"),
+    Option(("--scheduling-policy",), "Admission order: longest cached prefix first (with "
+           "an age cap) or first come, first served.", forward=(ROUTER,),
+           child_default="longest-prefix", choices=("longest-prefix", "fifo")),
+    _router("--scheduling-age-cap-ms", "Milliseconds after which a waiting request goes "
+            "ahead of requests with a longer cached prefix.", non_negative_int, "2000"),
     _router("--payload-limit", "Largest request body in bytes (413 above).", default="2000000"),
     _router("--validation-workers", "Threads that may tokenize at once.", default="2"),
     _router("--api-key", "Bearer token required on generation routes.", non_empty,

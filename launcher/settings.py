@@ -44,6 +44,9 @@ class Settings:
     max_batch_total_tokens: int | None
     max_batch_size: int | None
     step_timeout: int | None
+    prefix_caching: bool | None
+    scheduling_policy: str | None
+    scheduling_age_cap_ms: int | None
     payload_limit: int | None
     validation_workers: int | None
     api_key: str | None
