@@ -174,29 +174,30 @@ class ModelRunner:
         return self.sampler(decoded.logits, rows)
 
     def _finish(self, work, samplers, tokens: SampledTokens | None, prefill, response) -> None:
-        sampled: dict[int, pb.Token] = {}
+        """Advances each sequence and writes its output straight into the response."""
+        row_of = {i: row for row, i in enumerate(samplers)}
+        ids = logprobs = top_ids = top_lps = None
         if tokens is not None:
-            ids = tokens.ids.tolist()
-            logprobs = tokens.logprobs.tolist()
-            top_ids = tokens.top_ids.tolist() if tokens.top_ids is not None else None
-            top_lps = tokens.top_logprobs.tolist() if tokens.top_logprobs is not None else None
-            for row, i in enumerate(samplers):
-                token = pb.Token(id=ids[row], logprob=logprobs[row])
-                n = work[i].state.top_n_tokens
+            ids, logprobs = tokens.ids.tolist(), tokens.logprobs.tolist()
+            if tokens.top_ids is not None:
+                top_ids, top_lps = tokens.top_ids.tolist(), tokens.top_logprobs.tolist()
+        for i, item in enumerate(work):
+            state = item.state
+            state.computed_len = item.end
+            row = row_of.get(i)
+            if row is None and i not in prefill:
+                continue
+            output = response.outputs.add(id=state.id)
+            if row is not None:
+                state.token_ids.append(ids[row])
+                token = output.token
+                token.id, token.logprob = ids[row], logprobs[row]
+                n = state.top_n_tokens
                 if n and top_ids is not None:
                     token.top_ids.extend(top_ids[row][:n])
                     token.top_logprobs.extend(top_lps[row][:n])
-                sampled[i] = token
-        for i, item in enumerate(work):
-            item.state.computed_len = item.end
-            if i in sampled:
-                item.state.token_ids.append(sampled[i].id)
-            if i in sampled or i in prefill:
-                output = response.outputs.add(id=item.state.id)
-                if i in sampled:
-                    output.token.CopyFrom(sampled[i])
-                if i in prefill:
-                    output.prefill_logprobs.extend(prefill[i])
+            if i in prefill:
+                output.prefill_logprobs.extend(prefill[i])
 
 
 __all__ = ["ModelRunner", "NotWarmedUpError", "InvalidStepError"]
