@@ -3,8 +3,9 @@
 A decode step of B sequences runs the graph of the smallest captured size >= B: its token
 ids, positions and attention metadata are copied into the graph's static inputs (padding
 rows write no KV slot and attend to nothing), the graph replays, and the first B rows of its
-static output are the step's hidden states. One replay replaces hundreds of kernel launches,
-which at small batch is most of a step's time.
+static outputs are the step's results: float32 logits from lm_head, and the greedy token of
+each row with its logprob, so a greedy batch needs no kernel outside the graph. One replay
+replaces hundreds of kernel launches, which at small batch is most of a step's time.
 
 Graphs share one memory pool and are captured largest first, so the smaller ones reuse its
 buffers. They hold the KV pool's addresses: capture after the final pool is allocated.
@@ -44,7 +45,28 @@ class CapturedStep:
     input_ids: torch.Tensor  # [size] static inputs
     positions: torch.Tensor
     metadata: object  # the backend's padded metadata, refilled in place
-    hidden: torch.Tensor  # [size, hidden] static output
+    outputs: DecodeOutputs  # static outputs, [size, ...]
+
+
+@dataclass
+class DecodeOutputs:
+    logits: torch.Tensor  # [B, vocab] float32
+    greedy_ids: torch.Tensor  # [B] argmax of each row
+    greedy_logprobs: torch.Tensor  # [B] log-softmax at the argmax
+
+    def rows(self, count: int) -> DecodeOutputs:
+        return DecodeOutputs(self.logits[:count], self.greedy_ids[:count], self.greedy_logprobs[:count])
+
+    def select(self, index: torch.Tensor) -> DecodeOutputs:
+        return DecodeOutputs(*(t.index_select(0, index) for t in (self.logits, self.greedy_ids, self.greedy_logprobs)))
+
+
+def decode_outputs(model, hidden: torch.Tensor) -> DecodeOutputs:
+    """lm_head and the greedy choice, in the form a graph can capture."""
+    logits = model.compute_logits(hidden)
+    greedy_ids = logits.argmax(dim=1)
+    chosen = logits.gather(1, greedy_ids.unsqueeze(1)).squeeze(1)
+    return DecodeOutputs(logits, greedy_ids, chosen - logits.logsumexp(dim=1))
 
 
 class DecodeGraphs:
@@ -83,12 +105,12 @@ class DecodeGraphs:
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
-            self.model(input_ids, positions, kv_cache, metadata)
+            decode_outputs(self.model, self.model(input_ids, positions, kv_cache, metadata))
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
-            hidden = self.model(input_ids, positions, kv_cache, metadata)
-        return CapturedStep(size, graph, input_ids, positions, metadata, hidden)
+            outputs = decode_outputs(self.model, self.model(input_ids, positions, kv_cache, metadata))
+        return CapturedStep(size, graph, input_ids, positions, metadata, outputs)
 
     def size_for(self, layout: StepLayout) -> int | None:
         """The graph size that can run this step, or None (not decode-only, too big, too long)."""
@@ -102,7 +124,7 @@ class DecodeGraphs:
     def size_for_batch(self, batch: int) -> int | None:
         return next((size for size in self.sizes if size >= batch), None)
 
-    def run(self, size: int, input_ids: list[int], positions: list[int], layout: StepLayout) -> torch.Tensor:
+    def run(self, size: int, input_ids: list[int], positions: list[int], layout: StepLayout) -> DecodeOutputs:
         step = self.steps[size]
         batch = len(input_ids)
         padding = [0] * (size - batch)
@@ -111,7 +133,7 @@ class DecodeGraphs:
         step.positions.copy_(host[1], non_blocking=True)
         self.backend.refill(step.metadata, layout)
         step.graph.replay()
-        return step.hidden[:batch]
+        return step.outputs.rows(batch)
 
 
 def graph_memory_bytes(graphs: DecodeGraphs, size: int, kv_cache) -> int:

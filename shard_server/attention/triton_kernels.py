@@ -137,7 +137,8 @@ def _paged_attention(
 
 
 store_kv_kernel = triton.jit(_store_kv)
-paged_attention_kernel = triton.jit(_paged_attention)
+# The table width changes from step to step: specialising on it would recompile mid-serving.
+paged_attention_kernel = triton.jit(_paged_attention, do_not_specialize=["table_stride"])
 
 
 def kernels_for(device_type: str):

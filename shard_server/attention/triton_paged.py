@@ -12,6 +12,7 @@ shapes: CUDA graphs capture a decode step once and `refill` rewrites the buffer 
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -90,6 +91,7 @@ class TritonPagedAttention(AttentionBackend):
         metadata.packed.copy_(host, non_blocking=True)
 
     def _pack(self, layout: StepLayout, pad_to: int | None, width: int | None):
+        """One int32 host buffer with every section, built without per-sequence numpy calls."""
         bs = layout.block_size
         q_lens = np.asarray(layout.query_lens, dtype=np.int32)
         ctx_lens = np.asarray(layout.context_lens, dtype=np.int32)
@@ -97,46 +99,52 @@ class TritonPagedAttention(AttentionBackend):
         batch = real if pad_to is None else pad_to
         if batch < real:
             raise ValueError(f"cannot pad {real} sequences to {pad_to}")
-        needed = int((-(-ctx_lens // bs)).max()) if real else 1
+        used = -(-ctx_lens // bs)
+        needed = int(used.max()) if real else 1
         width = max(1, needed) if width is None else width
         if needed > width:
             raise ValueError(f"a block table of {needed} blocks exceeds the width {width}")
         tables = np.zeros((batch, width), dtype=np.int32)
-        slot_parts = []
-        for i, (n, ctx, table) in enumerate(zip(layout.query_lens, layout.context_lens, layout.block_tables)):
-            used = -(-ctx // bs)
-            tables[i, :used] = table[:used]
-            positions = np.arange(ctx - n, ctx, dtype=np.int32)
-            slot_parts.append(tables[i, positions // bs] * bs + positions % bs)
+        if real:
+            flat = np.fromiter(
+                itertools.chain.from_iterable(t[:u] for t, u in zip(layout.block_tables, used.tolist())),
+                dtype=np.int32,
+                count=int(used.sum()),
+            )
+            tables[:real][np.arange(width)[None, :] < used[:, None]] = flat
         tokens = int(q_lens.sum())
         extra = batch - real
-        # Padding: one query token each, no context, no slot written.
-        slot_parts.append(np.full(extra, -1, dtype=np.int32))
         starts = np.zeros(batch, dtype=np.int32)
-        starts[1:real] = np.cumsum(q_lens)[:-1] if real else starts[1:real]
+        np.cumsum(q_lens[:-1], out=starts[1:real])
         starts[real:] = np.arange(tokens, tokens + extra, dtype=np.int32)
+        # Slot of every new token: its sequence's block for its position. Padding: -1.
+        owner = np.repeat(np.arange(real, dtype=np.int32), q_lens)
+        positions = ctx_lens[owner] - q_lens[owner] + np.arange(tokens, dtype=np.int32) - starts[owner]
+        slots = np.full(tokens + extra, -1, dtype=np.int32)
+        slots[:tokens] = tables[owner, positions // bs] * bs + positions % bs
+        # Padding: one query token each, no context.
         q_padded = np.concatenate([q_lens, np.ones(extra, dtype=np.int32)])
         ctx_padded = np.concatenate([ctx_lens, np.zeros(extra, dtype=np.int32)])
-        parts = [np.concatenate(slot_parts), starts, q_padded, ctx_padded, tables.reshape(-1)]
+        parts = [slots, starts, q_padded, ctx_padded, tables.reshape(-1)]
         sections = [(name, part.shape[0]) for name, part in zip(("slots", "starts", "q_lens", "ctx_lens", "tables"), parts)]
-        for config, seqs, firsts in self._tiles(q_padded.tolist()):
+        for config, seqs, firsts in self._tiles(q_padded):
             sections.append((config, len(seqs)))
-            parts += [np.asarray(seqs, dtype=np.int32), np.asarray(firsts, dtype=np.int32)]
+            parts += [seqs, firsts]
         return torch.from_numpy(np.concatenate(parts)), sections, width
 
-    def _tiles(self, q_lens: list[int]):
+    def _tiles(self, q_lens: np.ndarray):
         """Per tile config: (config, sequence of each tile, first query offset of each tile)."""
         plans = []
-        for config in (self.small, self.large):
-            seqs: list[int] = []
-            firsts: list[int] = []
-            for i, n in enumerate(q_lens):
-                if (n <= self.small.block_q) == (config is self.small):
-                    for first in range(0, n, config.block_q):
-                        seqs.append(i)
-                        firsts.append(first)
-            if seqs:
-                plans.append((config, seqs, firsts))
+        small = q_lens <= self.small.block_q
+        for config, chosen in ((self.small, small), (self.large, ~small)):
+            seqs = np.flatnonzero(chosen).astype(np.int32)
+            if not len(seqs):
+                continue
+            counts = -(-q_lens[seqs] // config.block_q)
+            tile_seq = np.repeat(seqs, counts)
+            first_tile = np.repeat(np.cumsum(counts) - counts, counts)
+            firsts = (np.arange(len(tile_seq), dtype=np.int32) - first_tile).astype(np.int32) * config.block_q
+            plans.append((config, tile_seq, firsts))
         return plans
 
     @staticmethod
