@@ -1,6 +1,7 @@
 """CPU benchmark: the whole textgen stack over HTTP vs transformers `generate`, same weights.
 
 Measures, in one run on the same machine:
+The two engines alternate round by round, so load changes on a shared machine hit both.
   1. batch-1 per-token decode latency (textgen: gaps between SSE events; transformers:
      (T(n) - T(1)) / (n - 1) for a forced-length greedy generate),
   2. output tokens/s with 16 concurrent streams (textgen) vs one batch of 16 (transformers).
@@ -41,74 +42,91 @@ def textgen_stream(url: str, prompt: str, new_tokens: int) -> list[float]:
     return times
 
 
-def bench_textgen(new_tokens: int) -> dict:
-    server = Server()
-    try:
-        textgen_stream(server.url, PROMPT, 8)  # warm caches
-        gaps = []
-        for _ in range(3):
-            times = textgen_stream(server.url, PROMPT, new_tokens)
-            gaps += [b - a for a, b in zip(times, times[1:])]
+class Textgen:
+    """The full stack over HTTP."""
+
+    def __init__(self, server: Server, new_tokens: int):
+        self.url, self.new_tokens = server.url, new_tokens
+        textgen_stream(self.url, PROMPT, 8)  # warm caches
+
+    def per_token_seconds(self) -> list[float]:
+        times = textgen_stream(self.url, PROMPT, self.new_tokens)
+        return [b - a for a, b in zip(times, times[1:])]
+
+    def batch16(self) -> tuple[int, float]:
         start = time.perf_counter()
         with ThreadPoolExecutor(16) as pool:
-            streams = list(pool.map(lambda p: textgen_stream(server.url, p, new_tokens), BATCH_PROMPTS))
-        elapsed = time.perf_counter() - start
-        tokens = sum(len(s) for s in streams)
-        return {
-            "batch1_per_token_ms": 1000 * statistics.median(gaps),
-            "batch16_tokens": tokens,
-            "batch16_seconds": elapsed,
-            "batch16_tokens_per_s": tokens / elapsed,
-        }
-    finally:
-        server.stop()
+            streams = list(pool.map(lambda p: textgen_stream(self.url, p, self.new_tokens), BATCH_PROMPTS))
+        return sum(len(s) for s in streams), time.perf_counter() - start
 
 
-def bench_transformers(model_dir: Path, new_tokens: int) -> dict:
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+class Transformers:
+    """transformers `generate` on the same weights, fp32, greedy, forced length."""
 
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    tokenizer.padding_side = "left"
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    def __init__(self, model_dir: Path, new_tokens: int):
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    def run(prompts: list[str], n: int) -> float:
-        batch = tokenizer(prompts, return_tensors="pt", padding=True)
+        self.torch, self.new_tokens = torch, new_tokens
+        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        self.tokenizer.padding_side = "left"
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+        self._run([PROMPT], 8)  # warm up
+
+    def _run(self, prompts: list[str], n: int) -> float:
+        batch = self.tokenizer(prompts, return_tensors="pt", padding=True)
         start = time.perf_counter()
-        with torch.inference_mode():
-            model.generate(**batch, max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                           pad_token_id=tokenizer.pad_token_id)
+        with self.torch.inference_mode():
+            self.model.generate(**batch, max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                                pad_token_id=self.tokenizer.eos_token_id)
         return time.perf_counter() - start
 
-    run([PROMPT], 8)  # warm up
-    per_token = []
-    for _ in range(3):
-        t1 = run([PROMPT], 1)
-        tn = run([PROMPT], new_tokens)
-        per_token.append((tn - t1) / (new_tokens - 1))
-    elapsed = run(BATCH_PROMPTS, new_tokens)
-    tokens = len(BATCH_PROMPTS) * new_tokens
+    def per_token_seconds(self) -> list[float]:
+        return [(self._run([PROMPT], self.new_tokens) - self._run([PROMPT], 1)) / (self.new_tokens - 1)]
+
+    def batch16(self) -> tuple[int, float]:
+        return len(BATCH_PROMPTS) * self.new_tokens, self._run(BATCH_PROMPTS, self.new_tokens)
+
+
+def measure(engines: dict, rounds: int) -> dict:
+    """Alternates the engines round by round, so load changes on a shared machine hit both."""
+    per_token = {name: [] for name in engines}
+    batch = {name: [0, 0.0] for name in engines}
+    for _ in range(rounds):
+        for name, engine in engines.items():
+            per_token[name] += engine.per_token_seconds()
+            tokens, seconds = engine.batch16()
+            batch[name][0] += tokens
+            batch[name][1] += seconds
     return {
-        "batch1_per_token_ms": 1000 * statistics.median(per_token),
-        "batch16_tokens": tokens,
-        "batch16_seconds": elapsed,
-        "batch16_tokens_per_s": tokens / elapsed,
+        name: {
+            "batch1_per_token_ms": 1000 * statistics.median(per_token[name]),
+            "batch16_tokens": batch[name][0],
+            "batch16_seconds": batch[name][1],
+            "batch16_tokens_per_s": batch[name][0] / batch[name][1],
+        }
+        for name in engines
     }
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", default="bench/results/cpu_demo")
     args = parser.parse_args()
 
     from launcher.demo_model import ensure_demo_model
 
     model_dir = ensure_demo_model()
-    textgen = bench_textgen(args.new_tokens)
-    reference = bench_transformers(model_dir, args.new_tokens)
+    server = Server()
+    try:
+        engines = {"textgen": Textgen(server, args.new_tokens),
+                   "transformers": Transformers(model_dir, args.new_tokens)}
+        results = measure(engines, args.rounds)
+    finally:
+        server.stop()
+    textgen, reference = results["textgen"], results["transformers"]
     ratios = {
         # > 1 means textgen is faster.
         "batch1_latency_ratio": reference["batch1_per_token_ms"] / textgen["batch1_per_token_ms"],
@@ -130,7 +148,8 @@ def main() -> int:
     out.with_suffix(".md").write_text(
         f"# CPU: textgen vs transformers `generate` (demo model, fp32)\n\n"
         f"Machine: {result['machine']['cpus']} CPUs, {result['machine']['platform']}. "
-        f"Command: `python bench/cpu_vs_transformers.py --new-tokens {args.new_tokens}`.\n\n"
+        f"Command: `python bench/cpu_vs_transformers.py --new-tokens {args.new_tokens} "
+        f"--rounds {args.rounds}` (engines alternate round by round).\n\n"
         "| measure | textgen (HTTP, full stack) | transformers | ratio (≥ 1.0 = textgen better) |\n"
         "|---|---|---|---|\n"
         f"| batch-1 per-token latency | {textgen['batch1_per_token_ms']:.1f} ms | "
