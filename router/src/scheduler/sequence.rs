@@ -105,7 +105,7 @@ impl Sequence {
             id: self.id,
             input_ids,
             prompt_len: self.prompt_len(),
-            sampling: Some(self.request.sampling),
+            sampling: Some(self.request.sampling.clone()),
             cached_len: 0,
             block_ids: Vec::new(),
             prefill_logprobs: self.wants_prefill_logprobs(),
