@@ -44,6 +44,8 @@ class Settings:
     max_batch_size: int | None
     payload_limit: int | None
     validation_workers: int | None
+    watermark_gamma: float | None
+    watermark_delta: float | None
     api_key: str | None
     cors_allow_origin: str | None
     hostname: str
