@@ -2,10 +2,19 @@
 //! at `/api-doc/openapi.json`, and Swagger UI at `/docs` (assets compiled into the binary,
 //! so it works offline).
 use axum::Router;
-use utoipa::OpenApi;
+use utoipa::{OpenApi, ToSchema};
 use utoipa_swagger_ui::SwaggerUi;
 
 use super::{invocations, openai, ops, tgi, AppState};
+
+/// One server-sent event. `data` holds one JSON-encoded item of the stream (the route's
+/// chunk type, an error body, or the final `[DONE]` of the OpenAI routes).
+#[derive(Debug, ToSchema)]
+pub struct SseEvent {
+    pub data: String,
+    #[serde(default)]
+    pub event: Option<String>,
+}
 
 #[derive(OpenApi)]
 #[openapi(
@@ -29,6 +38,10 @@ use super::{invocations, openai, ops, tgi, AppState};
         ops::info,
         ops::metrics,
     ),
+    components(schemas(
+        crate::schema::StreamResponse,
+        openai::types::ChatCompletionChunk,
+    )),
     tags(
         (name = "Text Generation Inference", description = "TGI's native API"),
         (name = "OpenAI", description = "OpenAI-compatible API"),

@@ -21,9 +21,17 @@ fn parse<T: serde::de::DeserializeOwned>(body: Value) -> Result<T, ApiError> {
     tag = "Text Generation Inference",
     request_body(content = Object, description = "A chat completions, completions or TGI `/` request"),
     responses(
-        (status = 200, description = "The answer of the route the body belongs to"),
-        (status = 400, description = "Invalid OpenAI-style request", body = openai::errors::OpenAiErrorBody),
+        (status = 200, description = "The answer of the route the body belongs to", content(
+            (Object = "application/json"),
+            (super::docs::SseEvent = "text/event-stream"),
+        )),
+        (status = 400, description = "Malformed JSON or an invalid OpenAI-style request", body = Object),
+        (status = 413, description = "Body over --payload-limit", body = Object),
+        (status = 415, description = "Missing `content-type: application/json`", body = Object),
         (status = 422, description = "Invalid TGI-style request", body = crate::schema::ErrorBody),
+        (status = 424, description = "Generation error (TGI-style request)", body = crate::schema::ErrorBody),
+        (status = 429, description = "Too many requests in flight", body = Object),
+        (status = 500, description = "Generation failed", body = Object),
     )
 )]
 pub async fn invocations(State(state): State<AppState>, ApiJson(body): ApiJson<Value>) -> Response {

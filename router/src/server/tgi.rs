@@ -11,7 +11,7 @@ use crate::infer::{outcome_of, GenerateOutput};
 use crate::metrics::RequestMeter;
 use crate::schema::{
     ChatTokenizeResponse, CompatGenerateRequest, ErrorBody, GenerateRequest, GenerateResponse,
-    SimpleToken, StreamResponse,
+    SimpleToken,
 };
 use crate::validation::ValidationError;
 
@@ -26,8 +26,12 @@ use super::openai::types::ChatCompletionRequest;
     responses(
         (status = 200, description = "Generated text", body = GenerateResponse),
         (status = 422, description = "Input validation error", body = ErrorBody),
+        (status = 400, description = "Malformed JSON", body = ErrorBody),
+        (status = 413, description = "Body over --payload-limit", body = ErrorBody),
+        (status = 415, description = "Missing `content-type: application/json`", body = ErrorBody),
         (status = 424, description = "Generation error", body = ErrorBody),
         (status = 429, description = "Model is overloaded", body = ErrorBody),
+        (status = 500, description = "Incomplete generation", body = ErrorBody),
     )
 )]
 pub async fn generate(
@@ -46,9 +50,14 @@ pub async fn generate(
     tag = "Text Generation Inference",
     request_body = GenerateRequest,
     responses(
-        (status = 200, description = "SSE stream of tokens; the last event has the text and details", body = StreamResponse, content_type = "text/event-stream"),
+        (status = 200, description = "SSE stream: one `StreamResponse` per token; the last has the text and details", body = super::docs::SseEvent, content_type = "text/event-stream"),
         (status = 422, description = "Input validation error", body = ErrorBody),
+        (status = 400, description = "Malformed JSON", body = ErrorBody),
+        (status = 413, description = "Body over --payload-limit", body = ErrorBody),
+        (status = 415, description = "Missing `content-type: application/json`", body = ErrorBody),
+        (status = 424, description = "Generation error", body = ErrorBody),
         (status = 429, description = "Model is overloaded", body = ErrorBody),
+        (status = 500, description = "Incomplete generation", body = ErrorBody),
     )
 )]
 pub async fn generate_stream(
@@ -66,9 +75,17 @@ pub async fn generate_stream(
     tag = "Text Generation Inference",
     request_body = CompatGenerateRequest,
     responses(
-        (status = 200, description = "A one-element array, or an SSE stream with `stream: true`", body = [GenerateResponse]),
+        (status = 200, description = "A one-element array, or with `stream: true` an SSE stream of `StreamResponse`", content(
+            ([GenerateResponse] = "application/json"),
+            (super::docs::SseEvent = "text/event-stream"),
+        )),
         (status = 422, description = "Input validation error", body = ErrorBody),
+        (status = 400, description = "Malformed JSON", body = ErrorBody),
+        (status = 413, description = "Body over --payload-limit", body = ErrorBody),
+        (status = 415, description = "Missing `content-type: application/json`", body = ErrorBody),
+        (status = 424, description = "Generation error", body = ErrorBody),
         (status = 429, description = "Model is overloaded", body = ErrorBody),
+        (status = 500, description = "Incomplete generation", body = ErrorBody),
     )
 )]
 pub async fn compat_generate(
@@ -95,6 +112,9 @@ pub async fn compat_generate(
     responses(
         (status = 200, description = "The prompt's tokens", body = [SimpleToken]),
         (status = 422, description = "Input validation error", body = ErrorBody),
+        (status = 400, description = "Malformed JSON", body = ErrorBody),
+        (status = 413, description = "Body over --payload-limit", body = ErrorBody),
+        (status = 415, description = "Missing `content-type: application/json`", body = ErrorBody),
     )
 )]
 pub async fn tokenize(
@@ -113,6 +133,9 @@ pub async fn tokenize(
     responses(
         (status = 200, description = "The templated prompt and its tokens", body = ChatTokenizeResponse),
         (status = 422, description = "Invalid messages or a template error", body = ErrorBody),
+        (status = 400, description = "Malformed JSON", body = ErrorBody),
+        (status = 413, description = "Body over --payload-limit", body = ErrorBody),
+        (status = 415, description = "Missing `content-type: application/json`", body = ErrorBody),
     )
 )]
 pub async fn chat_tokenize(

@@ -137,17 +137,18 @@ fn streaming(fields: &SamplingFields) -> Result<(bool, bool), OpenAiError> {
 /// The template's view of one message; content parts must all be text.
 fn template_message(index: usize, message: &ChatMessage) -> Result<TemplateMessage, OpenAiError> {
     let param = format!("messages[{index}]");
-    let role =
-        match message.role.as_str() {
-            "system" | "developer" => "system",
-            "user" | "assistant" | "tool" => message.role.as_str(),
-            other => return Err(OpenAiError::invalid(
+    let role = match message.role.as_str() {
+        "system" | "developer" => "system",
+        "user" | "assistant" | "tool" => message.role.as_str(),
+        other => {
+            return Err(OpenAiError::invalid(
                 &param,
                 format!(
                     "unknown role {other:?}: expected system, developer, user, assistant or tool"
                 ),
-            )),
-        };
+            ))
+        }
+    };
     let content = match &message.content {
         None => None,
         Some(MessageContent::Text(text)) => Some(text.clone()),

@@ -155,8 +155,12 @@ fn usage(results: &[PromptResult]) -> Usage {
     tag = "OpenAI",
     request_body = ChatCompletionRequest,
     responses(
-        (status = 200, description = "The completion, or an SSE stream of chat.completion.chunk events ending with `data: [DONE]`", body = ChatCompletion),
+        (status = 200, description = "The completion, or with `stream: true` an SSE stream of `ChatCompletionChunk` ending with `data: [DONE]`", content(
+            (ChatCompletion = "application/json"),
+            (super::docs::SseEvent = "text/event-stream"),
+        )),
         (status = 400, description = "Invalid request", body = OpenAiErrorBody),
+        (status = 401, description = "Missing or wrong API key", body = OpenAiErrorBody),
         (status = 413, description = "Body over --payload-limit", body = OpenAiErrorBody),
         (status = 429, description = "Too many requests in flight", body = OpenAiErrorBody),
         (status = 500, description = "Generation failed", body = OpenAiErrorBody),
@@ -243,8 +247,12 @@ fn completion_choice(
     tag = "OpenAI",
     request_body = CompletionRequest,
     responses(
-        (status = 200, description = "The completion, or an SSE stream of text_completion chunks ending with `data: [DONE]`", body = Completion),
+        (status = 200, description = "The completion, or with `stream: true` an SSE stream of `Completion` chunks ending with `data: [DONE]`", content(
+            (Completion = "application/json"),
+            (super::docs::SseEvent = "text/event-stream"),
+        )),
         (status = 400, description = "Invalid request", body = OpenAiErrorBody),
+        (status = 401, description = "Missing or wrong API key", body = OpenAiErrorBody),
         (status = 413, description = "Body over --payload-limit", body = OpenAiErrorBody),
         (status = 429, description = "Too many requests in flight", body = OpenAiErrorBody),
         (status = 500, description = "Generation failed", body = OpenAiErrorBody),

@@ -88,12 +88,15 @@ macro_rules! openai_request {
 
     /// 0 to 2; 0 is greedy decoding.
     #[serde(default)]
+    #[schema(minimum = 0, maximum = 2)]
     pub temperature: Option<f32>,
     /// In (0, 1]; 1 disables nucleus sampling.
     #[serde(default)]
+    #[schema(exclusive_minimum = 0, maximum = 1)]
     pub top_p: Option<f32>,
     /// Choices to generate (1 to 16).
     #[serde(default)]
+    #[schema(minimum = 1, maximum = 16)]
     pub n: Option<u32>,
     /// Makes sampling reproducible; choice i uses seed + i.
     #[serde(default)]
@@ -102,9 +105,11 @@ macro_rules! openai_request {
     pub stop: Option<StopField>,
     /// -2 to 2, additive, on tokens already generated.
     #[serde(default)]
+    #[schema(minimum = -2, maximum = 2)]
     pub presence_penalty: Option<f32>,
     /// -2 to 2, additive, proportional to how often a token was generated.
     #[serde(default)]
+    #[schema(minimum = -2, maximum = 2)]
     pub frequency_penalty: Option<f32>,
     /// Token id (as a string) to a bias in [-100, 100] added to its logit.
     #[serde(default)]
@@ -170,6 +175,7 @@ openai_request! {
 #[derive(Debug, Clone, PartialEq, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ChatCompletionRequest {
+    #[schema(min_items = 1)]
     pub messages: Vec<ChatMessage>,
     #[serde(default)]
     pub max_tokens: Option<u32>,
@@ -179,6 +185,7 @@ pub struct ChatCompletionRequest {
     pub logprobs: Option<bool>,
     /// 0 to 20; needs `logprobs: true`.
     #[serde(default)]
+    #[schema(minimum = 0, maximum = 20)]
     pub top_logprobs: Option<u32>,
     /// Refused until structured output exists.
     #[serde(default)]
@@ -241,12 +248,15 @@ pub struct CompletionRequest {
     pub max_tokens: Option<u32>,
     /// 0 to 5 most likely alternatives per token (legacy format).
     #[serde(default)]
+    #[schema(minimum = 0, maximum = 5)]
     pub logprobs: Option<u32>,
     /// Put the prompt in front of the completion.
     #[serde(default)]
     pub echo: Option<bool>,
-    /// Generate this many and return the `n` with the highest mean logprob.
+    /// Generate this many (at least `n`, at most 16) and return the `n` with the highest
+    /// mean logprob.
     #[serde(default)]
+    #[schema(minimum = 1, maximum = 16)]
     pub best_of: Option<u32>,
     /// Refused: textgen has no fill-in-the-middle.
     #[serde(default)]
