@@ -3,7 +3,7 @@
 //! and hostile input answered with OpenAI's error envelope.
 use axum::http::StatusCode;
 
-use super::tests::{app, app_with, call, json, post};
+use super::tests::{app, app_scripted, app_with, call, json, post};
 use super::HttpOptions;
 
 /// The test app with room for large hostile bodies.
@@ -483,4 +483,43 @@ async fn openapi_document_and_swagger_ui_are_served() {
     let (status, _, html) = call(app(), get("/docs/")).await;
     assert_eq!(status, 200);
     assert!(html.contains("swagger"), "{html}");
+}
+
+fn failing_app(script: crate::test_support::Script) -> axum::Router {
+    app_scripted(
+        HttpOptions {
+            payload_limit: 1000,
+            ..HttpOptions::default()
+        },
+        true,
+        script,
+    )
+}
+
+#[tokio::test]
+async fn shard_failures_are_500_envelopes_or_a_final_error_event() {
+    use crate::test_support::Script;
+    let ids = crate::test_support::byte_level_tokenizer()
+        .encode(" w")
+        .unwrap();
+    let body = r#"{"messages":[{"role":"user","content":"hi"}]}"#;
+    let failing = || failing_app(Script::FailAfter(ids.clone(), "shard 0 died".into()));
+    let (status, _, whole) = call(failing(), post("/v1/chat/completions", body)).await;
+    assert_eq!(status, 500);
+    let error = &json(&whole)["error"];
+    assert_eq!(error["type"], "server_error");
+    assert!(error["message"].as_str().unwrap().contains("shard 0 died"));
+
+    let stream = r#"{"messages":[{"role":"user","content":"hi"}],"stream":true}"#;
+    let (status, _, streamed) = call(failing(), post("/v1/chat/completions", stream)).await;
+    assert_eq!(status, 200);
+    let events = events(&streamed);
+    let last = json(events.last().unwrap());
+    assert_eq!(last["error"]["type"], "server_error", "{streamed}");
+    assert!(!events.iter().any(|e| e == "[DONE]"));
+
+    let truncated = failing_app(Script::Truncated(ids.clone()));
+    let (status, _, body) = call(truncated, post("/v1/completions", r#"{"prompt":"hi"}"#)).await;
+    assert_eq!(status, 500);
+    assert_eq!(json(&body)["error"]["code"], "incomplete_generation");
 }

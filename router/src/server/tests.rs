@@ -68,11 +68,18 @@ fn info() -> Info {
 pub const TEST_CHAT_TEMPLATE: &str = "{% if messages[0].role == 'assistant' %}{{ raise_exception('Conversation must not start with the assistant') }}{% endif %}{% for m in messages %}{{ m.content }}{% endfor %}";
 
 pub fn app_with(options: HttpOptions, healthy: bool) -> Router {
-    let tokenizer = Arc::new(byte_level_tokenizer());
+    let tokenizer = byte_level_tokenizer();
     let eos = tokenizer.token_to_id("<eos>").unwrap();
     let mut ids = tokenizer.encode(" world").unwrap();
     ids.push(eos);
-    let (scheduler, _) = fake_scheduler(move |_| Script::Tokens(ids.clone()));
+    app_scripted(options, healthy, Script::Tokens(ids))
+}
+
+/// The app whose fake scheduler plays `script` for every sequence.
+pub fn app_scripted(options: HttpOptions, healthy: bool, script: Script) -> Router {
+    let tokenizer = Arc::new(byte_level_tokenizer());
+    let eos = tokenizer.token_to_id("<eos>").unwrap();
+    let (scheduler, _) = fake_scheduler(move |_| script.clone());
     let validation = Validation::new(tokenizer.clone(), LIMITS, 1);
     let state = AppState {
         infer: Arc::new(Infer::new(scheduler, validation, tokenizer, 4, vec![eos])),
