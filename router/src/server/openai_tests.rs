@@ -221,13 +221,31 @@ async fn completion_stream_ends_with_done() {
     )
     .await;
     assert_eq!(status, 200, "{body}");
-    let events = events(&body);
-    assert_eq!(events.last().unwrap(), "[DONE]");
-    let text: String = events[..events.len() - 1]
+    let sent = events(&body);
+    assert_eq!(sent.last().unwrap(), "[DONE]");
+    let text: String = sent[..sent.len() - 1]
         .iter()
         .map(|e| json(e)["choices"][0]["text"].as_str().unwrap().to_owned())
         .collect();
     assert_eq!(text, "hi wo");
+    let (_, _, body) = call(
+        app(),
+        post(
+            "/v1/completions",
+            r#"{"prompt":"hi","stream":true,"max_tokens":3,"echo":true,"logprobs":1}"#,
+        ),
+    )
+    .await;
+    let offsets: Vec<u64> = events(&body)
+        .iter()
+        .filter(|e| *e != "[DONE]")
+        .filter_map(|e| json(e)["choices"][0]["logprobs"]["text_offset"][0].as_u64())
+        .collect();
+    assert_eq!(
+        offsets,
+        vec![2, 3, 4],
+        "offsets count from the start of the echoed text"
+    );
 }
 
 #[tokio::test]

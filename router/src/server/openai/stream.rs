@@ -132,7 +132,11 @@ impl Chunker {
     }
 
     /// The chunk of a delta; `None` when it carries nothing a client could see.
-    fn delta(&self, delta: ChoiceDelta) -> Option<Event> {
+    /// `text_offset` is where the choice's text stands so far, in characters (legacy
+    /// logprobs report token offsets from the start of the choice's text).
+    fn delta(&self, delta: ChoiceDelta, text_offset: &mut u32) -> Option<Event> {
+        let start = *text_offset;
+        *text_offset += delta.text.chars().count() as u32;
         let wants_logprobs = self.logprobs.is_some() && !delta.tokens.is_empty();
         if delta.text.is_empty() && delta.finish.is_none() && !wants_logprobs {
             return None;
@@ -154,7 +158,7 @@ impl Chunker {
             ),
             Format::Completion => {
                 let logprobs = wants_logprobs.then(|| {
-                    let mut legacy = logprobs::LegacyLogprobs::starting_at(0);
+                    let mut legacy = logprobs::LegacyLogprobs::starting_at(start);
                     legacy.push_generated(&self.tokenizer, &delta.tokens);
                     legacy.logprobs
                 });
@@ -238,6 +242,11 @@ pub async fn respond(
     };
     let include_usage = plan.include_usage;
     let mut generated = vec![0u32; followers.len()];
+    // Echoed prompts come first in the text.
+    let mut text_offsets: Vec<u32> = openings
+        .iter()
+        .map(|(_, echo)| echo.as_deref().map_or(0, |p| p.chars().count() as u32))
+        .collect();
     let events = async_stream::stream! {
         // The concurrency slots live as long as the stream.
         let _admitted = admitted;
@@ -254,7 +263,8 @@ pub async fn respond(
                         meter.on_token();
                     }
                     generated[delta.index as usize] = delta.generated;
-                    if let Some(event) = chunker.delta(delta) {
+                    let offset = &mut text_offsets[delta.index as usize];
+                    if let Some(event) = chunker.delta(delta, offset) {
                         yield event;
                     }
                 }
