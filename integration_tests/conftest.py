@@ -1,13 +1,11 @@
 import pytest
 
-from server import Server
-
-MAX_CONCURRENT = 24
+from server import SESSION_MAX_CONCURRENT, Server
 
 
 @pytest.fixture(scope="session")
 def server():
-    srv = Server("--max-concurrent-requests", str(MAX_CONCURRENT))
+    srv = Server("--max-concurrent-requests", str(SESSION_MAX_CONCURRENT))
     yield srv
     srv.stop()
 

@@ -12,6 +12,10 @@ from pathlib import Path
 
 import httpx
 
+# --max-concurrent-requests of the session-wide server (conftest.py). It lives here, not in
+# conftest.py, because another test folder's conftest module may own that name.
+SESSION_MAX_CONCURRENT = 24
+
 
 def free_port() -> int:
     with socket.socket() as s:

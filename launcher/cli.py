@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from .commands import (ExecutableNotFound, Executables, child_environment, default_executables,
-                       router_command, shard_command, shard_socket)
+                       router_command, shard_command, shard_environment, shard_socket)
 from .demo_model import DemoModelError, ensure_demo_model
 from .hub import HubAccess, ModelResolutionError, resolve_model
 from .logs import configure_logging
@@ -39,9 +39,10 @@ def build_supervisor(settings: Settings, model_path: Path, num_shard: int,
                      executables: Executables, environ: Mapping[str, str],
                      stop: StopSignal) -> Supervisor:
     env = child_environment(settings, environ)
+    shard_env = shard_environment(settings, environ)
     shards = [ShardSpec(name=f"shard {rank}",
                         argv=shard_command(executables, settings, model_path, rank, num_shard),
-                        env=env, socket=shard_socket(settings, rank))
+                        env=shard_env, socket=shard_socket(settings, rank))
               for rank in range(num_shard)]
     router = RouterSpec(name="router",
                         argv=router_command(executables, settings, model_path, num_shard),

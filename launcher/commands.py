@@ -48,6 +48,8 @@ def default_executables() -> Executables:
 
 
 def _format(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
     if isinstance(value, float) and value.is_integer():
         return str(int(value)) if abs(value) >= 1 else str(value)
     return str(value)
@@ -59,7 +61,7 @@ def _forwarded_flags(settings: Settings, child: str) -> list[str]:
         if child not in option.forward:
             continue
         value = getattr(settings, option.dest)
-        if value is None or value is False:
+        if value is None or (option.switch and value is False):
             continue
         if option.switch:
             args.append(option.long_flag)
@@ -101,6 +103,16 @@ def child_environment(settings: Settings, environ: Mapping[str, str]) -> dict[st
     if settings.otlp_service_name is not None:
         env["OTEL_SERVICE_NAME"] = settings.otlp_service_name
     return env
+
+
+# NCCL's NVLink multicast reserves GPU memory per communicator and has hung collectives on
+# some drivers; tensor parallelism does not need it.
+SHARD_ENVIRONMENT = {"NCCL_NVLS_ENABLE": "0"}
+
+
+def shard_environment(settings: Settings, environ: Mapping[str, str]) -> dict[str, str]:
+    """What a shard runs with: the children's environment plus NCCL's settings."""
+    return {**child_environment(settings, environ), **SHARD_ENVIRONMENT}
 
 
 SECRET_FLAGS = frozenset({"--api-key"})

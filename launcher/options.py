@@ -114,8 +114,10 @@ OPTIONS: tuple[Option, ...] = (
            choices=("float32", "bfloat16", "float16"), default="the model's, bf16 on GPU"),
     _shard("--device", "Device the shards run on.", choices=("cpu", "cuda"),
            default="cuda when available, else cpu"),
-    _shard("--attention", "Attention backend, e.g. reference or triton.",
-           default="the fastest available"),
+    _shard("--attention", "Attention backend: reference or triton.", choices=("reference", "triton"),
+           default="triton on CUDA, else reference"),
+    _shard("--cuda-graphs", "Decode batch sizes replayed from CUDA graphs, comma-separated; 0 disables.",
+           default="1,2,4,8,16,24,32,48,64,96,128,160,192,224,256"),
     _shard("--kv-cache-tokens", "KV pool size in tokens on CPU.", positive_int,
            default="set by the shard"),
     _shard("--cuda-memory-fraction", "Share of GPU memory the shard may use.", fraction,
@@ -133,6 +135,17 @@ OPTIONS: tuple[Option, ...] = (
     _router("--max-batch-total-tokens", "Cap on the KV pool used, in tokens.",
             default="the whole pool measured at warmup"),
     _router("--max-batch-size", "Most sequences in one step.", default="unlimited"),
+    _router("--step-timeout", "Seconds a step may take before the router counts a shard as "
+            "hung, fails the in-flight requests and turns /health to 503 (textgen only).",
+            default="60"),
+    Option(("--prefix-caching",), "Reuse the KV of cached prompt and generated prefixes "
+           "(radix prefix cache), true/false.", parse_bool, forward=(ROUTER,),
+           child_default="true"),
+    Option(("--scheduling-policy",), "Admission order: longest cached prefix first (with "
+           "an age cap) or first come, first served.", forward=(ROUTER,),
+           child_default="longest-prefix", choices=("longest-prefix", "fifo")),
+    _router("--scheduling-age-cap-ms", "Milliseconds after which a waiting request goes "
+            "ahead of requests with a longer cached prefix.", non_negative_int, "2000"),
     _router("--payload-limit", "Largest request body in bytes (413 above).", default="2000000"),
     _router("--validation-workers", "Threads that may tokenize at once.", default="2"),
     _router("--watermark-gamma", "Watermark: share of tokens that are green after each token.",
@@ -191,7 +204,6 @@ UNSUPPORTED: tuple[Unsupported, ...] = (
     Unsupported("--trust-remote-code", "textgen runs only its own model code", False),
     Unsupported("--rope-scaling", "rope scaling overrides are " + _NOT_YET),
     Unsupported("--rope-factor", "rope scaling overrides are " + _NOT_YET),
-    Unsupported("--cuda-graphs", "the shard chooses its CUDA graph sizes at warmup"),
     Unsupported("--prometheus-port", "metrics are served on the main port at /metrics"),
     Unsupported("--max-waiting-tokens", "textgen always uses chunked prefill"),
     Unsupported("--waiting-served-ratio", "textgen always uses chunked prefill"),

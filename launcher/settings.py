@@ -31,6 +31,7 @@ class Settings:
     dtype: str | None
     device: str | None
     attention: str | None
+    cuda_graphs: str | None
     kv_cache_tokens: int | None
     cuda_memory_fraction: float | None
     max_concurrent_requests: int | None
@@ -42,6 +43,10 @@ class Settings:
     max_batch_prefill_tokens: int | None
     max_batch_total_tokens: int | None
     max_batch_size: int | None
+    step_timeout: int | None
+    prefix_caching: bool | None
+    scheduling_policy: str | None
+    scheduling_age_cap_ms: int | None
     payload_limit: int | None
     validation_workers: int | None
     watermark_gamma: float | None

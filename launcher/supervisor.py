@@ -2,7 +2,9 @@
 
 Order: stale sockets removed → shards spawned → each shard's socket appears and answers
 Health → router spawned → router's /health answers 200 → "ready". Any child that dies stops
-everything and the launcher exits non-zero naming it, with the end of its stderr. SIGTERM or
+everything and the launcher exits non-zero naming it, with the end of its stderr. Once ready,
+a health watch also probes the children: a shard that stops answering (hung or stopped) or a
+router whose /health stays 503 (a shard failed a step) stops everything the same way. SIGTERM or
 SIGINT drains: the router finishes in-flight requests (up to the shutdown timeout), then the
 shards stop. A second signal skips the waiting.
 """
@@ -20,6 +22,7 @@ from typing import IO, Callable, Mapping, Sequence
 
 from .commands import redact_secrets
 from .child import ChildProcess, describe_exit
+from .health_watch import HealthWatch, WatchTimings
 from .probes import router_is_healthy, shard_is_healthy
 
 logger = logging.getLogger("textgen.launcher")
@@ -49,6 +52,7 @@ class Timeouts:
     shard_grace: float = 10.0  # SIGTERM → SIGKILL for shards
     poll_interval: float = 0.1
     waiting_log_every: float = 10.0
+    watch: WatchTimings = WatchTimings()
 
 
 @dataclass
@@ -78,14 +82,18 @@ class StartupTimeout(Exception):
     pass
 
 
+class ChildUnresponsive(Exception):
+    """A child is alive but failed its health probes; the message names it."""
+
+
 class _StopRequested(Exception):
     pass
 
 
 @dataclass
 class Probes:
-    shard: Callable[[Path], bool] = shard_is_healthy
-    router: Callable[[str], bool] = router_is_healthy
+    shard: Callable[[Path, float], bool] = shard_is_healthy  # (socket, timeout)
+    router: Callable[[str, float], bool] = router_is_healthy  # (url, timeout)
 
 
 class Supervisor:
@@ -117,7 +125,7 @@ class Supervisor:
                          death, death.child.name, tail or "(none)")
             self._stop_all(router_grace=self._timeouts.shard_grace)
             return 1
-        except StartupTimeout as exc:
+        except (StartupTimeout, ChildUnresponsive) as exc:
             logger.error("%s; stopping everything", exc)
             self._stop_all(router_grace=self._timeouts.shard_grace)
             return 1
@@ -191,9 +199,18 @@ class Supervisor:
     # -- steady state and shutdown ---------------------------------------------------------
 
     def _watch(self) -> None:
-        while True:
-            self._check_alive()
-            self._stop.requested.wait(self._timeouts.poll_interval)
+        watch = HealthWatch([(spec.name, spec.socket) for spec in self._shard_specs],
+                            self._router_spec.health_url, self._probes.shard,
+                            self._probes.router, self._timeouts.watch)
+        watch.start()
+        try:
+            while True:
+                self._check_alive()
+                if watch.failure is not None:
+                    raise ChildUnresponsive(watch.failure)
+                self._stop.requested.wait(self._timeouts.poll_interval)
+        finally:
+            watch.close()
 
     def _stop_all(self, router_grace: float) -> None:
         if self._router is not None and self._router.poll() is None:

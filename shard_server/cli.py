@@ -20,10 +20,13 @@ from pathlib import Path
 import grpc
 import torch
 
+from .cuda_graphs import DEFAULT_SIZES as DEFAULT_GRAPH_SIZES
+from .cuda_graphs import parse_sizes
 from .distributed import init_parallel
 from .kv_cache import KVSpec
 from .models.config import ModelConfig
 from .models.registry import build_model
+from .models.sharding import check_shardable, shard_heads
 from .pb import generate_pb2_grpc as pb_grpc
 from .runner import ModelRunner
 from .service import ShardIdentity, ShardService
@@ -48,7 +51,8 @@ class ServeConfig:
     device: str | None = None  # cuda when available
     kv_cache_tokens: int = 32768
     cuda_memory_fraction: float = 1.0
-    attention: str = "reference"
+    attention: str | None = None  # triton on CUDA, reference elsewhere
+    cuda_graphs: str = ",".join(map(str, DEFAULT_GRAPH_SIZES))
     block_size: int = 16
     json_output: bool = False
     otlp_endpoint: str | None = None
@@ -62,6 +66,9 @@ class ServeConfig:
         if name == "cuda":
             return torch.device("cuda", self.rank % max(1, torch.cuda.device_count()))
         return torch.device(name)
+
+    def attention_backend(self, device: torch.device) -> str:
+        return self.attention or ("triton" if device.type == "cuda" else "reference")
 
     def torch_dtype(self, device: torch.device) -> torch.dtype:
         return DTYPES[self.dtype or ("bfloat16" if device.type == "cuda" else "float32")]
@@ -88,7 +95,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--kv-cache-tokens", type=int, default=d.kv_cache_tokens, help="CPU KV pool size in tokens"
     )
     serve.add_argument("--cuda-memory-fraction", type=float, default=d.cuda_memory_fraction)
-    serve.add_argument("--attention", choices=["reference"], default=d.attention)
+    serve.add_argument(
+        "--attention", choices=["reference", "triton"], default=None, help="default: triton on CUDA, else reference"
+    )
+    serve.add_argument(
+        "--cuda-graphs",
+        default=d.cuda_graphs,
+        help="decode batch sizes replayed from CUDA graphs, comma-separated; 0 disables (default: %(default)s)",
+    )
     serve.add_argument("--block-size", type=int, default=d.block_size, help="tokens per KV block")
     serve.add_argument("--json-output", action="store_true")
     serve.add_argument(
@@ -107,6 +121,10 @@ def parse_config(argv: list[str] | None = None) -> ServeConfig:
         problems.append("--kv-cache-tokens must hold at least one block")
     if not 0 < config.cuda_memory_fraction <= 1:
         problems.append("--cuda-memory-fraction must be in (0, 1]")
+    try:
+        parse_sizes(config.cuda_graphs)
+    except ValueError as exc:
+        problems.append(str(exc))
     if config.block_size < 1:
         problems.append("--block-size must be >= 1")
     if config.world_size < 1 or not 0 <= config.rank < config.world_size:
@@ -135,21 +153,27 @@ def load_service(config: ServeConfig) -> ShardService:
     device = config.torch_device()
     dtype = config.torch_dtype(device)
     torch.set_num_threads(len(os.sched_getaffinity(0)))
+    model_config = ModelConfig.from_dict(read_config(config.model_path))
+    check_shardable(model_config, config.world_size)  # fail before the rendezvous, naming the numbers
     parallel = init_parallel(config.rank, config.world_size, config.master_addr, config.master_port, device)
-    raw = read_config(config.model_path)
-    model_config = ModelConfig.from_dict(raw)
+    attention = config.attention_backend(device)
     with WeightStore(config.model_path) as store:
-        model = build_model(model_config, store, parallel, config.attention, dtype, device)
+        model = build_model(model_config, store, parallel, attention, dtype, device)
+        log.info(
+            "rank %d/%d read %.1f MiB of the checkpoint's %.1f MiB (largest read %.1f MiB)",
+            parallel.rank, parallel.world_size, store.bytes_read / 2**20, store.total_bytes() / 2**20,
+            store.largest_read / 2**20,
+        )
     spec = KVSpec(
         num_layers=model_config.num_hidden_layers,
-        num_kv_heads=model_config.num_key_value_heads // parallel.world_size,
+        num_kv_heads=shard_heads(model_config, parallel).num_kv_heads,
         head_dim=model_config.head_dim,
         block_size=config.block_size,
         dtype=dtype,
     )
     runner = ModelRunner(model, spec, device)
-    identity = ShardIdentity(model_config.model_type, parallel, config.attention)
-    sizing = PoolSizing(config.kv_cache_tokens, config.cuda_memory_fraction)
+    identity = ShardIdentity(model_config.model_type, parallel, attention)
+    sizing = PoolSizing(config.kv_cache_tokens, config.cuda_memory_fraction, parse_sizes(config.cuda_graphs))
     log.info("loaded %s (%s, %s) from %s", model_config.model_type, dtype, device, config.model_path)
     return ShardService(runner, identity, sizing)
 

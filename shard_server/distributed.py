@@ -2,15 +2,30 @@
 
 With world_size 1 every collective is a no-op, so layers call them unconditionally.
 Multi-rank runs initialise torch.distributed (NCCL on CUDA, gloo on CPU) explicitly from the
-command line's master address and port; nothing is read from the environment.
+command line's master address and port; nothing is read from the environment. NCCL's NVLink
+multicast (NVLS) stays off unless the caller's environment already decided: it reserves a large
+share of GPU memory and has hung collectives on some drivers.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class RowRange:
+    """Rows [start, end) of one (unfused) weight that this rank holds."""
+
+    start: int
+    end: int
+
+    @property
+    def size(self) -> int:
+        return self.end - self.start
 
 
 @dataclass(frozen=True)
@@ -33,6 +48,14 @@ class ParallelContext:
         part = size // self.world_size
         return self.rank * part, (self.rank + 1) * part
 
+    def padded_split(self, size: int) -> tuple[int, int, int]:
+        """(start, end, block): this rank's share of `size` split in blocks of
+        ceil(size / world_size); the last ranks' blocks may hold fewer than `block` real rows,
+        so a vocabulary of any size can be split and gathered in equal parts."""
+        block = -(-size // self.world_size)
+        start = min(self.rank * block, size)
+        return start, min(start + block, size), block
+
     def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
         if self.is_parallel:
             dist.all_reduce(tensor)
@@ -54,6 +77,8 @@ def init_parallel(
         torch.cuda.set_device(device)
     if ctx.is_parallel and not dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
+        if backend == "nccl":
+            os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NCCL reads it at communicator init
         dist.init_process_group(
             backend=backend,
             init_method=f"tcp://{master_addr}:{master_port}",

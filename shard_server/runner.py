@@ -12,10 +12,11 @@ from dataclasses import dataclass
 import torch
 
 from .attention.base import StepLayout
+from .cuda_graphs import DecodeGraphs, DecodeOutputs
 from .kv_cache import KVCache, KVSpec
 from .pb import generate_pb2 as pb
 from .requests import InvalidStepError, SequenceTable
-from .sampling import SampledTokens, Sampler, SamplingRows
+from .sampling import SampledTokens, Sampler, SamplingRows, argmax_suffices
 from .step_plan import PoolLimits, ScheduledWork, apply_plan, plan_step
 
 PREFILL_LOGPROB_ROWS = 512  # logits rows materialised at once for prefill logprobs
@@ -26,9 +27,9 @@ class NotWarmedUpError(RuntimeError):
 
 
 @dataclass
-class StepTensors:
-    input_ids: torch.Tensor
-    positions: torch.Tensor
+class StepInputs:
+    input_ids: list[int]
+    positions: list[int]
     layout: StepLayout
     query_starts: list[int]
 
@@ -43,12 +44,15 @@ class ModelRunner:
         self.sampler = Sampler(self.config.vocab_size, device)
         self.table = SequenceTable()
         self.kv_cache: KVCache | None = None
+        self.graphs: DecodeGraphs | None = None  # set by warmup when CUDA graphs are on
 
     @property
     def block_size(self) -> int:
         return self.kv_spec.block_size
 
     def allocate_kv_cache(self, num_blocks: int) -> None:
+        if self.graphs is not None:
+            self.graphs.release()  # they point into the old pool
         self.kv_cache = None  # free the old pool before allocating the new one
         self.kv_cache = KVCache(self.kv_spec, num_blocks, self.device)
 
@@ -75,15 +79,17 @@ class ModelRunner:
             return response
         started = time.perf_counter_ns()
         tensors = self._prepare(plan.work)
-        metadata = self.backend.build_metadata(tensors.layout, self.device)
-        hidden = self.model(tensors.input_ids, tensors.positions, self.kv_cache, metadata)
+        needs_hidden = any(self._wants_prefill_logprobs(item) for item in plan.work)
+        hidden, decoded = self._forward(tensors, needs_hidden)
         samplers = [i for i, item in enumerate(plan.work) if item.sample]
-        logits = None
-        if samplers:
+        if decoded is not None and len(samplers) < len(plan.work):
+            index = torch.tensor(samplers, dtype=torch.long, device=self.device)
+            decoded = decoded.select(index) if samplers else None
+        if samplers and decoded is None:
             rows = torch.tensor(
                 [tensors.query_starts[i] + plan.work[i].num_tokens - 1 for i in samplers], device=self.device
             )
-            logits = self.model.compute_logits(hidden.index_select(0, rows))
+            decoded = DecodeOutputs(self.model.compute_logits(hidden.index_select(0, rows)), None, None)
         prefill = {
             i: self._prefill_logprobs(hidden, tensors.query_starts[i], item)
             for i, item in enumerate(plan.work)
@@ -92,13 +98,27 @@ class ModelRunner:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         sampled_at = time.perf_counter_ns()
-        tokens = self._sample(logits, [plan.work[i] for i in samplers]) if samplers else None
+        tokens = self._sample(decoded, [plan.work[i] for i in samplers]) if samplers else None
         response.forward_ns = sampled_at - started
         self._finish(plan.work, samplers, tokens, prefill, response)
         response.sample_ns = time.perf_counter_ns() - sampled_at
         return response
 
-    def _prepare(self, work: list[ScheduledWork]) -> StepTensors:
+    def _forward(
+        self, inputs: StepInputs, needs_hidden: bool
+    ) -> tuple[torch.Tensor | None, DecodeOutputs | None]:
+        """(hidden states of the step's tokens, None) run eagerly, or (None, the outputs of every
+        sequence) from a CUDA graph when one fits the step and no hidden state is needed."""
+        graphs = self.graphs if not needs_hidden else None
+        size = graphs.size_for(inputs.layout) if graphs is not None else None
+        if size is not None:
+            return None, self.graphs.run(size, inputs.input_ids, inputs.positions, inputs.layout)
+        metadata = self.backend.build_metadata(inputs.layout, self.device)
+        input_ids = torch.tensor(inputs.input_ids, dtype=torch.long).to(self.device, non_blocking=True)
+        positions = torch.tensor(inputs.positions, dtype=torch.long).to(self.device, non_blocking=True)
+        return self.model(input_ids, positions, self.kv_cache, metadata), None
+
+    def _prepare(self, work: list[ScheduledWork]) -> StepInputs:
         ids: list[int] = []
         positions: list[int] = []
         starts: list[int] = []
@@ -112,9 +132,9 @@ class ModelRunner:
             block_tables=[item.state.block_table for item in work],
             block_size=self.block_size,
         )
-        return StepTensors(
-            input_ids=torch.tensor(ids, dtype=torch.long, device=self.device),
-            positions=torch.tensor(positions, dtype=torch.long, device=self.device),
+        return StepInputs(
+            input_ids=ids,
+            positions=positions,
             layout=layout,
             query_starts=starts,
         )
@@ -135,9 +155,13 @@ class ModelRunner:
             out.extend(logprobs.gather(1, targets.unsqueeze(1)).squeeze(1).tolist())
         return out
 
-    def _sample(self, logits: torch.Tensor, work: list[ScheduledWork]) -> SampledTokens:
+    def _sample(self, decoded: DecodeOutputs, work: list[ScheduledWork]) -> SampledTokens:
         states = [item.state for item in work]
         params = [s.sampling for s in states]
+        if decoded.greedy_ids is not None and all(
+            argmax_suffices(p) and not s.top_n_tokens for p, s in zip(params, states)
+        ):
+            return SampledTokens(decoded.greedy_ids, decoded.greedy_logprobs, None, None)
         rows = SamplingRows(
             params=params,
             positions=[len(s.token_ids) for s in states],
@@ -148,32 +172,33 @@ class ModelRunner:
             top_n=[s.top_n_tokens for s in states],
             previous_tokens=[s.token_ids[-1] for s in states],
         )
-        return self.sampler(logits, rows)
+        return self.sampler(decoded.logits, rows)
 
     def _finish(self, work, samplers, tokens: SampledTokens | None, prefill, response) -> None:
-        sampled: dict[int, pb.Token] = {}
+        """Advances each sequence and writes its output straight into the response."""
+        row_of = {i: row for row, i in enumerate(samplers)}
+        ids = logprobs = top_ids = top_lps = None
         if tokens is not None:
-            ids = tokens.ids.tolist()
-            logprobs = tokens.logprobs.tolist()
-            top_ids = tokens.top_ids.tolist() if tokens.top_ids is not None else None
-            top_lps = tokens.top_logprobs.tolist() if tokens.top_logprobs is not None else None
-            for row, i in enumerate(samplers):
-                token = pb.Token(id=ids[row], logprob=logprobs[row])
-                n = work[i].state.top_n_tokens
+            ids, logprobs = tokens.ids.tolist(), tokens.logprobs.tolist()
+            if tokens.top_ids is not None:
+                top_ids, top_lps = tokens.top_ids.tolist(), tokens.top_logprobs.tolist()
+        for i, item in enumerate(work):
+            state = item.state
+            state.computed_len = item.end
+            row = row_of.get(i)
+            if row is None and i not in prefill:
+                continue
+            output = response.outputs.add(id=state.id)
+            if row is not None:
+                state.token_ids.append(ids[row])
+                token = output.token
+                token.id, token.logprob = ids[row], logprobs[row]
+                n = state.top_n_tokens
                 if n and top_ids is not None:
                     token.top_ids.extend(top_ids[row][:n])
                     token.top_logprobs.extend(top_lps[row][:n])
-                sampled[i] = token
-        for i, item in enumerate(work):
-            item.state.computed_len = item.end
-            if i in sampled:
-                item.state.token_ids.append(sampled[i].id)
-            if i in sampled or i in prefill:
-                output = response.outputs.add(id=item.state.id)
-                if i in sampled:
-                    output.token.CopyFrom(sampled[i])
-                if i in prefill:
-                    output.prefill_logprobs.extend(prefill[i])
+            if i in prefill:
+                output.prefill_logprobs.extend(prefill[i])
 
 
 __all__ = ["ModelRunner", "NotWarmedUpError", "InvalidStepError"]

@@ -13,7 +13,7 @@ distribution it was drawn from.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -104,6 +104,16 @@ def apply_typical_p(logits: torch.Tensor, mass: torch.Tensor) -> torch.Tensor:
     drop[:, 0] = False
     drop &= (mass < 1).unsqueeze(1)
     return logits.masked_fill(drop.scatter(1, order, drop), float("-inf"))
+
+
+def argmax_suffices(params: SamplingParams) -> bool:
+    """True when the token is the plain argmax of the raw logits: greedy, no processor.
+
+    Compared against the neutral parameters (warpers and the seed do not act on greedy rows),
+    so any parameter added later disables this fast path until it is known to be neutral.
+    """
+    greedy = replace(params, temperature=1.0, top_k=0, top_p=1.0, typical_p=1.0, seed=0)
+    return greedy == SamplingParams()
 
 
 # -- seeded noise ----------------------------------------------------------------------

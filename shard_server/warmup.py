@@ -3,7 +3,9 @@
 The worst case is `max_batch_prefill_tokens` tokens spread over up to `max_batch_size`
 sequences, all sampling with every processor active, against a temporary pool just big
 enough for it. Afterwards the real pool is sized: on CPU from `--kv-cache-tokens`, on CUDA
-from the memory left after the step's peak, times `--cuda-memory-fraction`.
+from the memory left after the step's peak and the decode CUDA graphs (measured by one trial
+capture of the largest size), times `--cuda-memory-fraction`. The graphs are then captured
+against the real pool.
 """
 
 from __future__ import annotations
@@ -11,8 +13,11 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+import logging
+
 import torch
 
+from .cuda_graphs import DecodeGraphs, graph_memory_bytes
 from .pb import generate_pb2 as pb
 from .runner import ModelRunner
 
@@ -20,10 +25,14 @@ CUDA_WIGGLE_ROOM = 0.95  # share of the measured budget handed to the KV pool
 WARMUP_SEED = 1234
 
 
+log = logging.getLogger(__name__)
+
+
 @dataclass(frozen=True)
 class PoolSizing:
     kv_cache_tokens: int  # CPU
     cuda_memory_fraction: float  # CUDA
+    cuda_graph_sizes: tuple[int, ...] = ()  # decode batch sizes to capture; empty: no graphs
 
 
 def worst_case_step(
@@ -76,19 +85,41 @@ def warmup(runner: ModelRunner, max_tokens: int, max_batch_size: int, sizing: Po
         torch.cuda.reset_peak_memory_stats(runner.device)
     runner.allocate_kv_cache(blocks_needed)
     runner.step(request)
+    graphs, sizes = _decode_graphs(runner, sizing.cuda_graph_sizes, max_batch_size)
+    graph_reserve = graph_memory_bytes(graphs, max(sizes), runner.kv_cache) if graphs else 0
     runner.clear()
     runner.kv_cache = None
-    num_blocks = _pool_blocks(runner, sizing)
+    num_blocks = _pool_blocks(runner, sizing, graph_reserve)
     if num_blocks < blocks_needed:
         raise RuntimeError(
             f"the KV pool holds {num_blocks} blocks but one worst-case step needs {blocks_needed}; "
             "raise the KV budget or lower max_batch_prefill_tokens"
         )
     runner.allocate_kv_cache(num_blocks)
+    if graphs is not None:
+        graphs.capture(sizes, runner.kv_cache)
+        runner.graphs = graphs
+        log.info("captured decode CUDA graphs for batch sizes %s (%d MiB)", sizes, graph_reserve >> 20)
     return num_blocks, int((time.perf_counter() - started) * 1000)
 
 
-def _pool_blocks(runner: ModelRunner, sizing: PoolSizing) -> int:
+def _decode_graphs(runner: ModelRunner, wanted: tuple[int, ...], max_batch_size: int):
+    """(DecodeGraphs, sizes) to capture, or (None, []) when graphs do not apply."""
+    runner.graphs = None
+    if not wanted or runner.device.type != "cuda":
+        return None, []
+    if not hasattr(runner.backend, "refill"):
+        log.info("CUDA graphs off: the %s attention backend cannot be captured", runner.backend.name)
+        return None, []
+    # Every size up to the largest batch a step can hold, plus one that covers that batch.
+    sizes = [s for s in wanted if s < max_batch_size]
+    sizes += [s for s in wanted if s >= max_batch_size][:1]
+    cfg = runner.config
+    graphs = DecodeGraphs(runner.model, runner.backend, runner.block_size, cfg.max_position_embeddings, runner.device)
+    return graphs, sizes
+
+
+def _pool_blocks(runner: ModelRunner, sizing: PoolSizing, reserve: int) -> int:
     per_block = runner.kv_spec.bytes_per_block
     if runner.device.type != "cuda":
         return runner.kv_spec.blocks_for_tokens(sizing.kv_cache_tokens)
@@ -98,5 +129,5 @@ def _pool_blocks(runner: ModelRunner, sizing: PoolSizing) -> int:
     workspace = torch.cuda.max_memory_allocated(device) - resident  # the step's activation peak
     torch.cuda.empty_cache()
     free, total = torch.cuda.mem_get_info(device)
-    budget = min(free, total * sizing.cuda_memory_fraction - resident) - workspace
+    budget = min(free, total * sizing.cuda_memory_fraction - resident) - workspace - reserve
     return max(0, int(budget * CUDA_WIGGLE_ROOM) // per_block)

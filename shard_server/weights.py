@@ -1,7 +1,8 @@
 """Reads model weights from a directory of safetensors files, lazily and by slice.
 
 Tensors are opened with `safe_open`, so a tensor-parallel rank can read just its rows or
-columns (`get_slice`) without materialising the full tensor.
+columns (`get_slice`) without materialising the full tensor. The store counts the bytes it
+materialises, so a rank can report (and tests can bound) how much of the model it read.
 """
 
 from __future__ import annotations
@@ -14,6 +15,9 @@ import torch
 from safetensors import safe_open
 
 INDEX_NAME = "model.safetensors.index.json"
+_DTYPE_BYTES = {
+    "F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1
+}
 
 
 class WeightsError(RuntimeError):
@@ -31,6 +35,8 @@ class WeightStore:
         self._stack = ExitStack()
         self._handles = [self._stack.enter_context(safe_open(str(f), "pt")) for f in files]
         self._where: dict[str, int] = {}
+        self.bytes_read = 0  # total bytes materialised by get/get_rows/get_cols
+        self.largest_read = 0  # the biggest single tensor (slice) materialised
         for index, handle in enumerate(self._handles):
             for name in handle.keys():
                 self._where[name] = index
@@ -56,16 +62,33 @@ class WeightStore:
         except KeyError:
             raise WeightsError(f"tensor {name!r} not found in {self.model_dir}") from None
 
+    def _count(self, tensor: torch.Tensor) -> torch.Tensor:
+        size = tensor.numel() * tensor.element_size()
+        self.bytes_read += size
+        self.largest_read = max(self.largest_read, size)
+        return tensor
+
     def get(self, name: str) -> torch.Tensor:
-        return self._handle(name).get_tensor(name)
+        return self._count(self._handle(name).get_tensor(name))
 
     def get_rows(self, name: str, start: int, end: int) -> torch.Tensor:
         """Slice [start, end) of dimension 0."""
-        return self._handle(name).get_slice(name)[start:end]
+        return self._count(self._handle(name).get_slice(name)[start:end])
 
     def get_cols(self, name: str, start: int, end: int) -> torch.Tensor:
         """Slice [start, end) of dimension 1."""
-        return self._handle(name).get_slice(name)[:, start:end]
+        return self._count(self._handle(name).get_slice(name)[:, start:end])
+
+    def total_bytes(self) -> int:
+        """Size of every tensor in the store, read from the headers only."""
+        total = 0
+        for name, index in self._where.items():
+            piece = self._handles[index].get_slice(name)
+            count = 1
+            for dim in piece.get_shape():
+                count *= dim
+            total += count * _DTYPE_BYTES[piece.get_dtype()]
+        return total
 
 
 def read_config(model_dir: Path) -> dict:

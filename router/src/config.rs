@@ -4,6 +4,17 @@ use std::path::PathBuf;
 
 use clap::Parser;
 
+use crate::scheduler::AdmissionPolicy;
+
+/// `true`/`false` (also `1`/`0`, any case), like the launcher's boolean flags.
+fn parse_bool(text: &str) -> Result<bool, String> {
+    match text.trim().to_ascii_lowercase().as_str() {
+        "true" | "1" => Ok(true),
+        "false" | "0" => Ok(false),
+        _ => Err(format!("expected true or false, got {text:?}")),
+    }
+}
+
 /// textgen-router: HTTP front end of textgen. Every flag can also be set through the
 /// environment variable named in `[env: ...]`.
 #[derive(Debug, Clone, Parser)]
@@ -52,6 +63,18 @@ pub struct Args {
     /// Most sequences in one step.
     #[arg(long, env = "MAX_BATCH_SIZE")]
     pub max_batch_size: Option<u32>,
+    /// Reuse the KV of prompt and generated prefixes that earlier requests computed
+    /// (radix prefix cache): `true` or `false`.
+    #[arg(long, env = "PREFIX_CACHING", default_value = "true", value_parser = parse_bool, action = clap::ArgAction::Set)]
+    pub prefix_caching: bool,
+    /// Order of admission: `longest-prefix` (longest cached prefix first, with an age
+    /// cap) or `fifo`.
+    #[arg(long, env = "SCHEDULING_POLICY", default_value = "longest-prefix")]
+    pub scheduling_policy: AdmissionPolicy,
+    /// Milliseconds after which a waiting request goes ahead of requests with a longer
+    /// cached prefix (`longest-prefix` only).
+    #[arg(long, env = "SCHEDULING_AGE_CAP_MS", default_value_t = 2_000)]
+    pub scheduling_age_cap_ms: u64,
     /// Largest request body in bytes; larger bodies get 413.
     #[arg(long, env = "PAYLOAD_LIMIT", default_value_t = 2_000_000)]
     pub payload_limit: usize,
@@ -73,6 +96,10 @@ pub struct Args {
     /// Watermark: bias added to green tokens' logits, > 0.
     #[arg(long, env = "WATERMARK_DELTA", default_value_t = 2.0)]
     pub watermark_delta: f32,
+    /// Seconds a step may take on the shards before the router counts a shard as hung: it
+    /// fails the in-flight requests and reports unhealthy on `/health`.
+    #[arg(long, env = "STEP_TIMEOUT", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
+    pub step_timeout: u64,
     /// Log filter (tracing-subscriber syntax), e.g. `info` or `textgen_router=debug`.
     #[arg(long, env = "LOG_LEVEL", default_value = "info")]
     pub log_level: String,
@@ -203,6 +230,24 @@ mod tests {
         assert_eq!(a.max_top_n_tokens, 5);
         assert_eq!(a.payload_limit, 2_000_000);
         assert_eq!(a.shard_uds_path, "/tmp/text-generation-server");
+        assert!(a.prefix_caching);
+        assert_eq!(a.scheduling_policy, AdmissionPolicy::LongestPrefix);
+    }
+
+    #[test]
+    fn prefix_caching_and_policy_flags_parse() {
+        let a = args(&["--prefix-caching", "false", "--scheduling-policy", "fifo"]);
+        assert!(!a.prefix_caching);
+        assert_eq!(a.scheduling_policy, AdmissionPolicy::Fifo);
+        assert!(args(&["--prefix-caching", "TRUE"]).prefix_caching);
+        let argv = ["textgen-router", "--model-id", "m", "--model-path", "/m"];
+        for bad in [
+            ["--prefix-caching", "maybe"],
+            ["--scheduling-policy", "random"],
+        ] {
+            let error = Args::try_parse_from(argv.iter().chain(bad.iter())).unwrap_err();
+            assert!(error.to_string().contains(bad[1]), "{error}");
+        }
     }
 
     #[test]

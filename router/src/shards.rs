@@ -1,9 +1,19 @@
 //! gRPC clients of the shards (one per rank, over unix sockets) and the `StepExecutor`
 //! that fans each step out to all of them.
+//!
+//! A step that fails on any rank, or that outlasts the step timeout (a hung rank), leaves
+//! the ranks out of step with each other and with the router's block tables, so the set
+//! latches the failure: later steps fail at once and `Health` reports it (`/health` 503)
+//! until the launcher restarts everything.
+mod fanout;
+
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use futures::future::join_all;
 use tonic::transport::{Channel, Endpoint};
+
+use fanout::{on_every_rank, FanOutError};
 
 use crate::pb;
 use crate::pb::text_generation_shard_client::TextGenerationShardClient;
@@ -12,6 +22,10 @@ use crate::scheduler::{StepError, StepExecutor};
 /// Steps carry whole prompts; allow far more than tonic's 4 MiB default.
 const MAX_MESSAGE_BYTES: usize = 256 << 20;
 const CONNECT_RETRY_INTERVAL: Duration = Duration::from_millis(500);
+/// After a step timed out, how long each rank gets to answer `Health` (to name the hung one).
+const DIAGNOSE_TIMEOUT: Duration = Duration::from_secs(2);
+/// The step timeout unless `with_step_timeout` sets one.
+pub const DEFAULT_STEP_TIMEOUT: Duration = Duration::from_secs(60);
 
 #[derive(Debug, thiserror::Error)]
 pub enum ShardError {
@@ -28,14 +42,42 @@ pub enum ShardError {
         call: &'static str,
         status: tonic::Status,
     },
+    #[error("{}", describe_timeout(call, pending, *waited, unresponsive))]
+    TimedOut {
+        call: &'static str,
+        pending: Vec<usize>,
+        waited: Duration,
+        /// Ranks that did not answer `Health` either: hung or stopped processes.
+        unresponsive: Vec<usize>,
+    },
+    #[error("the shards are unusable after an earlier failure: {0}")]
+    Failed(String),
     #[error("no shards to talk to")]
     NoShards,
 }
 
-/// One client per rank, in rank order. Cheap to clone (channels are shared).
+fn describe_timeout(
+    call: &str,
+    pending: &[usize],
+    waited: Duration,
+    unresponsive: &[usize],
+) -> String {
+    let mut text = format!("shard(s) {pending:?} did not answer {call} within {waited:?}");
+    if !unresponsive.is_empty() {
+        text +=
+            &format!("; shard(s) {unresponsive:?} do not answer Health either (hung or stopped)");
+    }
+    text
+}
+
+/// One client per rank, in rank order. Cheap to clone (channels and the failure latch are
+/// shared).
 #[derive(Debug, Clone)]
 pub struct ShardSet {
     clients: Vec<TextGenerationShardClient<Channel>>,
+    step_timeout: Duration,
+    /// The first step failure; once set, the set is unusable.
+    failure: Arc<OnceLock<String>>,
 }
 
 fn socket_path(base: &str, rank: usize) -> String {
@@ -85,7 +127,22 @@ impl ShardSet {
                     .max_encoding_message_size(MAX_MESSAGE_BYTES),
             );
         }
-        Ok(Self { clients })
+        Ok(Self {
+            clients,
+            step_timeout: DEFAULT_STEP_TIMEOUT,
+            failure: Arc::default(),
+        })
+    }
+
+    /// Longest a step may take before the set counts it as hung.
+    pub fn with_step_timeout(mut self, step_timeout: Duration) -> Self {
+        self.step_timeout = step_timeout;
+        self
+    }
+
+    /// Why the set is unusable, once a step has failed.
+    pub fn failure(&self) -> Option<&str> {
+        self.failure.get().map(String::as_str)
     }
 
     pub fn len(&self) -> usize {
@@ -97,7 +154,7 @@ impl ShardSet {
     }
 
     pub async fn clear_cache(&self) -> Result<(), ShardError> {
-        self.on_all("ClearCache", |mut c| async move {
+        self.on_all("ClearCache", None, |mut c| async move {
             c.clear_cache(pb::ClearCacheRequest {}).await
         })
         .await
@@ -106,10 +163,9 @@ impl ShardSet {
 
     /// Every shard's `Info`, in rank order.
     pub async fn info(&self) -> Result<Vec<pb::InfoResponse>, ShardError> {
-        self.on_all(
-            "Info",
-            |mut c| async move { c.info(pb::InfoRequest {}).await },
-        )
+        self.on_all("Info", None, |mut c| async move {
+            c.info(pb::InfoRequest {}).await
+        })
         .await
     }
 
@@ -118,60 +174,111 @@ impl ShardSet {
         &self,
         request: pb::WarmupRequest,
     ) -> Result<Vec<pb::WarmupResponse>, ShardError> {
-        self.on_all(
-            "Warmup",
-            move |mut c| async move { c.warmup(request).await },
-        )
+        self.on_all("Warmup", None, move |mut c| async move {
+            c.warmup(request).await
+        })
         .await
     }
 
-    /// Ok when every shard answers `Health` within `timeout`.
+    /// Ok when no step has failed and every shard answers `Health` within `timeout`.
     pub async fn health(&self, timeout: Duration) -> Result<(), ShardError> {
-        let probe = self.on_all("Health", |mut c| async move {
-            c.health(pb::HealthRequest {}).await
-        });
-        match tokio::time::timeout(timeout, probe).await {
-            Ok(result) => result.map(|_| ()),
-            Err(_) => Err(ShardError::Call {
-                rank: 0,
-                call: "Health",
-                status: tonic::Status::deadline_exceeded(format!("no answer within {timeout:?}")),
-            }),
+        if let Some(reason) = self.failure() {
+            return Err(ShardError::Failed(reason.to_owned()));
         }
+        self.on_all("Health", Some(timeout), |mut c| async move {
+            c.health(pb::HealthRequest {}).await
+        })
+        .await
+        .map(|_| ())
     }
 
-    /// Runs the same call on every shard concurrently; the first failing rank is reported.
-    async fn on_all<T, F, Fut>(&self, call: &'static str, f: F) -> Result<Vec<T>, ShardError>
+    /// Ranks that do not answer `Health` within `timeout`.
+    async fn unresponsive_ranks(&self, timeout: Duration) -> Vec<usize> {
+        let probes = self.clients.iter().cloned().map(|mut c| async move {
+            tokio::time::timeout(timeout, c.health(pb::HealthRequest {})).await
+        });
+        join_all(probes)
+            .await
+            .into_iter()
+            .enumerate()
+            .filter(|(_, answer)| !matches!(answer, Ok(Ok(_))))
+            .map(|(rank, _)| rank)
+            .collect()
+    }
+
+    /// Runs the same call on every shard concurrently; the first failing rank ends it.
+    async fn on_all<T, F, Fut>(
+        &self,
+        call: &'static str,
+        timeout: Option<Duration>,
+        f: F,
+    ) -> Result<Vec<T>, ShardError>
     where
         F: Fn(TextGenerationShardClient<Channel>) -> Fut,
         Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
-        let answers = join_all(self.clients.iter().cloned().map(f)).await;
-        answers
-            .into_iter()
-            .enumerate()
-            .map(|(rank, answer)| {
-                answer
-                    .map(tonic::Response::into_inner)
-                    .map_err(|status| ShardError::Call { rank, call, status })
+        let calls = self.clients.iter().cloned().map(f).collect();
+        match on_every_rank(calls, timeout).await {
+            Ok(answers) => Ok(answers
+                .into_iter()
+                .map(tonic::Response::into_inner)
+                .collect()),
+            Err(FanOutError::Failed { rank, error }) => Err(ShardError::Call {
+                rank,
+                call,
+                status: error,
+            }),
+            Err(FanOutError::TimedOut { pending, waited }) => Err(ShardError::TimedOut {
+                call,
+                pending,
+                waited,
+                unresponsive: Vec::new(),
+            }),
+        }
+    }
+
+    /// Steps every shard; on failure latches the set as unusable.
+    async fn step_all(&self, request: pb::StepRequest) -> Result<pb::StepResponse, ShardError> {
+        if let Some(reason) = self.failure() {
+            return Err(ShardError::Failed(reason.to_owned()));
+        }
+        let result = self
+            .on_all("Step", Some(self.step_timeout), |mut c| {
+                let request = request.clone();
+                async move { c.step(request).await }
             })
-            .collect()
+            .await;
+        let error = match result {
+            Ok(answers) => return answers.into_iter().next().ok_or(ShardError::NoShards),
+            Err(ShardError::TimedOut {
+                call,
+                pending,
+                waited,
+                ..
+            }) => {
+                // Ranks blocked in a collective still answer Health; the hung one does not.
+                let unresponsive = self.unresponsive_ranks(DIAGNOSE_TIMEOUT).await;
+                ShardError::TimedOut {
+                    call,
+                    pending,
+                    waited,
+                    unresponsive,
+                }
+            }
+            Err(other) => other,
+        };
+        let reason = format!("step {}: {error}", request.step_id);
+        tracing::error!(%reason, "shard failure: failing in-flight requests, reporting unhealthy");
+        let _ = self.failure.set(reason);
+        Err(error)
     }
 }
 
 impl StepExecutor for ShardSet {
     /// Every shard computes the same step (tensor parallelism); rank 0's tokens count.
     async fn step(&self, request: pb::StepRequest) -> Result<pb::StepResponse, StepError> {
-        let answers = self
-            .on_all("Step", |mut c| {
-                let request = request.clone();
-                async move { c.step(request).await }
-            })
+        self.step_all(request)
             .await
-            .map_err(|err| StepError(err.to_string()))?;
-        answers
-            .into_iter()
-            .next()
-            .ok_or_else(|| StepError("no shards".into()))
+            .map_err(|err| StepError(err.to_string()))
     }
 }

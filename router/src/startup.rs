@@ -168,7 +168,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         args.num_shard as usize,
         Duration::from_secs(args.shard_connect_timeout),
     )
-    .await?;
+    .await?
+    .with_step_timeout(Duration::from_secs(args.step_timeout));
     let report = prepare_shards(&args, &shards).await?;
     let limits = args.derive_limits(report.capacity)?;
     tracing::info!(?limits, "limits");
@@ -178,7 +179,15 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         num_blocks: limits.num_blocks,
         max_batch_prefill_tokens: args.max_batch_prefill_tokens,
         max_batch_size: args.max_batch_size,
+        prefix_caching: args.prefix_caching,
+        admission_policy: args.scheduling_policy,
+        admission_age_cap: Duration::from_millis(args.scheduling_age_cap_ms),
     };
+    tracing::info!(
+        prefix_caching = args.prefix_caching,
+        policy = %args.scheduling_policy,
+        "scheduler"
+    );
     scheduler_config.validate()?;
     let scheduler = scheduler::spawn(scheduler_config, shards.clone());
 

@@ -1,4 +1,8 @@
-"""Token embedding and LM head, with the vocabulary split across ranks."""
+"""Token embedding and LM head, with the vocabulary split across ranks.
+
+Each rank holds a block of ceil(vocab / world_size) rows; the last block is zero-padded when
+the vocabulary does not divide evenly, so the gathered logits are cut back to `vocab_size`.
+"""
 
 from __future__ import annotations
 
@@ -17,13 +21,11 @@ class VocabParallelEmbedding(nn.Module):
         super().__init__()
         self.ctx = ctx
         self.vocab_size = vocab_size
-        self.start, self.end = ctx.split(vocab_size, "vocab size")
-        self.weight = nn.Parameter(
-            torch.empty((self.end - self.start, dim), dtype=dtype, device=device), requires_grad=False
-        )
+        self.start, self.end, block = ctx.padded_split(vocab_size)
+        self.weight = nn.Parameter(torch.zeros((block, dim), dtype=dtype, device=device), requires_grad=False)
 
     def load(self, store: WeightStore, name: str) -> None:
-        self.weight.copy_(store.get_rows(name, self.start, self.end))
+        _load_vocab_rows(self.weight, store, name, self.start, self.end)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         if not self.ctx.is_parallel:
@@ -51,18 +53,25 @@ class LMHead(nn.Module):
         self.ctx = ctx
         self.vocab_size = vocab_size
         self.tied_to = tied_to
-        self.start, self.end = ctx.split(vocab_size, "vocab size")
+        self.start, self.end, block = ctx.padded_split(vocab_size)
         if tied_to is None:
             self.weight = nn.Parameter(
-                torch.empty((self.end - self.start, dim), dtype=dtype, device=device),
-                requires_grad=False,
+                torch.zeros((block, dim), dtype=dtype, device=device), requires_grad=False
             )
 
     def load(self, store: WeightStore, name: str) -> None:
         if self.tied_to is None:
-            self.weight.copy_(store.get_rows(name, self.start, self.end))
+            _load_vocab_rows(self.weight, store, name, self.start, self.end)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         weight = self.tied_to.weight if self.tied_to is not None else self.weight
-        logits = F.linear(hidden, weight)
-        return self.ctx.all_gather_last_dim(logits).float()
+        logits = self.ctx.all_gather_last_dim(F.linear(hidden, weight))
+        if logits.shape[-1] != self.vocab_size:
+            logits = logits[..., : self.vocab_size]  # drop the padding rows' columns
+        return logits.float()
+
+
+def _load_vocab_rows(weight: torch.Tensor, store: WeightStore, name: str, start: int, end: int) -> None:
+    """Copies rows [start, end) into the head of `weight`; padding rows stay zero."""
+    if end > start:
+        weight[: end - start].copy_(store.get_rows(name, start, end))

@@ -1,8 +1,9 @@
 """Linear layers that know which slice of a weight their rank holds.
 
 `ColumnParallelLinear` splits output features across ranks and can fuse several HF
-projections into one matmul (q/k/v, gate/up). `RowParallelLinear` splits input features and
-all-reduces the partial sums. With world size 1 both are a plain `F.linear`.
+projections into one matmul (q/k/v, gate/up): each projection is sliced on its own,
+so the fused matrix holds this rank's q rows, then its k rows, then its v rows.
+`RowParallelLinear` splits input features and all-reduces the partial sums. With world size 1 both are a plain `F.linear`.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..distributed import ParallelContext
+from ..distributed import ParallelContext, RowRange
 from ..weights import WeightStore
 
 
@@ -20,35 +21,33 @@ def _empty(shape, dtype, device) -> nn.Parameter:
 
 
 class ColumnParallelLinear(nn.Module):
+    """Output features split across ranks. `parts` are this rank's rows of each fused weight
+    (e.g. its q, k and v rows), stacked in order into one matrix."""
+
     def __init__(
         self,
         in_features: int,
-        out_features: list[int],
+        parts: list[RowRange],
         bias: bool,
-        ctx: ParallelContext,
         dtype: torch.dtype,
         device: torch.device,
     ):
         super().__init__()
-        self.ctx = ctx
-        self.out_features = list(out_features)
-        self.local_sizes = [size // ctx.world_size for size in self.out_features]
-        for size in self.out_features:
-            ctx.split(size, "output features")  # validates divisibility
-        total = sum(self.local_sizes)
+        self.parts = list(parts)
+        total = sum(part.size for part in self.parts)
         self.weight = _empty((total, in_features), dtype, device)
         self.bias = _empty((total,), dtype, device) if bias else None
 
     def load(self, store: WeightStore, prefixes: list[str]) -> None:
-        if len(prefixes) != len(self.out_features):
-            raise ValueError(f"expected {len(self.out_features)} weight prefixes, got {prefixes}")
+        if len(prefixes) != len(self.parts):
+            raise ValueError(f"expected {len(self.parts)} weight prefixes, got {prefixes}")
         offset = 0
-        for prefix, size, local in zip(prefixes, self.out_features, self.local_sizes):
-            start, end = self.ctx.split(size)
-            self.weight[offset : offset + local].copy_(store.get_rows(f"{prefix}.weight", start, end))
+        for prefix, part in zip(prefixes, self.parts):
+            rows = slice(offset, offset + part.size)
+            self.weight[rows].copy_(store.get_rows(f"{prefix}.weight", part.start, part.end))
             if self.bias is not None:
-                self.bias[offset : offset + local].copy_(store.get_rows(f"{prefix}.bias", start, end))
-            offset += local
+                self.bias[rows].copy_(store.get_rows(f"{prefix}.bias", part.start, part.end))
+            offset += part.size
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight, self.bias)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..kernels.dispatch import use_fused
+from ..kernels.norm import fused_rmsnorm
 from ..weights import WeightStore
 
 
@@ -18,6 +20,8 @@ class RMSNorm(nn.Module):
         self.weight.copy_(store.get(name))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if _fusable(x):
+            return fused_rmsnorm(x, self.weight, self.eps)[0]
         dtype = x.dtype
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -25,5 +29,11 @@ class RMSNorm(nn.Module):
 
     def add_and_norm(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns (norm(x + residual), x + residual): the pre-norm residual stream step."""
+        if _fusable(x) and _fusable(residual):
+            return fused_rmsnorm(x, self.weight, self.eps, residual)
         residual = x + residual
         return self.forward(residual), residual
+
+
+def _fusable(x: torch.Tensor) -> bool:
+    return use_fused(x) and x.dim() == 2 and x.stride(1) == 1

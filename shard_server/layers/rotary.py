@@ -8,8 +8,12 @@ from __future__ import annotations
 
 import math
 
+from dataclasses import dataclass
+
 import torch
 
+from ..kernels.dispatch import use_fused
+from ..kernels.rotary import fused_rotary_
 from ..models.config import RopeScaling
 
 
@@ -57,6 +61,30 @@ class RotaryEmbedding:
     def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin of shape [T, 1, head_dim], broadcastable over heads."""
         return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
+
+    def for_step(self, positions: torch.Tensor) -> RotaryStep:
+        return RotaryStep(self, positions)
+
+
+@dataclass
+class RotaryStep:
+    """One step's rotation, shared by every layer: in place by the fused kernel, or with
+    cos/sin gathered once (on first use) for the torch path."""
+
+    rotary: RotaryEmbedding
+    positions: torch.Tensor
+    _gathered: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def apply(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """q: [T, heads, head_dim], k: [T, kv_heads, head_dim]; may rotate them in place."""
+        dim = q.shape[-1]
+        if use_fused(q) and dim & (dim - 1) == 0 and q.stride(2) == 1 and k.stride(2) == 1:
+            fused_rotary_(q, k, self.positions, self.rotary.cos, self.rotary.sin)
+            return q, k
+        if self._gathered is None:
+            self._gathered = self.rotary.lookup(self.positions)
+        cos, sin = self._gathered
+        return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:

@@ -12,30 +12,30 @@ from torch import nn
 
 from ..attention.base import AttentionBackend
 from ..distributed import ParallelContext
+from ..kernels.activation import fused_silu_mul
+from ..kernels.dispatch import use_fused
 from ..kv_cache import KVCache
 from ..layers.embedding import LMHead, VocabParallelEmbedding
 from ..layers.linear import ColumnParallelLinear, RowParallelLinear
 from ..layers.norm import RMSNorm
-from ..layers.rotary import RotaryEmbedding, apply_rotary
+from ..layers.rotary import RotaryEmbedding, RotaryStep
 from ..weights import WeightStore
 from .config import ModelConfig
+from .sharding import even_rows, shard_heads
 
 
 class LlamaAttention(nn.Module):
     def __init__(self, cfg: ModelConfig, ctx: ParallelContext, backend: AttentionBackend, dtype, device):
         super().__init__()
         d = cfg.head_dim
-        self.num_heads = cfg.num_attention_heads // ctx.world_size
-        self.num_kv_heads = cfg.num_key_value_heads // ctx.world_size
+        heads = shard_heads(cfg, ctx)
+        self.num_heads = heads.num_heads
+        self.num_kv_heads = heads.num_kv_heads
         self.head_dim = d
         self.backend = backend
+        q_rows, kv_rows = heads.q_rows(d), heads.kv_rows(d)
         self.qkv_proj = ColumnParallelLinear(
-            cfg.hidden_size,
-            [cfg.num_attention_heads * d, cfg.num_key_value_heads * d, cfg.num_key_value_heads * d],
-            cfg.attention_bias,
-            ctx,
-            dtype,
-            device,
+            cfg.hidden_size, [q_rows, kv_rows, kv_rows], cfg.attention_bias, dtype, device
         )
         self.o_proj = RowParallelLinear(
             cfg.num_attention_heads * d, cfg.hidden_size, False, ctx, dtype, device
@@ -53,7 +53,7 @@ class LlamaAttention(nn.Module):
             self.q_norm.load(store, f"{prefix}.q_norm.weight")
             self.k_norm.load(store, f"{prefix}.k_norm.weight")
 
-    def forward(self, hidden, cos, sin, k_cache, v_cache, metadata) -> torch.Tensor:
+    def forward(self, hidden, rotary: RotaryStep, k_cache, v_cache, metadata) -> torch.Tensor:
         tokens = hidden.shape[0]
         q, k, v = self.qkv_proj(hidden).split(self.split_sizes, dim=-1)
         q = q.view(tokens, self.num_heads, self.head_dim)
@@ -61,7 +61,7 @@ class LlamaAttention(nn.Module):
         v = v.view(tokens, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        q, k = rotary.apply(q, k)
         out = self.backend.forward(q, k, v, k_cache, v_cache, metadata)
         return self.o_proj(out.reshape(tokens, -1))
 
@@ -70,7 +70,8 @@ class LlamaMLP(nn.Module):
     def __init__(self, cfg: ModelConfig, ctx: ParallelContext, dtype, device):
         super().__init__()
         size = cfg.intermediate_size
-        self.gate_up_proj = ColumnParallelLinear(cfg.hidden_size, [size, size], False, ctx, dtype, device)
+        rows = even_rows(size, ctx)
+        self.gate_up_proj = ColumnParallelLinear(cfg.hidden_size, [rows, rows], False, dtype, device)
         self.down_proj = RowParallelLinear(size, cfg.hidden_size, False, ctx, dtype, device)
 
     def load(self, store: WeightStore, prefix: str) -> None:
@@ -78,7 +79,10 @@ class LlamaMLP(nn.Module):
         self.down_proj.load(store, f"{prefix}.down_proj")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        gate_up = self.gate_up_proj(x)
+        if use_fused(gate_up) and gate_up.dim() == 2:
+            return self.down_proj(fused_silu_mul(gate_up))
+        gate, up = gate_up.chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
 
@@ -96,12 +100,12 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm.load(store, f"{prefix}.post_attention_layernorm.weight")
         self.mlp.load(store, f"{prefix}.mlp")
 
-    def forward(self, hidden, residual, cos, sin, k_cache, v_cache, metadata):
+    def forward(self, hidden, residual, rotary: RotaryStep, k_cache, v_cache, metadata):
         if residual is None:
             residual, hidden = hidden, self.input_layernorm(hidden)
         else:
             hidden, residual = self.input_layernorm.add_and_norm(hidden, residual)
-        hidden = self.self_attn(hidden, cos, sin, k_cache, v_cache, metadata)
+        hidden = self.self_attn(hidden, rotary, k_cache, v_cache, metadata)
         hidden, residual = self.post_attention_layernorm.add_and_norm(hidden, residual)
         return self.mlp(hidden), residual
 
@@ -131,11 +135,11 @@ class LlamaForCausalLM(nn.Module):
 
     def forward(self, input_ids, positions, kv_cache: KVCache, metadata) -> torch.Tensor:
         """Final-norm hidden states [T, hidden] of every token of the step."""
-        cos, sin = self.rotary.lookup(positions)
+        rotary = self.rotary.for_step(positions)
         hidden, residual = self.embed_tokens(input_ids), None
         for index, layer in enumerate(self.layers):
             k_cache, v_cache = kv_cache.layer(index)
-            hidden, residual = layer(hidden, residual, cos, sin, k_cache, v_cache, metadata)
+            hidden, residual = layer(hidden, residual, rotary, k_cache, v_cache, metadata)
         hidden, _ = self.norm.add_and_norm(hidden, residual)
         return hidden
 

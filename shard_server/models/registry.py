@@ -10,6 +10,7 @@ from ..distributed import ParallelContext
 from ..weights import WeightStore
 from .config import ModelConfig
 from .llama import LlamaForCausalLM
+from .sharding import check_shardable, shard_heads
 
 FAMILIES = {
     "llama": LlamaForCausalLM,
@@ -20,9 +21,10 @@ FAMILIES = {
 
 
 def attention_shape(cfg: ModelConfig, ctx: ParallelContext) -> AttentionShape:
+    heads = shard_heads(cfg, ctx)
     return AttentionShape(
-        num_heads=cfg.num_attention_heads // ctx.world_size,
-        num_kv_heads=cfg.num_key_value_heads // ctx.world_size,
+        num_heads=heads.num_heads,
+        num_kv_heads=heads.num_kv_heads,
         head_dim=cfg.head_dim,
         scale=cfg.head_dim**-0.5,
         sliding_window=cfg.sliding_window,
@@ -37,8 +39,7 @@ def build_model(
     dtype: torch.dtype,
     device: torch.device,
 ) -> LlamaForCausalLM:
-    if cfg.num_key_value_heads % ctx.world_size:
-        raise ValueError(f"{cfg.num_key_value_heads} KV heads cannot be split over {ctx.world_size} ranks")
+    check_shardable(cfg, ctx.world_size)
     backend = create_backend(attention, attention_shape(cfg, ctx))
     model = FAMILIES[cfg.model_type](cfg, ctx, backend, dtype, device)
     with torch.no_grad():

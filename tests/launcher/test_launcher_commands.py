@@ -55,6 +55,21 @@ def test_false_switch_is_not_forwarded():
     assert "--json-output" not in router_command(EXE, s, MODEL, 1)
 
 
+def test_prefix_caching_and_policy_are_forwarded_as_set():
+    assert "--prefix-caching" not in router_command(EXE, settings(), MODEL, 1)
+    off = router_command(EXE, settings(PREFIX_CACHING="false"), MODEL, 1)
+    assert ("--prefix-caching", "false") in _pairs(off)
+    on = router_command(EXE, settings("--prefix-caching", "true", "--scheduling-policy", "fifo",
+                                      "--scheduling-age-cap-ms", "0"), MODEL, 1)
+    assert _pairs(on) >= {("--prefix-caching", "true"), ("--scheduling-policy", "fifo"),
+                          ("--scheduling-age-cap-ms", "0")}
+    assert "--prefix-caching" not in shard_command(EXE, settings(PREFIX_CACHING="1"), MODEL, 0, 1)
+    with pytest.raises(UsageError, match="PREFIX_CACHING"):
+        settings(PREFIX_CACHING="sometimes")
+    with pytest.raises(UsageError, match="scheduling-policy"):
+        settings("--scheduling-policy", "random")
+
+
 def test_legacy_input_length_is_forwarded_under_the_new_name():
     router = router_command(EXE, settings("--max-input-length", "300"), MODEL, 1)
     assert ("--max-input-tokens", "300") in _pairs(router)

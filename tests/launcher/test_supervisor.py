@@ -96,6 +96,35 @@ def test_shard_dying_after_ready_stops_the_router(tmp_path, model_dir):
     assert not Path(f"{launcher.uds}-0").exists(), "socket left behind"
 
 
+def test_shard_that_stops_answering_stops_everything_naming_it(tmp_path, model_dir):
+    launcher = Launcher(tmp_path, model_dir, "--num-shard", "2",
+                        env={"FAKE_SHARD_HANG_AFTER_READY_RANK": "1"})
+    code, stderr = launcher.finish(timeout=60)
+    assert code == 1, stderr
+    assert "shard 1 has not answered Health for 3 probes in a row" in stderr
+    assert "shard 0 has not" not in stderr
+    assert {"shard-0-stop", "shard-1-stop"} <= set(launcher.event_names())
+
+
+def test_router_reporting_a_failed_shard_stops_everything(tmp_path, model_dir):
+    launcher = Launcher(tmp_path, model_dir, "--num-shard", "2",
+                        env={"FAKE_ROUTER_UNHEALTHY_AFTER": "3"})
+    launcher.wait_ready()
+    code, stderr = launcher.finish(timeout=60)
+    assert code == 1, stderr
+    assert "the router's /health has failed 3 probes in a row" in stderr
+    assert "shard-1-stop" in launcher.event_names()
+
+
+def test_shards_run_with_nvlink_multicast_off(tmp_path, model_dir):
+    launcher = Launcher(tmp_path, model_dir, "--num-shard", "2", env={"NCCL_NVLS_ENABLE": "1"})
+    launcher.wait_ready()
+    launcher.process.send_signal(signal.SIGTERM)
+    assert launcher.finish()[0] == 0
+    for rank in range(2):
+        assert (tmp_path / "argv" / f"shard-{rank}-nvls.txt").read_text() == "0"
+
+
 def test_sigterm_drains_router_before_stopping_shards(tmp_path, model_dir):
     launcher = Launcher(tmp_path, model_dir, "--num-shard", "2", "--max-batch-size", "8",
                         env={"FAKE_ROUTER_DRAIN_SECONDS": "0.5"})

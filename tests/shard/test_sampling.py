@@ -243,3 +243,15 @@ def test_extreme_valid_parameters_always_yield_a_token(**fields):
     )
     assert all(0 <= i < VOCAB for i in out.ids.tolist())
     assert math.isfinite(out.logprobs[0].item()) and out.logprobs[0].item() <= 0
+
+
+def test_argmax_suffices_only_for_unprocessed_greedy_rows():
+    from shard_server.requests import SamplingParams
+    from shard_server.sampling import argmax_suffices
+
+    assert argmax_suffices(SamplingParams())
+    assert argmax_suffices(SamplingParams(temperature=0.5, top_k=3, top_p=0.5, seed=9))  # warpers skip greedy
+    assert not argmax_suffices(SamplingParams(do_sample=True))
+    assert not argmax_suffices(SamplingParams(repetition_penalty=1.2))
+    assert not argmax_suffices(SamplingParams(frequency_penalty=0.1))
+    assert not argmax_suffices(SamplingParams(presence_penalty=-0.1))

@@ -1,4 +1,14 @@
-"""Tensor-parallel slicing: two gloo ranks on CPU give the logits of one unsplit model."""
+"""Tensor parallelism with real gloo ranks on CPU (one process per rank).
+
+- Two ranks give the logits of one unsplit model (llama, qwen2 with bias and tied
+  embeddings, qwen3 with q/k norms).
+- An 8-head / 2-KV-head Llama gives the same greedy tokens at 1, 2 and 4 ranks (at 4 ranks
+  the KV heads are replicated and the vocabulary split is padded).
+- Every rank samples the same token. Mechanism: the LM head's all-gather hands every rank
+  the same logits bytes, and the draw depends only on (seed, position), so the ranks need
+  no extra collective. The test checks both halves: logits bitwise equal across ranks, and
+  seeded sampled tokens and logprobs equal across ranks.
+"""
 
 import multiprocessing
 import socket
@@ -11,17 +21,29 @@ from shard_server.distributed import ParallelContext, init_parallel
 from shard_server.kv_cache import KVCache, KVSpec
 from shard_server.models.config import ModelConfig
 from shard_server.models.registry import build_model
+from shard_server.models.sharding import shard_heads
+from shard_server.pb import generate_pb2 as pb
+from shard_server.runner import ModelRunner
 from shard_server.weights import WeightStore, read_config
+
+from .helpers import StepDriver, generate_greedy
 
 CPU = torch.device("cpu")
 TOKENS = 21
+PROMPT = [5, 17, 33, 2, 90, 141, 7, 61, 100, 12, 48, 3, 77]
+NEW_TOKENS = 8
+SAMPLING = pb.SamplingParameters(do_sample=True, temperature=1.3, seed=20240607)
 
 
-def prefill_logits(directory, parallel) -> torch.Tensor:
+def load_rank_model(directory, parallel):
     config = ModelConfig.from_dict(read_config(directory))
     with WeightStore(directory) as store:
-        model = build_model(config, store, parallel, "reference", torch.float32, CPU)
-    kv_heads = config.num_key_value_heads // parallel.world_size
+        return build_model(config, store, parallel, "reference", torch.float32, CPU)
+
+
+def prefill_logits(model, parallel) -> torch.Tensor:
+    config = model.config
+    kv_heads = shard_heads(config, parallel).num_kv_heads
     cache = KVCache(KVSpec(config.num_hidden_layers, kv_heads, config.head_dim, 4, torch.float32), 8, CPU)
     layout = StepLayout([TOKENS], [TOKENS], [[5, 2, 7, 0, 3, 1]], 4)
     metadata = model.layers[0].self_attn.backend.build_metadata(layout, CPU)
@@ -30,11 +52,34 @@ def prefill_logits(directory, parallel) -> torch.Tensor:
         return model.compute_logits(model(ids, torch.arange(TOKENS), cache, metadata))
 
 
-def _rank_main(rank: int, world: int, directory, port: int, results) -> None:
+def generations(model, parallel) -> dict:
+    """Greedy and seeded-sampled tokens through the real runner, plus prefill logits."""
+    config = model.config
+    kv_heads = shard_heads(config, parallel).num_kv_heads
+    spec = KVSpec(config.num_hidden_layers, kv_heads, config.head_dim, 4, torch.float32)
+    runner = ModelRunner(model, spec, CPU)
+    runner.allocate_kv_cache(64)
+    greedy = generate_greedy(StepDriver(runner), 1, PROMPT, NEW_TOKENS, chunk=5)
+    sampled = generate_greedy(StepDriver(runner), 2, PROMPT, NEW_TOKENS, chunk=5, sampling=SAMPLING)
+    return {"logits": prefill_logits(model, parallel), "greedy": greedy, "sampled": sampled}
+
+
+def _rank_main(rank: int, world: int, directories, port: int, what: str, results) -> None:
     torch.set_num_threads(1)
     parallel = init_parallel(rank, world, "127.0.0.1", port, CPU)
     try:
-        results.put((rank, prefill_logits(directory, parallel)))
+        outputs = []
+        for directory in directories:  # one rendezvous for several models: spawning is slow
+            model = load_rank_model(directory, parallel)
+            if what == "logits":
+                result = {"logits": prefill_logits(model, parallel)}
+            else:
+                result = generations(model, parallel)
+            # numpy pickles by value; a torch tensor would travel as a shared-memory handle
+            # that dies with this process.
+            result["logits"] = result["logits"].numpy()
+            outputs.append(result)
+        results.put((rank, outputs))
     finally:
         torch.distributed.destroy_process_group()
 
@@ -45,19 +90,62 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
-def test_two_ranks_match_one(family, tiny_model_dirs):
-    directory = tiny_model_dirs[family]
-    expected = prefill_logits(directory, ParallelContext())
+def run_ranks(world: int, directories: list, what: str) -> dict:
+    """Runs `what` for each model directory on `world` gloo ranks; returns
+    {rank: [result per directory]}."""
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
     port = free_port()
-    ranks = [context.Process(target=_rank_main, args=(r, 2, directory, port, results)) for r in range(2)]
+    ranks = [
+        context.Process(target=_rank_main, args=(r, world, directories, port, what, results))
+        for r in range(world)
+    ]
     for process in ranks:
         process.start()
-    outputs = dict(results.get(timeout=120) for _ in ranks)
-    for process in ranks:
-        process.join(timeout=30)
-        assert process.exitcode == 0
-    for rank in range(2):
-        torch.testing.assert_close(outputs[rank], expected, atol=1e-4, rtol=1e-4)
+    try:
+        outputs = dict(results.get(timeout=180) for _ in ranks)
+    finally:
+        for process in ranks:
+            process.join(timeout=30)
+            if process.is_alive():
+                process.kill()
+    assert all(process.exitcode == 0 for process in ranks)
+    for results_of_rank in outputs.values():
+        for result in results_of_rank:
+            result["logits"] = torch.from_numpy(result["logits"])
+    return outputs
+
+
+def test_two_ranks_match_one(tiny_model_dirs):
+    families = ["llama", "qwen2", "qwen3"]  # plain, qkv bias + tied embeddings, q/k norms
+    directories = [tiny_model_dirs[family] for family in families]
+    outputs = run_ranks(2, directories, "logits")
+    for index, directory in enumerate(directories):
+        expected = prefill_logits(load_rank_model(directory, ParallelContext()), ParallelContext())
+        for rank in range(2):
+            torch.testing.assert_close(
+                outputs[rank][index]["logits"], expected, atol=1e-4, rtol=1e-4,
+                msg=f"{families[index]} rank {rank}"
+            )
+
+
+@pytest.fixture(scope="module")
+def single_rank(tiny_model_dirs):
+    directory = tiny_model_dirs["llama_8h_2kv"]
+    return generations(load_rank_model(directory, ParallelContext()), ParallelContext())
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_gqa_model_matches_one_rank_and_ranks_sample_alike(world, tiny_model_dirs, single_rank):
+    ranks = run_ranks(world, [tiny_model_dirs["llama_8h_2kv"]], "generate")
+    outputs = {rank: results[0] for rank, results in ranks.items()}
+    assert len(single_rank["greedy"]) == NEW_TOKENS
+    for rank in range(world):
+        assert outputs[rank]["greedy"] == single_rank["greedy"], f"rank {rank}"
+        torch.testing.assert_close(outputs[rank]["logits"], single_rank["logits"], atol=1e-4, rtol=1e-4)
+    # Same logits bytes on every rank, hence the same seeded draw.
+    for rank in range(1, world):
+        assert torch.equal(outputs[rank]["logits"], outputs[0]["logits"]), f"rank {rank} logits differ"
+        assert outputs[rank]["sampled"] == outputs[0]["sampled"], f"rank {rank} sampled differently"
+    # The sampled run really sampled: at temperature 1.3 it leaves the greedy path.
+    assert outputs[0]["sampled"] != outputs[0]["greedy"]

@@ -38,13 +38,20 @@ FAMILIES = {
     "mistral_window": (transformers.MistralConfig, transformers.MistralForCausalLM, dict(sliding_window=8)),
     "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM, dict(tie_word_embeddings=True)),
     "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM, dict(head_dim=24)),
+    # Tensor-parallel shape: 8 heads over 2 KV heads (replicated at 4 ranks) and a vocabulary
+    # that 4 ranks cannot split evenly (padded vocab blocks).
+    "llama_8h_2kv": (
+        transformers.LlamaConfig,
+        transformers.LlamaForCausalLM,
+        dict(num_attention_heads=8, num_key_value_heads=2, vocab_size=162, rope_theta=10000.0),
+    ),
 }
 
 
 def make_tiny_model(family: str, directory: Path, seed: int = 0):
     """Writes a random checkpoint of `family` into directory and returns the HF model."""
     config_cls, model_cls, extra = FAMILIES[family]
-    config = config_cls(**COMMON, **extra)
+    config = config_cls(**{**COMMON, **extra})
     torch.manual_seed(seed)
     model = model_cls(config)
     # Default init leaves logits nearly flat; wider weights make comparisons meaningful.

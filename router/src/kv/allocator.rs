@@ -97,6 +97,26 @@ impl BlockAllocator {
     pub fn ref_count(&self, id: u32) -> u32 {
         self.lock().ref_counts[id as usize]
     }
+
+    /// Whether any of `ids` has a holder besides the one asking (ref count above 1).
+    pub fn any_shared(&self, ids: &[u32]) -> bool {
+        let pool = self.lock();
+        ids.iter().any(|&id| pool.ref_counts[id as usize] > 1)
+    }
+
+    /// A new holder of blocks someone already holds (a cached prefix gathered from
+    /// several radix nodes), in one lock. Panics on a free block: sharing one would
+    /// hand out memory the pool may give to someone else.
+    pub fn share(&self, ids: Vec<u32>) -> KvBlocks {
+        let mut pool = self.lock();
+        for &id in &ids {
+            pool.retain(id);
+        }
+        KvBlocks {
+            allocator: self.clone(),
+            ids,
+        }
+    }
 }
 
 /// An ordered list of blocks held by one owner (a sequence's block table, or a radix
@@ -140,14 +160,22 @@ impl KvBlocks {
 
     /// A new holder of the first `count` blocks (a cached prefix), sharing them.
     pub fn share_prefix(&self, count: usize) -> KvBlocks {
-        let count = count.min(self.ids.len());
-        let mut pool = self.allocator.lock();
-        for &id in &self.ids[..count] {
-            pool.retain(id);
-        }
+        self.share_range(0, count)
+    }
+
+    /// A new holder of blocks `start..end` (clamped to the table), sharing them.
+    pub fn share_range(&self, start: usize, end: usize) -> KvBlocks {
+        let end = end.min(self.ids.len());
+        let start = start.min(end);
+        self.allocator.share(self.ids[start..end].to_vec())
+    }
+
+    /// Moves the blocks from `at` on into a new holder; references move, none are added.
+    pub fn split_off(&mut self, at: usize) -> KvBlocks {
+        let at = at.min(self.ids.len());
         KvBlocks {
             allocator: self.allocator.clone(),
-            ids: self.ids[..count].to_vec(),
+            ids: self.ids.split_off(at),
         }
     }
 
@@ -243,6 +271,29 @@ mod tests {
         assert!(table.ids().iter().all(|&id| pool.ref_count(id) == 1));
         drop(table);
         assert_eq!(pool.free(), 4);
+    }
+
+    #[test]
+    fn split_off_moves_references_and_share_range_adds_them() {
+        let pool = BlockAllocator::new(6);
+        let mut head = pool.allocate(5).unwrap();
+        let tail = head.split_off(3);
+        assert_eq!((head.ids(), tail.ids()), (&[0, 1, 2][..], &[3, 4][..]));
+        assert!((0..5).all(|id| pool.ref_count(id) == 1));
+        let middle = head.share_range(1, 9);
+        assert_eq!(middle.ids(), &[1, 2]);
+        assert!(pool.any_shared(&[0, 1]) && !pool.any_shared(&[0, 3]));
+        drop(head);
+        assert_eq!(pool.used(), 4, "blocks 1 and 2 live on in `middle`");
+        drop((middle, tail));
+        assert_eq!(pool.free(), 6);
+    }
+
+    #[test]
+    #[should_panic(expected = "retaining free KV block")]
+    fn sharing_a_free_block_is_refused() {
+        let pool = BlockAllocator::new(2);
+        let _ = pool.share(vec![1]);
     }
 
     #[derive(Debug, Clone)]

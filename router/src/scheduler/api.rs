@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 
+use super::admission::AdmissionPolicy;
 use crate::pb;
 
 /// A validated, tokenized generation request, ready to be scheduled.
@@ -74,6 +75,12 @@ pub struct SchedulerConfig {
     pub max_batch_prefill_tokens: u32,
     /// Most sequences in one step, if limited.
     pub max_batch_size: Option<u32>,
+    /// Reuse the KV of cached prefixes (the radix cache).
+    pub prefix_caching: bool,
+    /// Order in which waiting sequences are admitted.
+    pub admission_policy: AdmissionPolicy,
+    /// Under `LongestPrefix`, a sequence waiting this long goes ahead of cached ones.
+    pub admission_age_cap: Duration,
 }
 
 impl SchedulerConfig {

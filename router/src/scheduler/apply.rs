@@ -26,7 +26,11 @@ impl SchedulerState {
             .map(|output| (output.id, output))
             .collect();
         let mut deliveries = Vec::new();
-        for (id, _num_tokens, sample) in step.scheduled {
+        for (id, num_tokens, sample) in step.scheduled {
+            if num_tokens > 1 {
+                // A prefill chunk is now in the KV: later admissions may share it.
+                self.cache_running(id);
+            }
             let output = outputs.remove(&id);
             self.apply_output(id, sample, output, &mut deliveries);
         }
@@ -85,16 +89,21 @@ impl SchedulerState {
         }
     }
 
-    /// Drops a running sequence: blocks back now, shards told next step.
+    /// Drops a running sequence: its computed KV to the prefix cache, the rest of its
+    /// blocks back now, shards told next step.
     fn finish(&mut self, id: u64) {
         if let Some(sequence) = self.running.remove(&id) {
+            self.cache_computed(&sequence);
             self.release_on_shards(&sequence);
         }
     }
 
     fn finish_with_error(&mut self, id: u64, message: String, deliveries: &mut Vec<Delivery>) {
         tracing::error!(sequence = id, "{message}");
-        self.finish(id);
+        // Its KV is not cached: after an answer that broke the protocol, trust none.
+        if let Some(sequence) = self.running.remove(&id) {
+            self.release_on_shards(&sequence);
+        }
         deliveries.push(Delivery::new(id, SequenceEvent::Error(message)));
     }
 }

@@ -95,6 +95,9 @@ mod tests {
             num_blocks: 8,
             max_batch_prefill_tokens: max_tokens,
             max_batch_size: max_batch,
+            prefix_caching: false,
+            admission_policy: Default::default(),
+            admission_age_cap: std::time::Duration::ZERO,
         }
     }
 

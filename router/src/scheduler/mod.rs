@@ -5,22 +5,29 @@
 //! [`SchedulerState`]; `step_loop.rs` is the thin async actor around them. The plan
 //! tracks positions scheduled, not tokens received, so a later change can plan step
 //! N+1 before step N's tokens arrive.
+pub mod admission;
 mod api;
 mod apply;
 pub mod budget;
 mod plan;
+mod prefix;
 pub mod queue;
 mod sequence;
 mod state;
 mod step_loop;
 
 #[cfg(test)]
+mod test_harness;
+#[cfg(test)]
 mod test_support;
 #[cfg(test)]
 mod tests_actor;
 #[cfg(test)]
 mod tests_plan;
+#[cfg(test)]
+mod tests_prefix;
 
+pub use admission::AdmissionPolicy;
 pub use api::*;
 pub use plan::PlannedStep;
 pub use state::{Delivery, SchedulerState};

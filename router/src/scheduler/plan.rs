@@ -4,8 +4,10 @@
 //! the oldest one always progresses and the scheduler never deadlocks.
 use std::time::Instant;
 
+use super::admission::admission_order;
 use super::api::SequenceEvent;
 use super::budget::{blocks_for, max_running, StepBudget};
+use super::prefix::{self, CacheHit};
 use super::state::{Delivery, InFlightStep, SchedulerState};
 use crate::pb;
 
@@ -24,6 +26,16 @@ enum Room {
     Granted(u32),
     /// The sequence itself was the youngest and has been preempted.
     Preempted,
+}
+
+/// What admitting one waiting sequence takes, set aside before it leaves the queue.
+struct Reservation {
+    table: crate::kv::KvBlocks,
+    cached_len: u32,
+    cached_blocks: usize,
+    chunk: u32,
+    /// The cache lookup, for the hit metrics (None: cache off or bypassed).
+    hit: Option<CacheHit>,
 }
 
 #[derive(Default)]
@@ -142,8 +154,12 @@ impl SchedulerState {
     ) -> Room {
         let block_size = self.config.block_size;
         loop {
-            let sequence = &self.running[&id];
-            let spare = sequence.spare_slots(block_size);
+            let spare = self.running[&id].spare_slots(block_size);
+            // Unused cached prefixes give way before any running sequence does.
+            self.ensure_free(blocks_for(
+                u64::from(wanted.saturating_sub(spare)),
+                block_size,
+            ));
             let free = self.allocator.free();
             let room = spare.saturating_add(free.saturating_mul(block_size));
             if room >= 1 {
@@ -171,29 +187,37 @@ impl SchedulerState {
         }
     }
 
-    /// Admits waiting sequences in FIFO order while their first chunk fits the budget
-    /// and the free blocks. Admission never preempts.
+    /// Admits waiting sequences, in the order the admission policy ranks them, while
+    /// their first chunk fits the budget and the free blocks (after evicting unused
+    /// cached prefixes). Stops at the first that does not fit, so it is not overtaken
+    /// forever. Admission never preempts.
     fn admit_waiting(&mut self, budget: &mut StepBudget, step: &mut StepBuilder, now: Instant) {
-        let block_size = self.config.block_size;
-        while self.running.len() < max_running(&self.config) {
-            let Some(front) = self.waiting.front() else {
+        let candidates = self.admission_candidates(now);
+        let order = admission_order(
+            self.config.admission_policy,
+            self.config.admission_age_cap,
+            &candidates,
+        );
+        for id in order {
+            if self.running.len() >= max_running(&self.config) {
+                break;
+            }
+            let Some(reservation) = self.reserve(id, budget) else {
                 break;
             };
-            let chunk = budget.chunk_for(front.known_len());
-            if chunk == 0 {
-                break;
+            let mut sequence = self
+                .waiting
+                .remove_first(|s| s.id == id)
+                .expect("ranked ids are waiting");
+            if let Some(hit) = &reservation.hit {
+                prefix::record_lookup(sequence.known_len() as usize, hit);
             }
-            let blocks = blocks_for(u64::from(chunk), block_size);
-            if blocks > u64::from(self.allocator.free()) {
-                break;
-            }
-            let mut sequence = self.waiting.pop_front().expect("front exists");
-            sequence.admit();
-            sequence
-                .blocks
-                .grow(blocks as usize)
-                .expect("free blocks were counted");
-            let taken = budget.consume(chunk);
+            sequence.admit(
+                reservation.table,
+                reservation.cached_len,
+                reservation.cached_blocks,
+            );
+            let taken = budget.consume(reservation.chunk);
             debug_assert!(taken, "chunk was sized from the budget");
             step.new_sequences.push(sequence.new_sequence_message());
             sequence.announced = true;
@@ -207,9 +231,47 @@ impl SchedulerState {
                     SequenceEvent::Started { queue_time },
                 ));
             }
-            step.prefills.push(sequence.schedule(chunk));
+            step.prefills.push(sequence.schedule(reservation.chunk));
             self.running.insert(sequence.id, sequence);
         }
+    }
+
+    /// The blocks and first chunk for waiting sequence `id`: its cached prefix (if
+    /// any) plus fresh blocks for the chunk. `None` when the step or the pool is full.
+    fn reserve(&mut self, id: u64, budget: &StepBudget) -> Option<Reservation> {
+        let block_size = self.config.block_size;
+        let sequence = self.waiting.iter().find(|s| s.id == id)?;
+        let known_len = sequence.known_len();
+        let hit = prefix::lookup(self.prefix_cache.as_mut(), sequence);
+        let (mut table, cached_len, hit) = match hit {
+            Some(hit) => {
+                let stats = CacheHit {
+                    tokens: hit.tokens,
+                    generated_tokens: hit.generated_tokens,
+                };
+                (hit.blocks, hit.tokens as u32, Some(stats))
+            }
+            None => (self.allocator.empty(), 0, None),
+        };
+        let chunk = budget.chunk_for(known_len - cached_len);
+        if chunk == 0 {
+            return None;
+        }
+        let cached_blocks = table.len();
+        let fresh = blocks_for(u64::from(cached_len + chunk), block_size) - cached_blocks as u64;
+        if !self.ensure_free(fresh) {
+            return None;
+        }
+        table
+            .grow(fresh as usize)
+            .expect("free blocks were counted");
+        Some(Reservation {
+            table,
+            cached_len,
+            cached_blocks,
+            chunk,
+            hit,
+        })
     }
 
     /// Nothing runs and the queue head still cannot start: the pool is too small for

@@ -34,6 +34,16 @@ impl<T> WaitingQueue<T> {
         self.items.pop_front()
     }
 
+    pub fn iter(&self) -> impl Iterator<Item = &T> {
+        self.items.iter()
+    }
+
+    /// Removes and returns the first item matching `predicate`.
+    pub fn remove_first(&mut self, predicate: impl FnMut(&T) -> bool) -> Option<T> {
+        let position = self.items.iter().position(predicate)?;
+        self.items.remove(position)
+    }
+
     pub fn len(&self) -> usize {
         self.items.len()
     }
@@ -85,5 +95,16 @@ mod tests {
         assert_eq!(queue.pop_front(), Some(2));
         assert_eq!(queue.pop_front(), Some(4));
         assert!(queue.is_empty());
+    }
+
+    #[test]
+    fn remove_first_takes_one_match_from_the_middle() {
+        let mut queue = WaitingQueue::default();
+        for i in [5, 6, 7, 6] {
+            queue.push_back(i);
+        }
+        assert_eq!(queue.remove_first(|&i| i == 6), Some(6));
+        assert_eq!(queue.remove_first(|&i| i == 9), None);
+        assert_eq!(queue.iter().copied().collect::<Vec<_>>(), vec![5, 7, 6]);
     }
 }

@@ -1,5 +1,6 @@
 //! One sequence's scheduling state: where its prefill is, what it generated, which KV
 //! blocks it holds and which of them the shards already know about.
+use std::borrow::Cow;
 use std::time::Instant;
 
 use super::api::SequenceRequest;
@@ -21,6 +22,10 @@ pub struct Sequence {
     /// Tokens to prefill in this admission: the prompt plus, after a preemption,
     /// everything generated before it.
     pub prefill_len: u32,
+    /// Leading positions of this admission whose KV came from the prefix cache, and
+    /// the blocks of `blocks` holding them.
+    pub cached_len: u32,
+    pub cached_blocks: usize,
     /// The shards hold this sequence's state (it was sent as a `NewSequence`).
     pub announced: bool,
     pub submitted_at: Instant,
@@ -42,6 +47,8 @@ impl Sequence {
             blocks_sent: 0,
             computed: 0,
             prefill_len: 0,
+            cached_len: 0,
+            cached_blocks: 0,
             announced: false,
             submitted_at: now,
             started: false,
@@ -57,6 +64,17 @@ impl Sequence {
     /// Prompt plus generated tokens.
     pub fn known_len(&self) -> u32 {
         self.prompt_len() + self.generated.len() as u32
+    }
+
+    /// Prompt then generated tokens (borrowed while nothing was generated).
+    pub fn known_tokens(&self) -> Cow<'_, [u32]> {
+        if self.generated.is_empty() {
+            Cow::Borrowed(&self.request.input_ids)
+        } else {
+            let mut tokens = self.request.input_ids.clone();
+            tokens.extend_from_slice(&self.generated);
+            Cow::Owned(tokens)
+        }
     }
 
     pub fn is_prefilling(&self) -> bool {
@@ -77,11 +95,20 @@ impl Sequence {
         self.request.prefill_logprobs && !self.first_token_sent
     }
 
-    /// Readies a (possibly preempted) waiting sequence to be sent afresh.
-    pub fn admit(&mut self) {
+    /// Readies a (possibly preempted) waiting sequence to be sent afresh with `table`,
+    /// whose first `cached_blocks` blocks hold the KV of its first `cached_len` tokens.
+    pub fn admit(&mut self, table: KvBlocks, cached_len: u32, cached_blocks: usize) {
+        debug_assert!(
+            cached_len < self.known_len(),
+            "the last token is always computed"
+        );
+        self.blocks = table;
         self.prefill_len = self.known_len();
-        self.computed = 0;
-        self.blocks_sent = 0;
+        self.computed = cached_len;
+        self.cached_len = cached_len;
+        self.cached_blocks = cached_blocks;
+        // The cached blocks travel in the `NewSequence`, the rest with the chunks.
+        self.blocks_sent = cached_blocks;
         self.announced = false;
     }
 
@@ -91,6 +118,8 @@ impl Sequence {
         self.blocks_sent = 0;
         self.computed = 0;
         self.prefill_len = 0;
+        self.cached_len = 0;
+        self.cached_blocks = 0;
         self.announced = false;
         if !self.first_token_sent {
             self.prefill_logprobs.clear();
@@ -99,15 +128,13 @@ impl Sequence {
 
     /// The full description the shards get once per admission.
     pub fn new_sequence_message(&self) -> pb::NewSequence {
-        let mut input_ids = self.request.input_ids.clone();
-        input_ids.extend_from_slice(&self.generated);
         pb::NewSequence {
             id: self.id,
-            input_ids,
+            input_ids: self.known_tokens().into_owned(),
             prompt_len: self.prompt_len(),
             sampling: Some(self.request.sampling.clone()),
-            cached_len: 0,
-            block_ids: Vec::new(),
+            cached_len: self.cached_len,
+            block_ids: self.blocks.ids()[..self.cached_blocks].to_vec(),
             prefill_logprobs: self.wants_prefill_logprobs(),
             top_n_tokens: self.request.top_n_tokens,
         }

@@ -10,7 +10,7 @@ use super::api::{SchedulerConfig, SequenceEvent, Submission};
 use super::budget::blocks_for;
 use super::queue::WaitingQueue;
 use super::sequence::Sequence;
-use crate::kv::BlockAllocator;
+use crate::kv::{BlockAllocator, RadixCache};
 
 /// An event addressed to one sequence's stream.
 #[derive(Debug)]
@@ -37,6 +37,8 @@ pub struct InFlightStep {
 pub struct SchedulerState {
     pub(super) config: SchedulerConfig,
     pub(super) allocator: BlockAllocator,
+    /// The radix prefix cache over the same pool; `None` when prefix caching is off.
+    pub(super) prefix_cache: Option<RadixCache>,
     pub(super) waiting: WaitingQueue<Sequence>,
     /// Keyed by id; ids grow with submission order, so the first entry is the oldest.
     pub(super) running: BTreeMap<u64, Sequence>,
@@ -52,9 +54,13 @@ impl SchedulerState {
     /// `config` must have passed [`SchedulerConfig::validate`].
     pub fn new(config: SchedulerConfig) -> Self {
         let allocator = BlockAllocator::new(config.num_blocks);
+        let prefix_cache = config
+            .prefix_caching
+            .then(|| RadixCache::new(allocator.clone(), config.block_size));
         Self {
             config,
             allocator,
+            prefix_cache,
             waiting: WaitingQueue::default(),
             running: BTreeMap::new(),
             subscribers: HashMap::new(),
@@ -132,6 +138,8 @@ impl SchedulerState {
         for &id in &cancelled {
             self.subscribers.remove(&id);
             if let Some(sequence) = self.running.remove(&id) {
+                // What it computed stays valid (no step is in flight): keep it cached.
+                self.cache_computed(&sequence);
                 self.release_on_shards(&sequence);
             }
         }
@@ -149,10 +157,13 @@ impl SchedulerState {
     }
 
     /// Frees a running sequence's blocks and requeues it at the front for recompute.
+    /// Its computed KV goes to the prefix cache first, so that on readmission it finds
+    /// its own prefix again unless the pool needed those blocks meanwhile.
     pub(super) fn preempt(&mut self, id: u64) {
         let Some(mut sequence) = self.running.remove(&id) else {
             return;
         };
+        self.cache_computed(&sequence);
         self.release_on_shards(&sequence);
         sequence.reset_for_recompute(self.allocator.empty());
         self.waiting.push_front(sequence);
@@ -164,6 +175,11 @@ impl SchedulerState {
     /// sequences never reached the shards and keep their place.
     pub fn fail_all(&mut self, message: &str) -> Vec<Delivery> {
         self.in_flight = None;
+        // The failed step may have written into cached blocks' neighbours, and a shard
+        // that failed may come back empty: trust no cached KV.
+        if let Some(cache) = self.prefix_cache.as_mut() {
+            cache.clear();
+        }
         let running = std::mem::take(&mut self.running);
         let mut deliveries = Vec::with_capacity(running.len());
         for (id, sequence) in running {

@@ -78,4 +78,5 @@ fn record_gauges(state: &SchedulerState) {
     metrics::gauge!("textgen_waiting_requests").set(state.waiting_len() as f64);
     metrics::gauge!("textgen_running_requests").set(state.running_len() as f64);
     metrics::gauge!("textgen_kv_blocks_used").set(f64::from(state.allocator().used()));
+    metrics::gauge!("textgen_prefix_cache_blocks").set(state.cached_blocks() as f64);
 }

@@ -2,6 +2,7 @@
 //! deterministic tokens, plus small builders.
 use std::collections::HashMap;
 
+use super::admission::AdmissionPolicy;
 use super::api::{SchedulerConfig, SequenceRequest};
 use crate::pb;
 
@@ -11,6 +12,18 @@ pub fn config(block_size: u32, num_blocks: u32, max_tokens: u32) -> SchedulerCon
         num_blocks,
         max_batch_prefill_tokens: max_tokens,
         max_batch_size: None,
+        prefix_caching: false,
+        admission_policy: AdmissionPolicy::Fifo,
+        admission_age_cap: std::time::Duration::from_secs(5),
+    }
+}
+
+/// `config` with the prefix cache on and longest-prefix-first admission.
+pub fn cached_config(block_size: u32, num_blocks: u32, max_tokens: u32) -> SchedulerConfig {
+    SchedulerConfig {
+        prefix_caching: true,
+        admission_policy: AdmissionPolicy::LongestPrefix,
+        ..config(block_size, num_blocks, max_tokens)
     }
 }
 
@@ -37,6 +50,19 @@ pub fn prompt_logprob(index: u32) -> f32 {
     -(index as f32) / 8.0
 }
 
+/// Identity of the KV at a position: a hash of every token up to and including it.
+/// Equal identities mean equal KV, which is what a cached block must hold.
+fn prefix_identities(tokens: &[u32]) -> Vec<u64> {
+    let mut hash = 0xcbf2_9ce4_8422_2325u64;
+    tokens
+        .iter()
+        .map(|&token| {
+            hash = (hash ^ u64::from(token)).wrapping_mul(0x0100_0000_01b3);
+            hash
+        })
+        .collect()
+}
+
 #[derive(Debug)]
 struct SimSequence {
     tokens: Vec<u32>,
@@ -54,7 +80,13 @@ pub struct ShardSim {
     block_size: u32,
     num_blocks: u32,
     sequences: HashMap<u64, SimSequence>,
-    block_owner: HashMap<u32, u64>,
+    /// Live sequences whose block table lists each block.
+    block_holders: HashMap<u32, Vec<u64>>,
+    /// What each KV slot holds (see `prefix_identities`); survives releases, like
+    /// the shard's KV tensors do.
+    slots: HashMap<u32, Vec<Option<u64>>>,
+    /// Positions announced as cached (`cached_len`) and verified.
+    pub cached_positions: u64,
     next_step_id: u64,
     /// Sequences announced over the sim's life, by id (counts re-announcements).
     pub announcements: HashMap<u64, u32>,
@@ -67,7 +99,9 @@ impl ShardSim {
             block_size,
             num_blocks,
             sequences: HashMap::new(),
-            block_owner: HashMap::new(),
+            block_holders: HashMap::new(),
+            slots: HashMap::new(),
+            cached_positions: 0,
             next_step_id: 0,
             announcements: HashMap::new(),
             steps: 0,
@@ -79,7 +113,28 @@ impl ShardSim {
     }
 
     pub fn live_blocks(&self) -> usize {
-        self.block_owner.len()
+        self.block_holders.len()
+    }
+
+    fn hold(&mut self, block: u32, id: u64) {
+        self.block_holders.entry(block).or_default().push(id);
+    }
+
+    /// Checks that the KV of `tokens[..cached_len]` really is in `blocks`.
+    fn check_cached(&self, id: u64, tokens: &[u32], cached_len: u32, blocks: &[u32]) {
+        let identities = prefix_identities(tokens);
+        for position in 0..cached_len as usize {
+            let block = blocks[position / self.block_size as usize];
+            let slot = self
+                .slots
+                .get(&block)
+                .and_then(|slots| slots[position % self.block_size as usize]);
+            assert_eq!(
+                slot,
+                Some(identities[position]),
+                "sequence {id}: cached position {position} (block {block}) holds other KV"
+            );
+        }
     }
 
     /// Skips a step id (the router sent it but it never arrived here).
@@ -99,7 +154,11 @@ impl ShardSim {
             // reached the shard.
             if let Some(sequence) = self.sequences.remove(id) {
                 for block in sequence.blocks {
-                    self.block_owner.remove(&block);
+                    let holders = self.block_holders.get_mut(&block).expect("held");
+                    holders.retain(|holder| holder != id);
+                    if holders.is_empty() {
+                        self.block_holders.remove(&block);
+                    }
                 }
             }
         }
@@ -111,14 +170,28 @@ impl ShardSim {
             );
             assert!(new.prompt_len as usize <= new.input_ids.len());
             *self.announcements.entry(new.id).or_default() += 1;
+            assert!(
+                (new.cached_len as usize) < new.input_ids.len(),
+                "the last known token must be computed"
+            );
+            assert_eq!(
+                new.block_ids.len() as u32,
+                new.cached_len.div_ceil(self.block_size),
+                "cached blocks hold exactly the cached prefix"
+            );
+            self.check_cached(new.id, &new.input_ids, new.cached_len, &new.block_ids);
+            self.cached_positions += u64::from(new.cached_len);
+            for &block in &new.block_ids {
+                self.hold(block, new.id);
+            }
             self.sequences.insert(
                 new.id,
                 SimSequence {
                     tokens: new.input_ids.clone(),
                     prompt_len: new.prompt_len,
                     seed: new.sampling.as_ref().map_or(0, |s| s.seed),
-                    computed: 0,
-                    blocks: Vec::new(),
+                    computed: new.cached_len,
+                    blocks: new.block_ids.clone(),
                     prefill_logprobs: new.prefill_logprobs,
                 },
             );
@@ -137,19 +210,21 @@ impl ShardSim {
 
     fn run_sequence(&mut self, scheduled: &pb::ScheduledSequence) -> Option<pb::SequenceOutput> {
         let id = scheduled.id;
-        let sequence = self
-            .sequences
-            .get_mut(&id)
-            .expect("scheduled sequence is unknown");
+        assert!(
+            self.sequences.contains_key(&id),
+            "scheduled sequence is unknown"
+        );
         for &block in &scheduled.new_block_ids {
             assert!(block < self.num_blocks, "block {block} out of range");
-            let previous = self.block_owner.insert(block, id);
+            let holders = self.block_holders.get(&block);
             assert!(
-                previous.is_none(),
-                "block {block} given to {id} while {previous:?} holds it"
+                holders.is_none(),
+                "fresh block {block} given to {id} while {holders:?} hold it"
             );
-            sequence.blocks.push(block);
+            self.hold(block, id);
         }
+        let sequence = self.sequences.get_mut(&id).expect("checked above");
+        sequence.blocks.extend(&scheduled.new_block_ids);
         assert!(scheduled.num_tokens > 0, "empty chunk");
         let start = sequence.computed;
         let end = start + scheduled.num_tokens;
@@ -162,6 +237,22 @@ impl ShardSim {
             "KV slots missing"
         );
         sequence.computed = end;
+        // Write the KV of positions start..end; nobody else may be reading those blocks.
+        let identities = prefix_identities(&sequence.tokens);
+        let block_size = self.block_size as usize;
+        for position in start as usize..end as usize {
+            let block = sequence.blocks[position / block_size];
+            assert_eq!(
+                self.block_holders[&block],
+                vec![id],
+                "sequence {id} writes into block {block}, which others hold"
+            );
+            let slots = self
+                .slots
+                .entry(block)
+                .or_insert_with(|| vec![None; block_size]);
+            slots[position % block_size] = Some(identities[position]);
+        }
         let prefill_logprobs: Vec<f32> = if sequence.prefill_logprobs {
             (start..end)
                 .filter(|p| p + 1 < sequence.prompt_len)

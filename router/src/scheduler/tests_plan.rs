@@ -1,120 +1,13 @@
 //! Planning and applying steps without tokio: a harness drives `SchedulerState`
 //! against the protocol-checking `ShardSim`.
-use std::collections::HashMap;
 use std::time::Instant;
 
 use tokio::sync::mpsc;
 
-use super::api::{FinishReason, SchedulerConfig, SequenceEvent, SequenceRequest, Submission};
+use super::api::{FinishReason, SequenceEvent, SequenceRequest, Submission};
 use super::state::SchedulerState;
-use super::test_support::{config, prompt_logprob, request, token_at, CapturedMetrics, ShardSim};
-use crate::pb;
-
-struct Harness {
-    state: SchedulerState,
-    sim: ShardSim,
-    streams: HashMap<u64, mpsc::UnboundedReceiver<SequenceEvent>>,
-    /// Every event received so far, per sequence.
-    seen: HashMap<u64, Vec<SequenceEvent>>,
-}
-
-impl Harness {
-    fn new(config: SchedulerConfig) -> Self {
-        let sim = ShardSim::new(config.block_size, config.num_blocks);
-        Self {
-            state: SchedulerState::new(config),
-            sim,
-            streams: HashMap::new(),
-            seen: HashMap::new(),
-        }
-    }
-
-    /// Queues `request` with its seed set to the id it gets, so that `token_at(id, ..)`
-    /// predicts its tokens.
-    fn submit(&mut self, mut request: SequenceRequest) -> u64 {
-        let (events, stream) = mpsc::unbounded_channel();
-        let expected_id = self.streams.len() as u64;
-        request.sampling.seed = expected_id;
-        let id = self
-            .state
-            .submit(Submission { request, events }, Instant::now())
-            .expect("accepted");
-        assert_eq!(id, expected_id, "ids are handed out in submission order");
-        self.streams.insert(id, stream);
-        id
-    }
-
-    /// One scheduler iteration against the simulated shard; returns what was sent.
-    fn step(&mut self) -> Option<pb::StepRequest> {
-        self.state.drop_cancelled();
-        let planned = self.state.plan_step(Instant::now())?;
-        self.state.deliver(planned.events);
-        let response = self.sim.step(&planned.request);
-        let deliveries = self.state.apply(response);
-        self.state.deliver(deliveries);
-        self.check_pool_accounting();
-        self.collect();
-        Some(planned.request)
-    }
-
-    fn run_to_idle(&mut self, max_steps: usize) -> usize {
-        for steps in 0..max_steps {
-            if self.step().is_none() {
-                return steps;
-            }
-        }
-        panic!("not idle after {max_steps} steps");
-    }
-
-    fn collect(&mut self) {
-        for (&id, stream) in &mut self.streams {
-            while let Ok(event) = stream.try_recv() {
-                self.seen.entry(id).or_default().push(event);
-            }
-        }
-    }
-
-    fn events(&self, id: u64) -> &[SequenceEvent] {
-        self.seen.get(&id).map(Vec::as_slice).unwrap_or(&[])
-    }
-
-    fn tokens(&self, id: u64) -> Vec<u32> {
-        self.events(id)
-            .iter()
-            .filter_map(|event| match event {
-                SequenceEvent::Token(token) => Some(token.id),
-                _ => None,
-            })
-            .collect()
-    }
-
-    fn finished(&self, id: u64) -> Option<(FinishReason, u32)> {
-        self.events(id).iter().find_map(|event| match event {
-            SequenceEvent::Finished {
-                reason,
-                generated_tokens,
-            } => Some((*reason, *generated_tokens)),
-            _ => None,
-        })
-    }
-
-    /// Blocks in use are exactly the blocks running sequences hold.
-    fn check_pool_accounting(&self) {
-        let held: usize = self.state.running.values().map(|s| s.blocks.len()).sum();
-        assert_eq!(self.state.allocator.used() as usize, held);
-    }
-}
-
-fn expected_tokens(seed: u64, prompt_len: u32, count: u32) -> Vec<u32> {
-    (0..count).map(|k| token_at(seed, prompt_len + k)).collect()
-}
-
-fn chunks(step: &pb::StepRequest) -> Vec<(u64, u32, bool)> {
-    step.sequences
-        .iter()
-        .map(|s| (s.id, s.num_tokens, s.sample))
-        .collect()
-}
+use super::test_harness::{chunks, expected_tokens, Harness};
+use super::test_support::{config, prompt_logprob, request, token_at, CapturedMetrics};
 
 #[test]
 fn long_prompt_prefills_in_chunks_and_samples_only_on_the_last() {

@@ -1,6 +1,7 @@
 """Stands in for textgen-router: answers GET /health and drains on SIGTERM.
 
-FAKE_ARGV_DIR records argv; FAKE_EVENTS_FILE gets "drain-start"/"drain-end" lines so tests
+FAKE_ROUTER_UNHEALTHY_AFTER makes /health answer 503 that many seconds after start (a shard
+failed a step). FAKE_ARGV_DIR records argv; FAKE_EVENTS_FILE gets "drain-start"/"drain-end" lines so tests
 can check the router finished before the shards were stopped.
 """
 
@@ -29,9 +30,14 @@ def event(name):
             f.write(f"{name} {time.time()}\n")
 
 
+STARTED = time.monotonic()
+UNHEALTHY_AFTER = float(os.environ.get("FAKE_ROUTER_UNHEALTHY_AFTER", "inf"))
+
+
 class Health(BaseHTTPRequestHandler):
     def do_GET(self):
-        self.send_response(200 if self.path == "/health" else 404)
+        healthy = time.monotonic() - STARTED < UNHEALTHY_AFTER
+        self.send_response((200 if healthy else 503) if self.path == "/health" else 404)
         self.end_headers()
 
     def log_message(self, *_):

@@ -1,8 +1,10 @@
 """Stands in for textgen-shard: serves gRPC Health on {uds}-{rank}.
 
 Behaviour comes from the environment: FAKE_SHARD_CRASH_RANK makes that rank fail while
-"loading"; FAKE_SHARD_CRASH_AFTER_READY_RANK makes it die after binding; FAKE_ARGV_DIR
-records each argv as JSON; FAKE_EVENTS_FILE gets a line when SIGTERM arrives.
+"loading"; FAKE_SHARD_CRASH_AFTER_READY_RANK makes it die after binding;
+FAKE_SHARD_HANG_AFTER_READY_RANK makes it stop answering Health (alive but stuck) a second
+after binding; FAKE_ARGV_DIR records each argv as JSON (and the shard's NCCL_NVLS_ENABLE);
+FAKE_EVENTS_FILE gets a line when SIGTERM arrives.
 """
 
 import argparse
@@ -27,6 +29,8 @@ args, _ = parser.parse_known_args()
 if os.environ.get("FAKE_ARGV_DIR"):
     with open(os.path.join(os.environ["FAKE_ARGV_DIR"], f"shard-{args.rank}.json"), "w") as f:
         json.dump(sys.argv[1:], f)
+    with open(os.path.join(os.environ["FAKE_ARGV_DIR"], f"shard-{args.rank}-nvls.txt"), "w") as f:
+        f.write(os.environ.get("NCCL_NVLS_ENABLE", "unset"))
 
 if os.environ.get("FAKE_SHARD_CRASH_RANK") == str(args.rank):
     print("loading weights...", file=sys.stderr)
@@ -35,11 +39,19 @@ if os.environ.get("FAKE_SHARD_CRASH_RANK") == str(args.rank):
 
 stop = threading.Event()
 signal.signal(signal.SIGTERM, lambda *_: stop.set())
+stuck = threading.Event()
+
+
+def health(request, context):
+    if stuck.is_set():
+        context.abort(grpc.StatusCode.UNAVAILABLE, "stuck")
+    return b""
+
 
 server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
 handler = grpc.method_handlers_generic_handler(
     "textgen.shard.v1.TextGenerationShard",
-    {"Health": grpc.unary_unary_rpc_method_handler(lambda request, context: b"")})
+    {"Health": grpc.unary_unary_rpc_method_handler(health)})
 server.add_generic_rpc_handlers((handler,))
 server.add_insecure_port(f"unix://{args.uds_path}-{args.rank}")
 server.start()
@@ -49,6 +61,11 @@ if os.environ.get("FAKE_SHARD_CRASH_AFTER_READY_RANK") == str(args.rank):
     time.sleep(1.0)
     print("CUDA error: an illegal memory access", file=sys.stderr, flush=True)
     os._exit(7)
+
+if os.environ.get("FAKE_SHARD_HANG_AFTER_READY_RANK") == str(args.rank):
+    time.sleep(1.0)
+    print("stuck in a collective", file=sys.stderr, flush=True)
+    stuck.set()
 
 stop.wait()
 if os.environ.get("FAKE_EVENTS_FILE"):

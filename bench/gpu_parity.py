@@ -1,0 +1,110 @@
+"""Greedy tokens and logits of the triton backend (with CUDA graphs) against `reference`,
+on the same model in one process: 8 prompts x 128 new tokens, decoded as one batch."""
+
+from __future__ import annotations
+
+import random
+
+import torch
+
+from shard_server.attention.reference import ReferenceAttention
+from shard_server.pb import generate_pb2 as pb
+from shard_server.runner import ModelRunner
+from shard_server.warmup import PoolSizing, warmup
+
+
+def _greedy_batch(runner: ModelRunner, prompts: list[list[int]], new_tokens: int):
+    """Returns (tokens per prompt, first-step logits of every prompt)."""
+    bs = runner.block_size
+    blocks, next_block = {}, 0
+
+    def grow(i: int, total: int) -> list[int]:
+        nonlocal next_block
+        need = -(-total // bs) - blocks.get(i, 0)
+        blocks[i] = blocks.get(i, 0) + need
+        taken = list(range(next_block, next_block + need))
+        next_block += need
+        return taken
+
+    request = pb.StepRequest(step_id=1)
+    for i, p in enumerate(prompts):
+        request.new_sequences.add(id=i, input_ids=p, prompt_len=len(p))
+        request.sequences.add(id=i, num_tokens=len(p), new_block_ids=grow(i, len(p)), sample=True)
+    captured = {}
+    original = runner.model.compute_logits
+
+    def recording(hidden):
+        logits = original(hidden)
+        captured.setdefault("first", logits.clone())
+        return logits
+
+    runner.model.compute_logits = recording
+    try:
+        response = runner.step(request)
+    finally:
+        runner.model.compute_logits = original
+    out = {i: [] for i in range(len(prompts))}
+    for step in range(new_tokens - 1):
+        for o in response.outputs:
+            out[o.id].append(o.token.id)
+        request = pb.StepRequest(step_id=step + 2)
+        for i, p in enumerate(prompts):
+            request.sequences.add(id=i, num_tokens=1, new_block_ids=grow(i, len(p) + len(out[i])), sample=True)
+        response = runner.step(request)
+    for o in response.outputs:
+        out[o.id].append(o.token.id)
+    request = pb.StepRequest(step_id=10**6, released_ids=list(range(len(prompts))))
+    runner.step(request)
+    return [out[i] for i in range(len(prompts))], captured["first"]
+
+
+def compare_backends(runner: ModelRunner, shape, text_vocab: int, prompts: int = 8, new_tokens: int = 128):
+    rng = random.Random(0)
+    batch = [[rng.randrange(17, text_vocab) for _ in range(rng.randint(16, 200))] for _ in range(prompts)]
+    triton_tokens, triton_logits = _greedy_batch(runner, batch, new_tokens)
+    graphs = runner.graphs
+    runner.graphs = None
+    reference = ReferenceAttention(shape)
+    saved = [layer.self_attn.backend for layer in runner.model.layers]
+    for layer in runner.model.layers:
+        layer.self_attn.backend = reference
+    runner.backend = reference
+    try:
+        ref_tokens, ref_logits = _greedy_batch(runner, batch, new_tokens)
+    finally:
+        for layer, backend in zip(runner.model.layers, saved):
+            layer.self_attn.backend = backend
+        runner.backend, runner.graphs = saved[0], graphs
+    same = sum(a == b for t, r in zip(triton_tokens, ref_tokens) for a, b in zip(t, r))
+    prefix = []
+    for t, r in zip(triton_tokens, ref_tokens):
+        n = next((k for k, (a, b) in enumerate(zip(t, r)) if a != b), len(t))
+        prefix.append(n)
+    diff = (triton_logits - ref_logits).abs()
+    return {
+        "prompts": prompts,
+        "new_tokens": new_tokens,
+        "positionwise_token_agreement": same / (prompts * new_tokens),
+        "tokens_before_first_divergence": prefix,
+        "first_step_logits_max_abs_diff": float(diff.max()),
+        "first_step_logits_max_abs": float(ref_logits.abs().max()),
+        "first_step_logits_rel_l2": float(diff.norm() / ref_logits.norm()),
+    }
+
+
+def parity_runner(model_dir, graph_sizes=(1, 2, 4, 8)) -> tuple[ModelRunner, object]:  # noqa: E501
+    from shard_server.distributed import ParallelContext
+    from shard_server.kv_cache import KVSpec
+    from shard_server.models.config import ModelConfig
+    from shard_server.models.registry import attention_shape, build_model
+    from shard_server.weights import WeightStore, read_config
+
+    cfg = ModelConfig.from_dict(read_config(model_dir))
+    device = torch.device("cuda")
+    ctx = ParallelContext()
+    with WeightStore(model_dir) as store:
+        model = build_model(cfg, store, ctx, "triton", torch.bfloat16, device)
+    spec = KVSpec(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, 16, torch.bfloat16)
+    runner = ModelRunner(model, spec, device)
+    warmup(runner, 4096, max(graph_sizes), PoolSizing(0, 0.4, tuple(graph_sizes)))
+    return runner, attention_shape(cfg, ctx)

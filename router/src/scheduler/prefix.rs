@@ -1,0 +1,121 @@
+//! The scheduler's use of the radix prefix cache: looking a waiting sequence up,
+//! caching what a sequence computed, and evicting when the free pool runs short.
+//!
+//! Only KV that a completed step wrote is cached: the scheduler caches after applying a
+//! step's response, or between steps (preemption, cancellation), never while a step
+//! that writes those positions is in flight.
+use super::admission::Candidate;
+use super::sequence::Sequence;
+use super::state::SchedulerState;
+use crate::kv::{PrefixMatch, RadixCache};
+
+/// Whether a sequence may start from cached KV. Prompt logprobs need every prompt
+/// position computed, so `decoder_input_details` bypasses the cache (until its first
+/// token is out: a preempted one may then reuse its own prefix).
+fn may_use_cache(sequence: &Sequence) -> bool {
+    !sequence.wants_prefill_logprobs()
+}
+
+/// The tokens a lookup may match: all but the last known one, which is always computed
+/// so that the step has logits to sample from.
+fn lookup_tokens(tokens: &[u32]) -> &[u32] {
+    &tokens[..tokens.len().saturating_sub(1)]
+}
+
+/// The cached prefix of `sequence`, with references taken (None: cache off or bypassed).
+pub(super) fn lookup(cache: Option<&mut RadixCache>, sequence: &Sequence) -> Option<PrefixMatch> {
+    let cache = cache?;
+    if !may_use_cache(sequence) {
+        return None;
+    }
+    let tokens = sequence.known_tokens();
+    Some(cache.match_prefix(lookup_tokens(&tokens)))
+}
+
+fn insert_computed(cache: &mut RadixCache, sequence: &Sequence) {
+    let tokens = sequence.known_tokens();
+    let computed = (sequence.computed as usize).min(tokens.len());
+    cache.insert(
+        &tokens[..computed],
+        &sequence.blocks,
+        sequence.prompt_len() as usize,
+    );
+}
+
+/// What an admission got from the cache, for the metrics.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct CacheHit {
+    pub tokens: usize,
+    /// Of `tokens`, those that an earlier request generated (e.g. a previous answer).
+    pub generated_tokens: usize,
+}
+
+/// Counts an admission's lookup: tokens queried and tokens served from the cache.
+pub(super) fn record_lookup(queried: usize, hit: &CacheHit) {
+    metrics::counter!("textgen_prefix_cache_queries_tokens_total").increment(queried as u64);
+    metrics::counter!("textgen_prefix_cache_hits_tokens_total").increment(hit.tokens as u64);
+    metrics::counter!("textgen_prefix_cache_hits_generated_tokens_total")
+        .increment(hit.generated_tokens as u64);
+}
+
+impl SchedulerState {
+    /// What the admission policy needs to know about each waiting sequence.
+    pub(super) fn admission_candidates(&self, now: std::time::Instant) -> Vec<Candidate> {
+        let window = super::admission::RANKED_WINDOW;
+        self.waiting
+            .iter()
+            .enumerate()
+            .map(|(position, sequence)| {
+                let cached_tokens = match &self.prefix_cache {
+                    Some(cache) if position < window && may_use_cache(sequence) => {
+                        cache.match_len(lookup_tokens(&sequence.known_tokens()))
+                    }
+                    _ => 0,
+                };
+                Candidate {
+                    id: sequence.id,
+                    preempted: sequence.started,
+                    waited: now.saturating_duration_since(sequence.submitted_at),
+                    cached_tokens,
+                }
+            })
+            .collect()
+    }
+
+    /// Caches the whole blocks `sequence` has computed (prompt and generated tokens).
+    pub(super) fn cache_computed(&mut self, sequence: &Sequence) {
+        if let Some(cache) = self.prefix_cache.as_mut() {
+            insert_computed(cache, sequence);
+        }
+    }
+
+    /// Caches the progress of a running sequence (after a step computed a chunk of it).
+    pub(super) fn cache_running(&mut self, id: u64) {
+        if let (Some(cache), Some(sequence)) = (self.prefix_cache.as_mut(), self.running.get(&id)) {
+            insert_computed(cache, sequence);
+        }
+    }
+
+    /// Makes `blocks` free blocks available, evicting unused cached prefixes if the
+    /// free pool is short. Returns whether there are enough now.
+    pub(super) fn ensure_free(&mut self, blocks: u64) -> bool {
+        let free = u64::from(self.allocator.free());
+        if free < blocks {
+            if let Some(cache) = self.prefix_cache.as_mut() {
+                let evicted = cache.evict((blocks - free) as usize);
+                if evicted > 0 {
+                    metrics::counter!("textgen_prefix_cache_evicted_blocks_total")
+                        .increment(evicted as u64);
+                }
+            }
+        }
+        u64::from(self.allocator.free()) >= blocks
+    }
+
+    /// Blocks held by the prefix cache (0 when it is off).
+    pub fn cached_blocks(&self) -> usize {
+        self.prefix_cache
+            .as_ref()
+            .map_or(0, RadixCache::cached_blocks)
+    }
+}

@@ -1,0 +1,129 @@
+//! Drives `SchedulerState` step by step against the protocol-checking `ShardSim`,
+//! without tokio, collecting every event per sequence.
+use std::collections::{HashMap, HashSet};
+use std::time::Instant;
+
+use tokio::sync::mpsc;
+
+use super::api::{FinishReason, SchedulerConfig, SequenceEvent, SequenceRequest, Submission};
+use super::state::SchedulerState;
+use super::test_support::{token_at, ShardSim};
+use crate::pb;
+
+pub struct Harness {
+    pub state: SchedulerState,
+    pub sim: ShardSim,
+    pub streams: HashMap<u64, mpsc::UnboundedReceiver<SequenceEvent>>,
+    /// Every event received so far, per sequence.
+    seen: HashMap<u64, Vec<SequenceEvent>>,
+    submitted: u64,
+}
+
+impl Harness {
+    pub fn new(config: SchedulerConfig) -> Self {
+        let sim = ShardSim::new(config.block_size, config.num_blocks);
+        Self {
+            state: SchedulerState::new(config),
+            sim,
+            streams: HashMap::new(),
+            seen: HashMap::new(),
+            submitted: 0,
+        }
+    }
+
+    /// Queues `request` with its seed set to the id it gets, so that `token_at(id, ..)`
+    /// predicts its tokens.
+    pub fn submit(&mut self, mut request: SequenceRequest) -> u64 {
+        let (events, stream) = mpsc::unbounded_channel();
+        let expected_id = self.submitted;
+        self.submitted += 1;
+        request.sampling.seed = expected_id;
+        let id = self
+            .state
+            .submit(Submission { request, events }, Instant::now())
+            .expect("accepted");
+        assert_eq!(id, expected_id, "ids are handed out in submission order");
+        self.streams.insert(id, stream);
+        id
+    }
+
+    /// One scheduler iteration against the simulated shard; returns what was sent.
+    pub fn step(&mut self) -> Option<pb::StepRequest> {
+        self.state.drop_cancelled();
+        let planned = self.state.plan_step(Instant::now())?;
+        self.state.deliver(planned.events);
+        let response = self.sim.step(&planned.request);
+        let deliveries = self.state.apply(response);
+        self.state.deliver(deliveries);
+        self.check_pool_accounting();
+        self.collect();
+        Some(planned.request)
+    }
+
+    pub fn run_to_idle(&mut self, max_steps: usize) -> usize {
+        for steps in 0..max_steps {
+            if self.step().is_none() {
+                return steps;
+            }
+        }
+        panic!("not idle after {max_steps} steps");
+    }
+
+    pub fn collect(&mut self) {
+        for (&id, stream) in &mut self.streams {
+            while let Ok(event) = stream.try_recv() {
+                self.seen.entry(id).or_default().push(event);
+            }
+        }
+    }
+
+    pub fn events(&self, id: u64) -> &[SequenceEvent] {
+        self.seen.get(&id).map(Vec::as_slice).unwrap_or(&[])
+    }
+
+    pub fn tokens(&self, id: u64) -> Vec<u32> {
+        self.events(id)
+            .iter()
+            .filter_map(|event| match event {
+                SequenceEvent::Token(token) => Some(token.id),
+                _ => None,
+            })
+            .collect()
+    }
+
+    pub fn finished(&self, id: u64) -> Option<(FinishReason, u32)> {
+        self.events(id).iter().find_map(|event| match event {
+            SequenceEvent::Finished {
+                reason,
+                generated_tokens,
+            } => Some((*reason, *generated_tokens)),
+            _ => None,
+        })
+    }
+
+    /// Blocks in use are exactly the blocks running sequences or the prefix cache hold.
+    pub fn check_pool_accounting(&self) {
+        let mut held: HashSet<u32> = self
+            .state
+            .running
+            .values()
+            .flat_map(|s| s.blocks.ids().iter().copied())
+            .collect();
+        if let Some(cache) = &self.state.prefix_cache {
+            cache.check_invariants();
+            held.extend(cache.entries().into_iter().map(|(_, block)| block));
+        }
+        assert_eq!(self.state.allocator.used() as usize, held.len());
+    }
+}
+
+pub fn expected_tokens(seed: u64, prompt_len: u32, count: u32) -> Vec<u32> {
+    (0..count).map(|k| token_at(seed, prompt_len + k)).collect()
+}
+
+pub fn chunks(step: &pb::StepRequest) -> Vec<(u64, u32, bool)> {
+    step.sequences
+        .iter()
+        .map(|s| (s.id, s.num_tokens, s.sample))
+        .collect()
+}

@@ -1,0 +1,210 @@
+"""The `triton` attention backend: Triton kernels over the shared paged KV layout.
+
+Per step, the host packs everything the kernels need into one int32 buffer (one copy to
+the device): the slot of each new token, each sequence's query start, query length,
+context length and block table, and the list of query tiles. Sequences with few query
+tokens (decodes, tiny chunks) go to a launch with small tiles, longer prefill chunks to a
+launch with 128-row tiles; both run the same kernel.
+
+A step can be padded to a fixed batch (`pad_to`) and table width so its metadata has fixed
+shapes: CUDA graphs capture a decode step once and `refill` rewrites the buffer in place.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .base import AttentionBackend, AttentionShape, StepLayout
+from .triton_kernels import kernels_for
+
+LOG2_E = 1.4426950408889634
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    block_q: int  # query tokens per tile
+    block_n: int  # keys per inner iteration
+    num_warps: int
+    num_stages: int
+
+
+@dataclass
+class TileLaunch:
+    config: TileConfig
+    tile_seq: torch.Tensor
+    tile_first: torch.Tensor
+
+    @property
+    def num_tiles(self) -> int:
+        return self.tile_seq.shape[0]
+
+
+@dataclass
+class TritonMetadata:
+    packed: torch.Tensor  # the one int32 buffer all views below live in
+    slot_mapping: torch.Tensor  # [T]; -1 for padding tokens
+    query_starts: torch.Tensor  # [B]
+    query_lens: torch.Tensor
+    context_lens: torch.Tensor
+    block_tables: torch.Tensor  # [B, width]
+    launches: list[TileLaunch]
+    pad_to: int | None
+    width: int
+
+
+def _next_power_of_two(n: int) -> int:
+    return 1 << max(0, math.ceil(math.log2(max(1, n))))
+
+
+class TritonPagedAttention(AttentionBackend):
+    name = "triton"
+
+    def __init__(self, shape: AttentionShape):
+        if shape.num_heads % shape.num_kv_heads:
+            raise ValueError(f"{shape.num_heads} query heads do not split over {shape.num_kv_heads} KV heads")
+        self.shape = shape
+        self.group = shape.num_heads // shape.num_kv_heads
+        self.group_p = _next_power_of_two(self.group)
+        self.head_dim_p = max(16, _next_power_of_two(shape.head_dim))
+        # tl.dot needs >= 16 rows: decode tiles stack GROUP_P heads x block_q tokens.
+        self.small = TileConfig(block_q=max(1, 16 // self.group_p), block_n=64, num_warps=4, num_stages=2)
+        self.large = TileConfig(block_q=max(1, 128 // self.group_p), block_n=64, num_warps=8, num_stages=2)
+
+    # -- per-step planning -------------------------------------------------------------
+    def build_metadata(
+        self, layout: StepLayout, device: torch.device, pad_to: int | None = None, width: int | None = None
+    ) -> TritonMetadata:
+        host, sections, width = self._pack(layout, pad_to, width)
+        packed = host.to(device, non_blocking=True)
+        return self._views(packed, sections, pad_to, width)
+
+    def refill(self, metadata: TritonMetadata, layout: StepLayout) -> None:
+        """Rewrites a padded metadata buffer in place for a layout of the same shape."""
+        host, _, _ = self._pack(layout, metadata.pad_to, metadata.width)
+        if host.shape != metadata.packed.shape:
+            raise ValueError("refill needs a layout packing to the same shape as the captured one")
+        metadata.packed.copy_(host, non_blocking=True)
+
+    def _pack(self, layout: StepLayout, pad_to: int | None, width: int | None):
+        """One int32 host buffer with every section, built without per-sequence numpy calls."""
+        bs = layout.block_size
+        q_lens = np.asarray(layout.query_lens, dtype=np.int32)
+        ctx_lens = np.asarray(layout.context_lens, dtype=np.int32)
+        real = len(q_lens)
+        batch = real if pad_to is None else pad_to
+        if batch < real:
+            raise ValueError(f"cannot pad {real} sequences to {pad_to}")
+        used = -(-ctx_lens // bs)
+        needed = int(used.max()) if real else 1
+        width = max(1, needed) if width is None else width
+        if needed > width:
+            raise ValueError(f"a block table of {needed} blocks exceeds the width {width}")
+        tables = np.zeros((batch, width), dtype=np.int32)
+        if real:
+            flat = np.fromiter(
+                itertools.chain.from_iterable(t[:u] for t, u in zip(layout.block_tables, used.tolist())),
+                dtype=np.int32,
+                count=int(used.sum()),
+            )
+            tables[:real][np.arange(width)[None, :] < used[:, None]] = flat
+        tokens = int(q_lens.sum())
+        extra = batch - real
+        starts = np.zeros(batch, dtype=np.int32)
+        np.cumsum(q_lens[:-1], out=starts[1:real])
+        starts[real:] = np.arange(tokens, tokens + extra, dtype=np.int32)
+        # Slot of every new token: its sequence's block for its position. Padding: -1.
+        owner = np.repeat(np.arange(real, dtype=np.int32), q_lens)
+        positions = ctx_lens[owner] - q_lens[owner] + np.arange(tokens, dtype=np.int32) - starts[owner]
+        slots = np.full(tokens + extra, -1, dtype=np.int32)
+        slots[:tokens] = tables[owner, positions // bs] * bs + positions % bs
+        # Padding: one query token each, no context.
+        q_padded = np.concatenate([q_lens, np.ones(extra, dtype=np.int32)])
+        ctx_padded = np.concatenate([ctx_lens, np.zeros(extra, dtype=np.int32)])
+        parts = [slots, starts, q_padded, ctx_padded, tables.reshape(-1)]
+        sections = [(name, part.shape[0]) for name, part in zip(("slots", "starts", "q_lens", "ctx_lens", "tables"), parts)]
+        for config, seqs, firsts in self._tiles(q_padded):
+            sections.append((config, len(seqs)))
+            parts += [seqs, firsts]
+        return torch.from_numpy(np.concatenate(parts)), sections, width
+
+    def _tiles(self, q_lens: np.ndarray):
+        """Per tile config: (config, sequence of each tile, first query offset of each tile)."""
+        plans = []
+        small = q_lens <= self.small.block_q
+        for config, chosen in ((self.small, small), (self.large, ~small)):
+            seqs = np.flatnonzero(chosen).astype(np.int32)
+            if not len(seqs):
+                continue
+            counts = -(-q_lens[seqs] // config.block_q)
+            tile_seq = np.repeat(seqs, counts)
+            first_tile = np.repeat(np.cumsum(counts) - counts, counts)
+            firsts = (np.arange(len(tile_seq), dtype=np.int32) - first_tile).astype(np.int32) * config.block_q
+            plans.append((config, tile_seq, firsts))
+        return plans
+
+    @staticmethod
+    def _views(packed: torch.Tensor, sections, pad_to, width) -> TritonMetadata:
+        offset, named, launches = 0, {}, []
+        for name, size in sections:
+            if isinstance(name, TileConfig):
+                seqs = packed[offset : offset + size]
+                firsts = packed[offset + size : offset + 2 * size]
+                launches.append(TileLaunch(name, seqs, firsts))
+                offset += 2 * size
+            else:
+                named[name] = packed[offset : offset + size]
+                offset += size
+        batch = named["starts"].shape[0]
+        return TritonMetadata(
+            packed=packed,
+            slot_mapping=named["slots"],
+            query_starts=named["starts"],
+            query_lens=named["q_lens"],
+            context_lens=named["ctx_lens"],
+            block_tables=named["tables"].view(batch, width),
+            launches=launches,
+            pad_to=pad_to,
+            width=width,
+        )
+
+    # -- per-layer compute -------------------------------------------------------------
+    def forward(self, q, k, v, k_cache, v_cache, metadata: TritonMetadata) -> torch.Tensor:
+        shape = self.shape
+        store_kv, attention = kernels_for(q.device.type)
+        k, v = _rows_contiguous(k), _rows_contiguous(v)
+        width = shape.num_kv_heads * shape.head_dim
+        tokens = q.shape[0]
+        if tokens:
+            store_kv[(tokens,)](
+                k, v, k_cache, v_cache, metadata.slot_mapping, k.stride(0), v.stride(0),
+                WIDTH=width, WIDTH_P=_next_power_of_two(width),
+            )  # fmt: skip
+        q = _rows_contiguous(q)
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        for launch in metadata.launches:
+            config = launch.config
+            attention[(launch.num_tiles, shape.num_kv_heads)](
+                q, k_cache, v_cache, out,
+                launch.tile_seq, launch.tile_first,
+                metadata.query_starts, metadata.query_lens, metadata.context_lens, metadata.block_tables,
+                q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+                metadata.width, shape.scale * LOG2_E,
+                KV_HEADS=shape.num_kv_heads, GROUP=self.group, GROUP_P=self.group_p,
+                BLOCK_Q=config.block_q, BLOCK_N=config.block_n, PAGE=k_cache.shape[1],
+                HEAD_DIM=shape.head_dim, HEAD_DIM_P=self.head_dim_p,
+                IEEE=q.dtype == torch.float32, WINDOW=shape.sliding_window or 0,
+                num_warps=config.num_warps, num_stages=config.num_stages,
+            )  # fmt: skip
+        return out
+
+
+def _rows_contiguous(x: torch.Tensor) -> torch.Tensor:
+    """[T, heads, D] with each row's heads and dims densely packed (the row stride is free)."""
+    if x.stride(2) == 1 and x.stride(1) == x.shape[2]:
+        return x
+    return x.contiguous()

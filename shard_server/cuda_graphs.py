@@ -1,0 +1,149 @@
+"""Decode-only steps replayed from CUDA graphs, one per padded batch size.
+
+A decode step of B sequences runs the graph of the smallest captured size >= B: its token
+ids, positions and attention metadata are copied into the graph's static inputs (padding
+rows write no KV slot and attend to nothing), the graph replays, and the first B rows of its
+static outputs are the step's results: float32 logits from lm_head, and the greedy token of
+each row with its logprob, so a greedy batch needs no kernel outside the graph. One replay
+replaces hundreds of kernel launches, which at small batch is most of a step's time.
+
+Graphs share one memory pool and are captured largest first, so the smaller ones reuse its
+buffers. They hold the KV pool's addresses: capture after the final pool is allocated.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from .attention.base import StepLayout
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256)
+
+
+def parse_sizes(text: str) -> tuple[int, ...]:
+    """TGI's `--cuda-graphs`: comma-separated batch sizes; "0" disables graphs."""
+    try:
+        sizes = sorted({int(part) for part in text.split(",") if part.strip()})
+    except ValueError:
+        raise ValueError(f"--cuda-graphs takes comma-separated integers, got {text!r}") from None
+    if sizes == [0]:
+        return ()
+    if not sizes or sizes[0] < 1:
+        raise ValueError(f"--cuda-graphs sizes must be >= 1 (or just 0 to disable), got {text!r}")
+    return tuple(sizes)
+
+
+@dataclass
+class CapturedStep:
+    size: int
+    graph: torch.cuda.CUDAGraph
+    input_ids: torch.Tensor  # [size] static inputs
+    positions: torch.Tensor
+    metadata: object  # the backend's padded metadata, refilled in place
+    outputs: DecodeOutputs  # static outputs, [size, ...]
+
+
+@dataclass
+class DecodeOutputs:
+    logits: torch.Tensor  # [B, vocab] float32
+    greedy_ids: torch.Tensor  # [B] argmax of each row
+    greedy_logprobs: torch.Tensor  # [B] log-softmax at the argmax
+
+    def rows(self, count: int) -> DecodeOutputs:
+        return DecodeOutputs(self.logits[:count], self.greedy_ids[:count], self.greedy_logprobs[:count])
+
+    def select(self, index: torch.Tensor) -> DecodeOutputs:
+        return DecodeOutputs(*(t.index_select(0, index) for t in (self.logits, self.greedy_ids, self.greedy_logprobs)))
+
+
+def decode_outputs(model, hidden: torch.Tensor) -> DecodeOutputs:
+    """lm_head and the greedy choice, in the form a graph can capture."""
+    logits = model.compute_logits(hidden)
+    greedy_ids = logits.argmax(dim=1)
+    chosen = logits.gather(1, greedy_ids.unsqueeze(1)).squeeze(1)
+    return DecodeOutputs(logits, greedy_ids, chosen - logits.logsumexp(dim=1))
+
+
+class DecodeGraphs:
+    def __init__(self, model, backend, block_size: int, max_positions: int, device: torch.device):
+        if not hasattr(backend, "refill"):
+            raise ValueError(f"the {backend.name} attention backend cannot run from CUDA graphs")
+        self.model = model
+        self.backend = backend
+        self.block_size = block_size
+        self.width = -(-max_positions // block_size)  # block-table columns: the longest sequence
+        self.device = device
+        self.steps: dict[int, CapturedStep] = {}
+        self.pool = None
+
+    @property
+    def sizes(self) -> list[int]:
+        return sorted(self.steps)
+
+    def capture(self, sizes, kv_cache) -> None:
+        """Captures one graph per size against `kv_cache` (largest first, one shared pool)."""
+        self.release()
+        self.pool = torch.cuda.graph_pool_handle()
+        for size in sorted(sizes, reverse=True):
+            self.steps[size] = self._capture_one(size, kv_cache)
+
+    def release(self) -> None:
+        self.steps.clear()
+        self.pool = None
+
+    def _capture_one(self, size: int, kv_cache) -> CapturedStep:
+        empty = StepLayout([], [], [], self.block_size)  # all padding: touches no KV slot
+        metadata = self.backend.build_metadata(empty, self.device, pad_to=size, width=self.width)
+        input_ids = torch.zeros(size, dtype=torch.long, device=self.device)
+        positions = torch.zeros(size, dtype=torch.long, device=self.device)
+        # One eager run first: compiles kernels and settles lazy allocations outside the capture.
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            decode_outputs(self.model, self.model(input_ids, positions, kv_cache, metadata))
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            outputs = decode_outputs(self.model, self.model(input_ids, positions, kv_cache, metadata))
+        return CapturedStep(size, graph, input_ids, positions, metadata, outputs)
+
+    def size_for(self, layout: StepLayout) -> int | None:
+        """The graph size that can run this step, or None (not decode-only, too big, too long)."""
+        batch = len(layout.query_lens)
+        if not self.steps or batch > self.sizes[-1] or any(n != 1 for n in layout.query_lens):
+            return None
+        if max(layout.context_lens) > self.width * self.block_size:
+            return None
+        return self.size_for_batch(batch)
+
+    def size_for_batch(self, batch: int) -> int | None:
+        return next((size for size in self.sizes if size >= batch), None)
+
+    def run(self, size: int, input_ids: list[int], positions: list[int], layout: StepLayout) -> DecodeOutputs:
+        step = self.steps[size]
+        batch = len(input_ids)
+        padding = [0] * (size - batch)
+        host = torch.tensor([input_ids + padding, positions + padding], dtype=torch.long)
+        step.input_ids.copy_(host[0], non_blocking=True)
+        step.positions.copy_(host[1], non_blocking=True)
+        self.backend.refill(step.metadata, layout)
+        step.graph.replay()
+        return step.outputs.rows(batch)
+
+
+def graph_memory_bytes(graphs: DecodeGraphs, size: int, kv_cache) -> int:
+    """Device memory one capture of `size` takes (the shared pool is about the largest graph's)."""
+    device = graphs.device
+    torch.cuda.synchronize(device)
+    free_before, _ = torch.cuda.mem_get_info(device)
+    graphs.capture([size], kv_cache)
+    torch.cuda.synchronize(device)
+    free_after, _ = torch.cuda.mem_get_info(device)
+    graphs.release()
+    torch.cuda.empty_cache()
+    return max(0, free_before - free_after)

@@ -1,0 +1,116 @@
+"""The fused Triton kernels (RMSNorm + residual, SiLU·mul, in-place rotary) against the
+plain-torch paths they replace, and a whole model with them against the model without.
+
+On CPU the kernels run through Triton's interpreter (forced on with `on_cpu=True`).
+Tolerances: float32 1e-5; bf16 one rounding step (the kernels round once where torch
+rounds after every op), so 2e-2 absolute on unit-scale values.
+"""
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from shard_server.kernels.dispatch import fused_kernels, use_fused  # noqa: E402
+from shard_server.layers.norm import RMSNorm  # noqa: E402
+from shard_server.layers.rotary import RotaryEmbedding, apply_rotary  # noqa: E402
+from shard_server.models.config import RopeScaling  # noqa: E402
+
+from shard_server.attention.base import StepLayout  # noqa: E402
+from shard_server.distributed import ParallelContext  # noqa: E402
+from shard_server.kv_cache import KVCache, KVSpec  # noqa: E402
+from shard_server.models.config import ModelConfig  # noqa: E402
+from shard_server.models.registry import build_model  # noqa: E402
+from shard_server.weights import WeightStore, read_config  # noqa: E402
+
+from .tiny_models import make_tiny_model  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 2e-3}
+DTYPES = [torch.float32, torch.bfloat16]
+
+
+def _randn(*shape, dtype, seed):
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=gen).to(dtype=dtype, device=DEVICE)
+
+
+def test_switch_controls_the_fused_path():
+    x = torch.zeros(2, 2, device=DEVICE)
+    with fused_kernels(False):
+        assert not use_fused(x)
+    with fused_kernels(True, on_cpu=True):
+        assert use_fused(x)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("hidden", [64, 96])  # 96: a masked, non-power-of-two row
+def test_add_rmsnorm_matches_torch(dtype, hidden):
+    norm = RMSNorm(hidden, 1e-5, dtype, torch.device(DEVICE))
+    norm.weight.copy_(_randn(hidden, dtype=dtype, seed=1))
+    x, residual = _randn(5, hidden, dtype=dtype, seed=2), _randn(5, hidden, dtype=dtype, seed=3)
+    with fused_kernels(False):
+        want_out, want_sum = norm.add_and_norm(x, residual)
+        want_plain = norm(x)
+    with fused_kernels(True, on_cpu=True):
+        got_out, got_sum = norm.add_and_norm(x, residual)
+        got_plain = norm(x)
+    atol = TOLERANCE[dtype]
+    torch.testing.assert_close(got_sum, want_sum, atol=atol, rtol=atol)  # the interpreter may truncate
+    torch.testing.assert_close(got_out, want_out, atol=atol, rtol=atol)
+    torch.testing.assert_close(got_plain, want_plain, atol=atol, rtol=atol)
+    assert got_out.abs().max() > 0.5
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_silu_mul_matches_torch(dtype):
+    from torch.nn import functional as F
+
+    from shard_server.kernels.activation import fused_silu_mul
+
+    gate_up = _randn(3, 2 * 1100, dtype=dtype, seed=4) * 3  # 1100: two column blocks, masked
+    gate, up = gate_up.chunk(2, dim=-1)
+    with fused_kernels(True, on_cpu=True):
+        got = fused_silu_mul(gate_up)
+    torch.testing.assert_close(got, F.silu(gate) * up, atol=TOLERANCE[dtype] * 4, rtol=TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rotary_in_place_matches_torch(dtype):
+    heads, kv_heads, dim, tokens = 6, 2, 32, 7  # 6 heads: a masked, non-power-of-two head count
+    rotary = RotaryEmbedding(dim, 64, 10000.0, RopeScaling(), dtype, torch.device(DEVICE))
+    qkv = _randn(tokens, (heads + 2 * kv_heads) * dim, dtype=dtype, seed=5)
+    positions = torch.tensor([0, 3, 9, 17, 40, 41, 63], device=DEVICE)
+    q = qkv[:, : heads * dim].view(tokens, heads, dim)
+    k = qkv[:, heads * dim : (heads + kv_heads) * dim].view(tokens, kv_heads, dim)
+    v_before = qkv[:, (heads + kv_heads) * dim :].clone()
+    cos, sin = rotary.lookup(positions)
+    want_q, want_k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+    with fused_kernels(True, on_cpu=True):
+        got_q, got_k = rotary.for_step(positions).apply(q, k)
+    assert got_q.data_ptr() == q.data_ptr()  # rotated in place, inside the qkv buffer
+    atol = TOLERANCE[dtype]
+    torch.testing.assert_close(got_q, want_q, atol=atol, rtol=atol)
+    torch.testing.assert_close(got_k, want_k, atol=atol, rtol=atol)
+    torch.testing.assert_close(qkv[:, (heads + kv_heads) * dim :], v_before, atol=0, rtol=0)
+
+
+def test_model_logits_with_fused_kernels_match_torch(tmp_path):
+    make_tiny_model("llama", tmp_path)
+    device = torch.device(DEVICE)
+    config = ModelConfig.from_dict(read_config(tmp_path))
+    with WeightStore(tmp_path) as store:
+        model = build_model(config, store, ParallelContext(), "reference", torch.float32, device)
+    spec = KVSpec(config.num_hidden_layers, config.num_key_value_heads, config.head_dim, 4, torch.float32)
+    cache = KVCache(spec, 16, device)
+    tokens = 13
+    ids = torch.randint(0, config.vocab_size, (tokens,), generator=torch.Generator().manual_seed(6)).to(device)
+    metadata = model.layers[0].self_attn.backend.build_metadata(StepLayout([tokens], [tokens], [[3, 0, 7, 5]], 4), device)
+    positions = torch.arange(tokens, device=device)
+    with torch.inference_mode():
+        with fused_kernels(False):
+            want = model.compute_logits(model(ids, positions, cache, metadata))
+        with fused_kernels(True, on_cpu=True):
+            got = model.compute_logits(model(ids, positions, cache, metadata))
+    assert want.abs().max() > 1.0, "logits too flat to compare"
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)

@@ -1,0 +1,94 @@
+"""The triton backend inside the model, and decode steps replayed from CUDA graphs.
+
+On CPU the tiny models run the triton kernels through Triton's interpreter and must give
+the reference backend's greedy tokens. Graph capture needs CUDA: those cases compare graph
+replay against eager steps on the same GPU.
+"""
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from shard_server.cuda_graphs import DEFAULT_SIZES, parse_sizes  # noqa: E402
+from shard_server.distributed import ParallelContext  # noqa: E402
+from shard_server.kv_cache import KVSpec  # noqa: E402
+from shard_server.models.config import ModelConfig  # noqa: E402
+from shard_server.models.registry import build_model  # noqa: E402
+from shard_server.runner import ModelRunner  # noqa: E402
+from shard_server.warmup import PoolSizing, warmup  # noqa: E402
+from shard_server.weights import WeightStore, read_config  # noqa: E402
+
+from .helpers import StepDriver, generate_greedy  # noqa: E402
+
+CUDA = torch.cuda.is_available()
+needs_cuda = pytest.mark.skipif(not CUDA, reason="CUDA graphs need a GPU")
+
+
+def make_runner(directory, attention, device, dtype=torch.float32, num_blocks=256, block_size=4):
+    config = ModelConfig.from_dict(read_config(directory))
+    with WeightStore(directory) as store:
+        model = build_model(config, store, ParallelContext(), attention, dtype, device)
+    spec = KVSpec(config.num_hidden_layers, config.num_key_value_heads, config.head_dim, block_size, dtype)
+    runner = ModelRunner(model, spec, device)
+    runner.allocate_kv_cache(num_blocks)
+    return runner
+
+
+def test_parse_cuda_graph_sizes():
+    assert parse_sizes("4,1,2,2") == (1, 2, 4)
+    assert parse_sizes("0") == ()
+    assert parse_sizes(",".join(map(str, DEFAULT_SIZES))) == DEFAULT_SIZES
+    for bad in ("", "a,b", "0,4", "-1"):
+        with pytest.raises(ValueError):
+            parse_sizes(bad)
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral_window", "qwen3"])
+def test_triton_model_gives_the_reference_greedy_tokens(tiny_model_dirs, family):
+    device = torch.device("cuda" if CUDA else "cpu")  # interpreted kernels on CPU
+    prompt = [(7 * i + 3) % 150 for i in range(21)]
+    tokens = {}
+    for attention in ("reference", "triton"):
+        driver = StepDriver(make_runner(tiny_model_dirs[family], attention, device))
+        tokens[attention] = generate_greedy(driver, 1, prompt, new_tokens=6, chunk=8)
+    assert tokens["triton"] == tokens["reference"]
+
+
+def _decode_batch(runner, prompts, new_tokens):
+    """Prefills every prompt in one step, then decodes them together; returns their tokens."""
+    from shard_server.pb import generate_pb2 as pb
+
+    driver = StepDriver(runner)
+    new = [pb.NewSequence(id=i, input_ids=p, prompt_len=len(p)) for i, p in enumerate(prompts)]
+    sched = [
+        pb.ScheduledSequence(id=i, num_tokens=len(p), new_block_ids=driver.blocks_for(i, len(p)), sample=True)
+        for i, p in enumerate(prompts)
+    ]
+    outputs = {i: [] for i in range(len(prompts))}
+    response = driver.step(new=new, scheduled=sched)
+    for _ in range(new_tokens):
+        for out in response.outputs:
+            outputs[out.id].append(out.token.id)
+        sched = [
+            pb.ScheduledSequence(
+                id=i, num_tokens=1, new_block_ids=driver.blocks_for(i, len(p) + len(outputs[i])), sample=True
+            )
+            for i, p in enumerate(prompts)
+        ]
+        response = driver.step(scheduled=sched)
+    return outputs
+
+
+@needs_cuda
+@pytest.mark.parametrize("batch", [1, 3, 8])
+def test_graph_replay_equals_eager_decode(tiny_model_dirs, batch):
+    device = torch.device("cuda")
+    prompts = [[(5 * i + 11 * b) % 150 for i in range(9 + 4 * b)] for b in range(batch)]
+    results = {}
+    for graphs in ((), (1, 2, 4, 8)):
+        runner = make_runner(tiny_model_dirs["llama"], "triton", device)
+        warmup(runner, 64, 8, PoolSizing(1024, 0.05, graphs))
+        assert (runner.graphs is not None) == bool(graphs)
+        results[graphs] = _decode_batch(runner, prompts, new_tokens=12)
+    assert results[(1, 2, 4, 8)] == results[()]
