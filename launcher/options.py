@@ -48,6 +48,8 @@ non_negative_int = _number(int, lambda v: v >= 0, "a non-negative integer")
 port_number = _number(int, lambda v: 0 < v < 65536, "a port number (1-65535)")
 fraction = _number(float, lambda v: 0.0 < v <= 1.0, "a number in (0, 1]")
 positive_seconds = _number(float, lambda v: v > 0, "a positive number of seconds")
+open_fraction = _number(float, lambda v: 0.0 < v < 1.0, "a number in (0, 1)")
+positive_number = _number(float, lambda v: 0 < v < float("inf"), "a positive number")
 
 
 def non_empty(text: str) -> str:
@@ -146,6 +148,10 @@ OPTIONS: tuple[Option, ...] = (
             "ahead of requests with a longer cached prefix.", non_negative_int, "2000"),
     _router("--payload-limit", "Largest request body in bytes (413 above).", default="2000000"),
     _router("--validation-workers", "Threads that may tokenize at once.", default="2"),
+    _router("--watermark-gamma", "Watermark: share of tokens that are green after each token.",
+            open_fraction, "0.5"),
+    _router("--watermark-delta", "Watermark: bias added to green tokens' logits.",
+            positive_number, "2.0"),
     _router("--api-key", "Bearer token required on generation routes.", non_empty,
             default="none"),
     _router("--cors-allow-origin", "Allowed CORS origins, comma separated.", non_empty,
@@ -203,8 +209,6 @@ UNSUPPORTED: tuple[Unsupported, ...] = (
     Unsupported("--waiting-served-ratio", "textgen always uses chunked prefill"),
     Unsupported("--weights-cache-override", _NOT_YET),
     Unsupported("--disable-custom-kernels", "use --attention reference instead", False),
-    Unsupported("--watermark-gamma", "watermarking is " + _NOT_YET),
-    Unsupported("--watermark-delta", "watermarking is " + _NOT_YET),
     Unsupported("--tokenizer-config-path", _NOT_YET),
     Unsupported("--disable-grammar-support", _NOT_YET, False),
     Unsupported("--max-client-batch-size", _NOT_YET),

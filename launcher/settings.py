@@ -49,6 +49,8 @@ class Settings:
     scheduling_age_cap_ms: int | None
     payload_limit: int | None
     validation_workers: int | None
+    watermark_gamma: float | None
+    watermark_delta: float | None
     api_key: str | None
     cors_allow_origin: str | None
     hostname: str

@@ -33,6 +33,10 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
     seed: int = 0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    watermark: bool = False
+    watermark_gamma: float = 0.0
+    watermark_delta: float = 0.0
 
     @classmethod
     def from_proto(cls, msg) -> SamplingParams:
@@ -46,6 +50,10 @@ class SamplingParams:
             frequency_penalty=float(msg.frequency_penalty),
             presence_penalty=float(msg.presence_penalty),
             seed=int(msg.seed),
+            logit_bias=tuple((int(b.token_id), float(b.bias)) for b in msg.logit_bias),
+            watermark=bool(msg.watermark),
+            watermark_gamma=float(msg.watermark_gamma),
+            watermark_delta=float(msg.watermark_delta),
         )
         params.validate()
         return params
@@ -62,6 +70,11 @@ class SamplingParams:
             (math.isfinite(self.frequency_penalty), "frequency_penalty must be finite"),
             (math.isfinite(self.presence_penalty), "presence_penalty must be finite"),
             (self.top_k >= 0, "top_k must be >= 0"),
+            (all(math.isfinite(bias) for _, bias in self.logit_bias), "logit_bias values must be finite"),
+            (
+                not self.watermark or (0 < self.watermark_gamma < 1 and math.isfinite(self.watermark_delta)),
+                "watermark needs 0 < watermark_gamma < 1 and a finite watermark_delta",
+            ),
         ]
         for ok, message in checks:
             if not ok:
@@ -74,6 +87,12 @@ class SamplingParams:
     @property
     def needs_generated_counts(self) -> bool:
         return self.frequency_penalty != 0.0 or self.presence_penalty != 0.0
+
+    def check_vocab(self, vocab_size: int) -> None:
+        """Token ids in logit_bias must index the model's vocabulary."""
+        for token_id, _ in self.logit_bias:
+            if token_id >= vocab_size:
+                raise InvalidStepError(f"logit_bias token {token_id} is outside the vocabulary ({vocab_size})")
 
 
 def _unset_is_one(value: float) -> float:

@@ -170,6 +170,7 @@ class ModelRunner:
             if any(p.needs_generated_counts for p in params)
             else [],
             top_n=[s.top_n_tokens for s in states],
+            previous_tokens=[s.token_ids[-1] for s in states],
         )
         return self.sampler(decoded.logits, rows)
 

@@ -1,7 +1,8 @@
 """Token selection, vectorised over the batch.
 
 Order (as in HF/TGI): repetition penalty (over every token so far), frequency and presence
-penalties (OpenAI semantics, over generated tokens) — these apply in greedy mode too — then,
+penalties (OpenAI semantics, over generated tokens), logit bias, the green-list watermark —
+these apply in greedy mode too — then,
 for sampled rows only, temperature, top-k, top-p and typical-p. A sampled row draws with the
 Gumbel-max trick from counter-based hash noise keyed by (seed, position, vocab index), so a
 seeded draw never depends on the batch it runs in nor on preemption.
@@ -17,6 +18,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from .requests import SamplingParams
+from .watermark import apply_watermark
 
 _MASK32 = 0xFFFFFFFF
 _HASH_MULTIPLIER = 0x45D9F3B  # < 2**27, so products stay inside int64
@@ -47,6 +49,21 @@ def apply_frequency_presence(
     logits: torch.Tensor, counts: torch.Tensor, frequency: torch.Tensor, presence: torch.Tensor
 ) -> torch.Tensor:
     return logits - frequency.unsqueeze(1) * counts - presence.unsqueeze(1) * (counts > 0).float()
+
+
+def apply_logit_bias(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """Adds each row's biases at once: one scatter over [N, max biases] padded to a spare column."""
+    vocab = logits.shape[1]
+    width = max(len(p.logit_bias) for p in params)
+    ids = [[t for t, _ in p.logit_bias] + [vocab] * (width - len(p.logit_bias)) for p in params]
+    values = [[b for _, b in p.logit_bias] + [0.0] * (width - len(p.logit_bias)) for p in params]
+    bias = torch.zeros((logits.shape[0], vocab + 1), dtype=logits.dtype, device=logits.device)
+    bias.scatter_add_(
+        1,
+        torch.tensor(ids, dtype=torch.int64, device=logits.device),
+        torch.tensor(values, dtype=logits.dtype, device=logits.device),
+    )
+    return logits + bias[:, :vocab]
 
 
 MIN_TEMPERATURE = 1e-5  # below this, scaled logits could overflow; it is greedy anyway
@@ -134,6 +151,7 @@ class SamplingRows:
     all_tokens: list[list[int]]
     generated_tokens: list[list[int]]
     top_n: list[int]
+    previous_tokens: list[int]  # last token of each row (seeds the watermark's green list)
 
 
 @dataclass
@@ -173,6 +191,15 @@ class Sampler:
             frequency = _column([p.frequency_penalty for p in params], torch.float32, dev)
             presence = _column([p.presence_penalty for p in params], torch.float32, dev)
             logits = apply_frequency_presence(logits, counts, frequency, presence)
+        if any(p.logit_bias for p in params):
+            logits = apply_logit_bias(logits, params)
+        if any(p.watermark for p in params):
+            logits = apply_watermark(
+                logits,
+                _column(rows.previous_tokens, torch.int64, dev),
+                _column([p.watermark_gamma if p.watermark else 0.5 for p in params], torch.float32, dev),
+                _column([p.watermark_delta if p.watermark else 0.0 for p in params], torch.float32, dev),
+            )
         return logits
 
     def warp(self, logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:

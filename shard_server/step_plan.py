@@ -75,6 +75,7 @@ def new_sequence_state(msg, limits: PoolLimits) -> SequenceState:
         )
     _check_blocks(msg.block_ids, limits, msg.id)
     sampling = SamplingParams.from_proto(msg.sampling) if msg.HasField("sampling") else SamplingParams()
+    sampling.check_vocab(limits.vocab_size)
     return SequenceState(
         id=msg.id,
         token_ids=ids,

@@ -90,6 +90,12 @@ pub struct Args {
     /// Seconds to keep retrying the shard sockets at startup.
     #[arg(long, env = "SHARD_CONNECT_TIMEOUT", default_value_t = 600)]
     pub shard_connect_timeout: u64,
+    /// Watermark: share of the vocabulary that is green after each token, in (0, 1).
+    #[arg(long, env = "WATERMARK_GAMMA", default_value_t = 0.5)]
+    pub watermark_gamma: f32,
+    /// Watermark: bias added to green tokens' logits, > 0.
+    #[arg(long, env = "WATERMARK_DELTA", default_value_t = 2.0)]
+    pub watermark_delta: f32,
     /// Seconds a step may take on the shards before the router counts a shard as hung: it
     /// fails the in-flight requests and reports unhealthy on `/health`.
     #[arg(long, env = "STEP_TIMEOUT", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]

@@ -4,6 +4,7 @@ pub mod pb {
     tonic::include_proto!("textgen.shard.v1");
 }
 
+pub mod chat_template;
 pub mod config;
 pub mod errors;
 pub mod infer;

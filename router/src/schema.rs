@@ -1,9 +1,10 @@
 //! JSON shapes of TGI's native API (`/generate`, `/generate_stream`, `/`, `/tokenize`).
 //! Field names and defaults follow TGI so existing clients work unchanged.
 use serde::{Deserialize, Deserializer, Serialize};
+use utoipa::ToSchema;
 
 /// Body of `/generate`, `/generate_stream` and `/tokenize`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct GenerateRequest {
     pub inputs: String,
@@ -16,7 +17,7 @@ pub struct GenerateRequest {
 }
 
 /// Body of the compatibility route `POST /`: `stream` picks SSE or a one-element array.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CompatGenerateRequest {
     pub inputs: String,
@@ -41,7 +42,7 @@ impl From<CompatGenerateRequest> for GenerateRequest {
 /// TGI's `parameters`. Unknown fields are rejected (422) instead of ignored; fields TGI has
 /// but textgen does not implement (`grammar`, `adapter_id`, `watermark`) are accepted only
 /// at their neutral value and rejected by validation otherwise.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct GenerateParameters {
     #[serde(default)]
@@ -79,6 +80,7 @@ pub struct GenerateParameters {
     #[serde(default)]
     pub top_n_tokens: Option<u32>,
     #[serde(default)]
+    #[schema(value_type = Option<Object>)]
     pub grammar: Option<serde_json::Value>,
     #[serde(default)]
     pub adapter_id: Option<String>,
@@ -93,7 +95,7 @@ impl GenerateParameters {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum FinishReason {
     Length,
@@ -102,7 +104,7 @@ pub enum FinishReason {
 }
 
 /// A generated token as TGI reports it.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
 pub struct Token {
     pub id: u32,
     pub text: String,
@@ -111,14 +113,14 @@ pub struct Token {
 }
 
 /// A prompt token; the first one has no logprob (`null`).
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
 pub struct PrefillToken {
     pub id: u32,
     pub text: String,
     pub logprob: Option<f32>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct BestOfSequence {
     pub generated_text: String,
     pub finish_reason: FinishReason,
@@ -130,7 +132,7 @@ pub struct BestOfSequence {
     pub top_tokens: Vec<Vec<Token>>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct Details {
     pub finish_reason: FinishReason,
     pub generated_tokens: u32,
@@ -143,14 +145,14 @@ pub struct Details {
     pub best_of_sequences: Option<Vec<BestOfSequence>>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct GenerateResponse {
     pub generated_text: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub details: Option<Details>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct StreamDetails {
     pub finish_reason: FinishReason,
     pub generated_tokens: u32,
@@ -159,7 +161,7 @@ pub struct StreamDetails {
 }
 
 /// One SSE event of `/generate_stream`; `generated_text` and `details` only on the last.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct StreamResponse {
     pub index: u32,
     pub token: Token,
@@ -170,7 +172,7 @@ pub struct StreamResponse {
 }
 
 /// One entry of `/tokenize`; `start`/`stop` are character offsets into `inputs`.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
 pub struct SimpleToken {
     pub id: u32,
     pub text: String,
@@ -178,8 +180,15 @@ pub struct SimpleToken {
     pub stop: usize,
 }
 
+/// `/chat_tokenize`'s answer.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct ChatTokenizeResponse {
+    pub tokenize_response: Vec<SimpleToken>,
+    pub templated_text: String,
+}
+
 /// TGI's error body, used by every native route.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct ErrorBody {
     pub error: String,
     pub error_type: String,

@@ -5,14 +5,15 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 
+use crate::chat_template::ChatTemplate;
 use crate::config::{Args, Limits, ShardCapacity};
 use crate::infer::Infer;
 use crate::pb;
 use crate::scheduler::{self, SchedulerConfig};
-use crate::server::{self, AppState, HealthProbe, HttpOptions, Info};
+use crate::server::{self, AppState, HealthProbe, HttpOptions, Info, OpenAiContext};
 use crate::shards::ShardSet;
 use crate::tokenizer::TextTokenizer;
-use crate::validation::{Validation, ValidationLimits};
+use crate::validation::{Validation, ValidationLimits, WatermarkSettings};
 
 const HEALTH_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -95,6 +96,28 @@ fn model_info(args: &Args, limits: &Limits, shard: &pb::InfoResponse) -> Info {
     }
 }
 
+/// The chat template and the model's identity for the OpenAI routes. A model without a
+/// (working) chat template still serves everything else; chat requests then get a 400
+/// that says why.
+fn openai_context(args: &Args) -> OpenAiContext {
+    let chat_template = ChatTemplate::from_model_dir(&args.model_path);
+    match &chat_template {
+        Ok(_) => tracing::info!("chat template loaded"),
+        Err(err) => tracing::warn!(%err, "chat completions are unavailable"),
+    }
+    // The model files' write time stands for when the model was created.
+    let created = std::fs::metadata(args.model_path.join("config.json"))
+        .and_then(|m| m.modified())
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or_else(server::openai::unix_now, |d| d.as_secs());
+    OpenAiContext {
+        model_id: args.model_id.clone(),
+        created,
+        chat_template,
+    }
+}
+
 /// Resolves on the first SIGTERM or SIGINT.
 pub async fn shutdown_signal() {
     let interrupt = tokio::signal::ctrl_c();
@@ -126,12 +149,19 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     if args.validation_workers == 0 {
         anyhow::bail!("--validation-workers must be > 0");
     }
+    if !(args.watermark_gamma > 0.0 && args.watermark_gamma < 1.0) {
+        anyhow::bail!("--watermark-gamma must be in (0, 1)");
+    }
+    if !(args.watermark_delta > 0.0 && args.watermark_delta.is_finite()) {
+        anyhow::bail!("--watermark-delta must be > 0");
+    }
     let prometheus = crate::metrics::install()?;
     let tokenizer = Arc::new(TextTokenizer::from_file(
         &args.model_path.join("tokenizer.json"),
     )?);
     let stop_token_ids = crate::model_files::stop_token_ids(&args.model_path, &tokenizer)?;
     tracing::info!(?stop_token_ids, "tokenizer loaded");
+    let openai = openai_context(&args);
 
     let shards = ShardSet::connect(
         &args.shard_uds_path,
@@ -167,6 +197,11 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         max_top_n_tokens: args.max_top_n_tokens,
         max_input_tokens: limits.max_input_tokens,
         max_total_tokens: limits.max_total_tokens,
+        vocab_size: report.info.vocab_size,
+        watermark: WatermarkSettings {
+            gamma: args.watermark_gamma,
+            delta: args.watermark_delta,
+        },
     };
     let validation = Validation::new(
         tokenizer.clone(),
@@ -185,6 +220,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         health: Arc::new(shards),
         info: Arc::new(model_info(&args, &limits, &report.info)),
         prometheus,
+        openai: Arc::new(openai),
     };
     let options = HttpOptions {
         payload_limit: args.payload_limit,

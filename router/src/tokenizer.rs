@@ -53,15 +53,31 @@ impl TextTokenizer {
 
     /// Prompt ids, with the tokenizer's own special tokens (e.g. BOS) added, like TGI.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>, TokenizerError> {
-        let encoding = self.inner.encode(text, true).map_err(tokenizer_error)?;
+        self.encode_with(text, true)
+    }
+
+    /// Chat prompts pass `false`: their template already wrote the special tokens.
+    pub fn encode_with(
+        &self,
+        text: &str,
+        add_special_tokens: bool,
+    ) -> Result<Vec<u32>, TokenizerError> {
+        let encoding = self
+            .inner
+            .encode(text, add_special_tokens)
+            .map_err(tokenizer_error)?;
         Ok(encoding.get_ids().to_vec())
     }
 
     /// `/tokenize`'s answer: ids with the text they cover and character offsets.
-    pub fn tokenize(&self, text: &str) -> Result<Vec<SimpleToken>, TokenizerError> {
+    pub fn tokenize(
+        &self,
+        text: &str,
+        add_special_tokens: bool,
+    ) -> Result<Vec<SimpleToken>, TokenizerError> {
         let encoding = self
             .inner
-            .encode_char_offsets(text, true)
+            .encode_char_offsets(text, add_special_tokens)
             .map_err(tokenizer_error)?;
         let tokens = encoding
             .get_ids()
@@ -92,6 +108,27 @@ impl TextTokenizer {
         self.inner.decode(&[id], false).unwrap_or_default()
     }
 
+    /// The raw bytes of one token (OpenAI's logprob `bytes`): a byte-level BPE token may
+    /// hold part of a UTF-8 character, which its decoded text cannot show.
+    pub fn token_bytes(&self, id: u32) -> Vec<u8> {
+        let Some(piece) = self.inner.id_to_token(id) else {
+            return Vec::new();
+        };
+        if let Some(byte) = byte_fallback_token(&piece) {
+            return vec![byte];
+        }
+        let byte_level = matches!(
+            self.inner.get_decoder(),
+            Some(tokenizers::DecoderWrapper::ByteLevel(_))
+        );
+        if byte_level && !self.is_special(id) {
+            if let Some(bytes) = byte_level_bytes(&piece) {
+                return bytes;
+            }
+        }
+        self.token_text(id).into_bytes()
+    }
+
     pub fn is_special(&self, id: u32) -> bool {
         self.special_ids.contains(&id)
     }
@@ -105,6 +142,31 @@ impl TextTokenizer {
         let start = prompt_ids.len().saturating_sub(PROMPT_CONTEXT_TOKENS);
         IncrementalDecoder::new(&prompt_ids[start..])
     }
+}
+
+/// SentencePiece byte-fallback tokens are spelled `<0xAB>`.
+fn byte_fallback_token(piece: &str) -> Option<u8> {
+    let hex = piece.strip_prefix("<0x")?.strip_suffix('>')?;
+    (hex.len() == 2).then(|| u8::from_str_radix(hex, 16).ok())?
+}
+
+/// Inverts GPT-2's byte-to-character table: printable Latin-1 bytes stand for
+/// themselves, the other bytes were moved to U+0100 onwards in byte order.
+fn byte_level_bytes(piece: &str) -> Option<Vec<u8>> {
+    let printable = |b: u8| matches!(b, b'!'..=b'~' | 0xA1..=0xAC | 0xAE..=0xFF);
+    let moved: Vec<u8> = (0..=255u8).filter(|&b| !printable(b)).collect();
+    piece
+        .chars()
+        .map(|c| {
+            let code = c as u32;
+            if code < 256 && printable(code as u8) {
+                Some(code as u8)
+            } else {
+                code.checked_sub(256)
+                    .and_then(|i| moved.get(i as usize).copied())
+            }
+        })
+        .collect()
 }
 
 /// TGI's prefix/read-offset scheme: decode a small window twice (with and without the
@@ -225,7 +287,7 @@ mod tests {
     #[test]
     fn tokenize_reports_character_offsets() {
         let tokenizer = byte_level_tokenizer();
-        let tokens = tokenizer.tokenize("é hello").unwrap();
+        let tokens = tokenizer.tokenize("é hello", true).unwrap();
         let covered: String = tokens
             .iter()
             .map(|t| t.text.as_str())
@@ -257,5 +319,22 @@ mod tests {
             proptest::prop_assert_eq!(pieces.concat(), tokenizer.decode(&ids, false).unwrap());
             proptest::prop_assert_eq!(pieces.concat(), text);
         }
+    }
+
+    #[test]
+    fn token_bytes_recover_partial_characters() {
+        let tokenizer = byte_level_tokenizer();
+        let text = "a é日";
+        let ids = tokenizer.encode(text).unwrap();
+        let bytes: Vec<u8> = ids
+            .iter()
+            .flat_map(|&id| tokenizer.token_bytes(id))
+            .collect();
+        assert_eq!(bytes, text.as_bytes());
+        let eos = tokenizer.token_to_id("<eos>").unwrap();
+        assert_eq!(tokenizer.token_bytes(eos), b"<eos>");
+        assert!(tokenizer.token_bytes(1_000_000).is_empty());
+        assert_eq!(byte_fallback_token("<0x0A>"), Some(b'\n'));
+        assert_eq!(byte_fallback_token("<0x0>"), None);
     }
 }

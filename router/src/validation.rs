@@ -48,11 +48,27 @@ pub enum ValidationError {
     StopSequence(usize, usize),
     #[error("`stop` sequences must not be empty strings")]
     EmptyStopSequence,
+    #[error("`stop` sequences must be at most {0} characters long")]
+    LongStopSequence(usize),
     #[error("`{0}` is not supported by textgen")]
     Unsupported(&'static str),
+    #[error("`presence_penalty` must be >= -2.0 and <= 2.0")]
+    PresencePenalty,
+    #[error("`logit_bias` token {0} is outside the vocabulary (size {1})")]
+    LogitBiasToken(u32, u32),
+    #[error("`logit_bias` values must be >= -100 and <= 100")]
+    LogitBiasValue,
+    #[error("prompt token {0} is outside the vocabulary (size {1})")]
+    PromptToken(u32, u32),
+    #[error("chat template error: {0}")]
+    Template(String),
     #[error("tokenizer error {0}")]
     Tokenizer(String),
 }
+
+/// Longest stop sequence, in characters: matching cost grows with it and no real stop
+/// sequence comes close.
+pub const MAX_STOP_SEQUENCE_CHARS: usize = 1024;
 
 /// The caps validation enforces (from the command line and the derived limits).
 #[derive(Debug, Clone, Copy)]
@@ -62,6 +78,69 @@ pub struct ValidationLimits {
     pub max_top_n_tokens: u32,
     pub max_input_tokens: u32,
     pub max_total_tokens: u32,
+    /// The model's vocabulary (from the shard), bounding `logit_bias` and prompt token ids.
+    pub vocab_size: u32,
+    pub watermark: WatermarkSettings,
+}
+
+/// `--watermark-gamma` / `--watermark-delta`: the share of green tokens and their bonus.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct WatermarkSettings {
+    pub gamma: f32,
+    pub delta: f32,
+}
+
+impl Default for WatermarkSettings {
+    /// TGI's defaults.
+    fn default() -> Self {
+        Self {
+            gamma: 0.5,
+            delta: 2.0,
+        }
+    }
+}
+
+/// What only the OpenAI routes can ask for, on top of TGI's parameters.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SamplingExtras {
+    /// OpenAI's additive presence penalty, in [-2, 2].
+    pub presence_penalty: Option<f32>,
+    /// (token id, bias in [-100, 100]) pairs.
+    pub logit_bias: Vec<(u32, f32)>,
+    /// Replaces `--max-top-n-tokens` (OpenAI's `top_logprobs` has its own cap of 20).
+    pub max_top_n_tokens: Option<u32>,
+}
+
+/// The prompt: text to tokenize, or token ids given by the client.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Prompt {
+    /// `add_special_tokens: false` for chat prompts, whose template already wrote them.
+    Text {
+        text: String,
+        add_special_tokens: bool,
+    },
+    Tokens(Vec<u32>),
+}
+
+/// Everything validation takes.
+#[derive(Debug, Clone)]
+pub struct GenerationInput {
+    pub prompt: Prompt,
+    pub parameters: GenerateParameters,
+    pub extras: SamplingExtras,
+}
+
+impl From<GenerateRequest> for GenerationInput {
+    fn from(request: GenerateRequest) -> Self {
+        Self {
+            prompt: Prompt::Text {
+                text: request.inputs,
+                add_special_tokens: true,
+            },
+            parameters: request.parameters,
+            extras: SamplingExtras::default(),
+        }
+    }
 }
 
 /// Parameters after the range checks, before the prompt is tokenized.
@@ -83,6 +162,7 @@ pub struct CheckedParameters {
 /// A request ready for the scheduler.
 #[derive(Debug, Clone)]
 pub struct ValidRequest {
+    /// The prompt text (decoded when the client sent token ids).
     pub inputs: String,
     pub input_ids: Vec<u32>,
     pub max_new_tokens: u32,
@@ -92,6 +172,16 @@ pub struct ValidRequest {
 /// Checks every parameter that does not need the tokenized prompt.
 pub fn check_parameters(
     p: &GenerateParameters,
+    streaming: bool,
+    limits: &ValidationLimits,
+) -> Result<CheckedParameters, ValidationError> {
+    check_parameters_with(p, &SamplingExtras::default(), streaming, limits)
+}
+
+/// `check_parameters` with the OpenAI-only extras.
+pub fn check_parameters_with(
+    p: &GenerateParameters,
+    extras: &SamplingExtras,
     streaming: bool,
     limits: &ValidationLimits,
 ) -> Result<CheckedParameters, ValidationError> {
@@ -137,13 +227,22 @@ pub fn check_parameters(
     if p.stop.iter().any(String::is_empty) {
         return Err(ValidationError::EmptyStopSequence);
     }
-    let top_n_tokens = p.top_n_tokens.unwrap_or(0);
-    if top_n_tokens > limits.max_top_n_tokens {
-        return Err(ValidationError::TopNTokens(
-            limits.max_top_n_tokens,
-            top_n_tokens,
-        ));
+    if p.stop
+        .iter()
+        .any(|s| s.chars().count() > MAX_STOP_SEQUENCE_CHARS)
+    {
+        return Err(ValidationError::LongStopSequence(MAX_STOP_SEQUENCE_CHARS));
     }
+    let top_n_tokens = p.top_n_tokens.unwrap_or(0);
+    let max_top_n_tokens = extras.max_top_n_tokens.unwrap_or(limits.max_top_n_tokens);
+    if top_n_tokens > max_top_n_tokens {
+        return Err(ValidationError::TopNTokens(max_top_n_tokens, top_n_tokens));
+    }
+    let presence_penalty = extras.presence_penalty.unwrap_or(0.0);
+    if !(-2.0..=2.0).contains(&presence_penalty) {
+        return Err(ValidationError::PresencePenalty);
+    }
+    let logit_bias = check_logit_bias(&extras.logit_bias, limits.vocab_size)?;
     if streaming && p.decoder_input_details {
         return Err(ValidationError::PrefillDetailsStream);
     }
@@ -160,8 +259,20 @@ pub fn check_parameters(
         typical_p,
         repetition_penalty,
         frequency_penalty,
-        presence_penalty: 0.0,
+        presence_penalty,
         seed: p.seed.unwrap_or(0),
+        logit_bias,
+        watermark: p.watermark,
+        watermark_gamma: if p.watermark {
+            limits.watermark.gamma
+        } else {
+            0.0
+        },
+        watermark_delta: if p.watermark {
+            limits.watermark.delta
+        } else {
+            0.0
+        },
     };
     Ok(CheckedParameters {
         sampling,
@@ -185,10 +296,25 @@ fn reject_unsupported(p: &GenerateParameters) -> Result<(), ValidationError> {
     if p.adapter_id.as_ref().is_some_and(|id| !id.is_empty()) {
         return Err(ValidationError::Unsupported("adapter_id"));
     }
-    if p.watermark {
-        return Err(ValidationError::Unsupported("watermark"));
-    }
     Ok(())
+}
+
+fn check_logit_bias(
+    biases: &[(u32, f32)],
+    vocab_size: u32,
+) -> Result<Vec<pb::LogitBias>, ValidationError> {
+    biases
+        .iter()
+        .map(|&(token_id, bias)| {
+            if token_id >= vocab_size {
+                return Err(ValidationError::LogitBiasToken(token_id, vocab_size));
+            }
+            if !(-100.0..=100.0).contains(&bias) {
+                return Err(ValidationError::LogitBiasValue);
+            }
+            Ok(pb::LogitBias { token_id, bias })
+        })
+        .collect()
 }
 
 fn check_best_of(
@@ -270,23 +396,44 @@ impl Validation {
 
     pub async fn validate(
         &self,
-        request: GenerateRequest,
+        request: impl Into<GenerationInput>,
         streaming: bool,
     ) -> Result<ValidRequest, ValidationError> {
-        let mut params = check_parameters(&request.parameters, streaming, &self.limits)?;
-        if request.inputs.is_empty() {
-            return Err(ValidationError::EmptyInput);
-        }
+        let input = request.into();
+        let mut params =
+            check_parameters_with(&input.parameters, &input.extras, streaming, &self.limits)?;
         if params.seed.is_none() {
             params.sampling.seed = rand::random();
         }
-        let mut input_ids = self.tokenize(&request.inputs).await?;
+        let (inputs, mut input_ids) = match input.prompt {
+            Prompt::Text {
+                text,
+                add_special_tokens,
+            } => {
+                if text.is_empty() {
+                    return Err(ValidationError::EmptyInput);
+                }
+                let ids = self.tokenize_with(&text, add_special_tokens).await?;
+                (text, ids)
+            }
+            Prompt::Tokens(ids) => {
+                let vocab_size = self.limits.vocab_size;
+                if let Some(&bad) = ids.iter().find(|&&id| id >= vocab_size) {
+                    return Err(ValidationError::PromptToken(bad, vocab_size));
+                }
+                let text = self
+                    .tokenizer
+                    .decode(&ids, false)
+                    .map_err(|err| ValidationError::Tokenizer(err.0))?;
+                (text, ids)
+            }
+        };
         if input_ids.is_empty() {
             return Err(ValidationError::EmptyInput);
         }
         let max_new_tokens = check_lengths(&mut input_ids, &params, &self.limits)?;
         Ok(ValidRequest {
-            inputs: request.inputs,
+            inputs,
             input_ids,
             max_new_tokens,
             params,
@@ -294,6 +441,14 @@ impl Validation {
     }
 
     pub async fn tokenize(&self, text: &str) -> Result<Vec<u32>, ValidationError> {
+        self.tokenize_with(text, true).await
+    }
+
+    async fn tokenize_with(
+        &self,
+        text: &str,
+        add_special_tokens: bool,
+    ) -> Result<Vec<u32>, ValidationError> {
         let _permit = self
             .workers
             .acquire()
@@ -301,7 +456,7 @@ impl Validation {
             .map_err(|_| ValidationError::Tokenizer("validation workers stopped".into()))?;
         let tokenizer = self.tokenizer.clone();
         let text = text.to_owned();
-        tokio::task::spawn_blocking(move || tokenizer.encode(&text))
+        tokio::task::spawn_blocking(move || tokenizer.encode_with(&text, add_special_tokens))
             .await
             .map_err(|err| ValidationError::Tokenizer(err.to_string()))?
             .map_err(|err| ValidationError::Tokenizer(err.0))

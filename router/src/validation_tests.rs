@@ -8,6 +8,11 @@ const LIMITS: ValidationLimits = ValidationLimits {
     max_top_n_tokens: 5,
     max_input_tokens: 10,
     max_total_tokens: 16,
+    vocab_size: 300,
+    watermark: crate::validation::WatermarkSettings {
+        gamma: 0.5,
+        delta: 2.0,
+    },
 };
 
 fn params(json: &str) -> GenerateParameters {
@@ -121,10 +126,6 @@ fn streaming_rejects_decoder_input_details() {
 fn unsupported_fields_are_refused_unless_neutral() {
     use ValidationError::Unsupported;
     assert_eq!(
-        check(r#"{"watermark":true}"#).unwrap_err(),
-        Unsupported("watermark")
-    );
-    assert_eq!(
         check(r#"{"adapter_id":"lora"}"#).unwrap_err(),
         Unsupported("adapter_id")
     );
@@ -206,4 +207,114 @@ async fn validate_rejects_empty_and_long_inputs() {
         validation().validate(long, false).await.unwrap_err(),
         ValidationError::InputLength(10, 12)
     );
+}
+
+#[test]
+fn watermark_carries_the_configured_split() {
+    let p = check(r#"{"watermark":true}"#).unwrap();
+    assert!(p.sampling.watermark);
+    assert_eq!(
+        (p.sampling.watermark_gamma, p.sampling.watermark_delta),
+        (0.5, 2.0)
+    );
+    let off = check(r#"{}"#).unwrap();
+    assert!(!off.sampling.watermark && off.sampling.watermark_delta == 0.0);
+}
+
+fn check_extras(extras: SamplingExtras) -> Result<CheckedParameters, ValidationError> {
+    check_parameters_with(&params("{}"), &extras, false, &LIMITS)
+}
+
+#[test]
+fn extras_are_range_checked() {
+    let biased = check_extras(SamplingExtras {
+        presence_penalty: Some(1.5),
+        logit_bias: vec![(7, -100.0), (299, 100.0)],
+        max_top_n_tokens: None,
+    })
+    .unwrap();
+    assert_eq!(biased.sampling.presence_penalty, 1.5);
+    assert_eq!(biased.sampling.logit_bias.len(), 2);
+    assert_eq!(biased.sampling.logit_bias[1].token_id, 299);
+    let out_of_vocab = SamplingExtras {
+        logit_bias: vec![(300, 1.0)],
+        ..Default::default()
+    };
+    assert_eq!(
+        check_extras(out_of_vocab).unwrap_err(),
+        ValidationError::LogitBiasToken(300, 300)
+    );
+    for bias in [100.5, f32::NAN, f32::INFINITY] {
+        let extras = SamplingExtras {
+            logit_bias: vec![(1, bias)],
+            ..Default::default()
+        };
+        assert_eq!(
+            check_extras(extras).unwrap_err(),
+            ValidationError::LogitBiasValue
+        );
+    }
+    let presence = SamplingExtras {
+        presence_penalty: Some(-2.5),
+        ..Default::default()
+    };
+    assert_eq!(
+        check_extras(presence).unwrap_err(),
+        ValidationError::PresencePenalty
+    );
+}
+
+#[test]
+fn extras_can_raise_the_top_n_cap() {
+    let p = params(r#"{"top_n_tokens":20}"#);
+    assert!(check_parameters(&p, false, &LIMITS).is_err());
+    let extras = SamplingExtras {
+        max_top_n_tokens: Some(20),
+        ..Default::default()
+    };
+    assert_eq!(
+        check_parameters_with(&p, &extras, false, &LIMITS)
+            .unwrap()
+            .top_n_tokens,
+        20
+    );
+}
+
+#[tokio::test]
+async fn token_prompts_skip_tokenization_but_are_bounded() {
+    let input = GenerationInput {
+        prompt: Prompt::Tokens(vec![72, 101]),
+        parameters: params("{}"),
+        extras: SamplingExtras::default(),
+    };
+    let valid = validation().validate(input.clone(), false).await.unwrap();
+    assert_eq!(valid.input_ids, vec![72, 101]);
+    assert!(!valid.inputs.is_empty());
+    let bad = GenerationInput {
+        prompt: Prompt::Tokens(vec![1, 300]),
+        ..input.clone()
+    };
+    assert_eq!(
+        validation().validate(bad, false).await.unwrap_err(),
+        ValidationError::PromptToken(300, 300)
+    );
+    let empty = GenerationInput {
+        prompt: Prompt::Tokens(vec![]),
+        ..input
+    };
+    assert_eq!(
+        validation().validate(empty, false).await.unwrap_err(),
+        ValidationError::EmptyInput
+    );
+}
+
+#[test]
+fn overlong_stop_sequences_are_refused() {
+    let long = "x".repeat(MAX_STOP_SEQUENCE_CHARS + 1);
+    assert_eq!(
+        check(&format!(r#"{{"stop":["{long}"]}}"#)).unwrap_err(),
+        ValidationError::LongStopSequence(MAX_STOP_SEQUENCE_CHARS)
+    );
+    let fits = "é".repeat(MAX_STOP_SEQUENCE_CHARS);
+    assert!(check(&format!(r#"{{"stop":["{fits}"]}}"#)).is_ok());
 }

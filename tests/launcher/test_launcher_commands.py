@@ -111,3 +111,12 @@ def test_visible_gpu_count_reads_the_given_environment():
     assert visible_gpu_count({"NVIDIA_VISIBLE_DEVICES": "GPU-a,GPU-b"}, never) == 2
     assert visible_gpu_count({"CUDA_VISIBLE_DEVICES": ""}, never) == 0
     assert visible_gpu_count({"NVIDIA_VISIBLE_DEVICES": "all"}, lambda: 8) == 8
+
+
+def test_watermark_flags_reach_the_router_and_are_range_checked():
+    command = router_command(EXE, settings("--watermark-gamma", "0.25", WATERMARK_DELTA="3"), MODEL, 1)
+    assert command[command.index("--watermark-gamma") + 1] == "0.25"
+    assert float(command[command.index("--watermark-delta") + 1]) == 3.0
+    for argv in (["--watermark-gamma", "1"], ["--watermark-gamma", "0"], ["--watermark-delta", "-1"]):
+        with pytest.raises(UsageError, match="watermark"):
+            settings(*argv)

@@ -38,6 +38,7 @@ def rows_for(params, positions=None, all_tokens=None, generated=None, top_n=None
         all_tokens=all_tokens or [[0]] * n,
         generated_tokens=generated or [[]] * n,
         top_n=top_n or [0] * n,
+        previous_tokens=[0] * n,
     )
 
 

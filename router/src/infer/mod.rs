@@ -15,7 +15,7 @@ use crate::metrics::{Outcome, RequestMeter};
 use crate::scheduler::{SchedulerHandle, SequenceRequest, SequenceStream};
 use crate::schema::{Details, GenerateRequest, GenerateResponse, StreamResponse};
 use crate::tokenizer::TextTokenizer;
-use crate::validation::{ValidRequest, Validation};
+use crate::validation::{GenerationInput, ValidRequest, Validation};
 
 pub use sequence::{Progress, SequenceDecoder, SequenceRecord, SequenceSpec, TokenUpdate};
 use streaming::{Step, StreamBuilder};
@@ -86,6 +86,55 @@ impl Infer {
         &self.tokenizer
     }
 
+    /// Takes a concurrency slot (429 when none is free), then validates. The slot is held
+    /// by the returned value for the request's whole life.
+    pub async fn admit_valid(
+        &self,
+        input: GenerationInput,
+        streaming: bool,
+    ) -> Result<Admitted, InferError> {
+        let permit = self.admit()?;
+        let valid = self.validation.validate(input, streaming).await?;
+        Ok(Admitted {
+            _permit: permit,
+            valid,
+        })
+    }
+
+    /// Runs one sequence per seed to its end; only the first feeds the token timings.
+    pub async fn run_all(
+        &self,
+        valid: &ValidRequest,
+        seeds: &[u64],
+        meter: &mut RequestMeter,
+    ) -> Result<Vec<FinishedSequence>, InferError> {
+        let mut timing_meter = Some(meter);
+        let mut runs = Vec::with_capacity(seeds.len());
+        for &seed in seeds {
+            let events = self.submit(valid, seed)?;
+            let meter = timing_meter.take();
+            runs.push(run_to_end(
+                self.tokenizer.clone(),
+                self.spec(valid),
+                events,
+                meter,
+            ));
+        }
+        futures::future::try_join_all(runs).await
+    }
+
+    /// Submits one sequence for streaming: its decoder and its events. Dropping the
+    /// events cancels it.
+    pub fn start(
+        &self,
+        valid: &ValidRequest,
+        seed: u64,
+    ) -> Result<(SequenceDecoder, SequenceStream), InferError> {
+        let events = self.submit(valid, seed)?;
+        let decoder = SequenceDecoder::new(self.tokenizer.clone(), self.spec(valid));
+        Ok((decoder, events))
+    }
+
     /// Takes a concurrency slot for the request's whole life, or answers 429.
     fn admit(&self) -> Result<OwnedSemaphorePermit, InferError> {
         self.limiter
@@ -104,7 +153,7 @@ impl Infer {
     }
 
     fn submit(&self, valid: &ValidRequest, seed: u64) -> Result<SequenceStream, InferError> {
-        let mut sampling = valid.params.sampling;
+        let mut sampling = valid.params.sampling.clone();
         sampling.seed = seed;
         let request = SequenceRequest {
             input_ids: valid.input_ids.clone(),
@@ -130,15 +179,7 @@ impl Infer {
         let validated_at = Instant::now();
         let seeds = best_of::seeds(&valid);
         // Only the first sequence feeds token timings, so best_of does not skew them.
-        let mut timing_meter = Some(&mut *meter);
-        let mut runs = Vec::with_capacity(seeds.len());
-        for &seed in &seeds {
-            let spec = self.spec(&valid);
-            let events = self.submit(&valid, seed)?;
-            let meter = timing_meter.take();
-            runs.push(run_to_end(self.tokenizer.clone(), spec, events, meter));
-        }
-        let finished = futures::future::try_join_all(runs).await?;
+        let finished = self.run_all(&valid, &seeds, meter).await?;
         let inference_end = Instant::now();
         let (best, others) = best_of::pick(finished, &seeds);
         let input_length = valid.input_ids.len() as u32;
@@ -202,7 +243,7 @@ impl Infer {
             }
         };
         let input_length = valid.input_ids.len() as u32;
-        let sampling = valid.params.sampling;
+        let sampling = &valid.params.sampling;
         let mut builder = StreamBuilder::new(
             SequenceDecoder::new(self.tokenizer.clone(), self.spec(&valid)),
             meter,
@@ -235,12 +276,34 @@ impl Infer {
         &self,
         text: String,
     ) -> Result<Vec<crate::schema::SimpleToken>, InferError> {
+        self.tokenize_text(text, true).await
+    }
+
+    /// `/chat_tokenize`: a templated prompt, which already holds its special tokens.
+    pub async fn tokenize_chat(
+        &self,
+        text: String,
+    ) -> Result<Vec<crate::schema::SimpleToken>, InferError> {
+        self.tokenize_text(text, false).await
+    }
+
+    async fn tokenize_text(
+        &self,
+        text: String,
+        add_special_tokens: bool,
+    ) -> Result<Vec<crate::schema::SimpleToken>, InferError> {
         let tokenizer = self.tokenizer.clone();
-        tokio::task::spawn_blocking(move || tokenizer.tokenize(&text))
+        tokio::task::spawn_blocking(move || tokenizer.tokenize(&text, add_special_tokens))
             .await
             .map_err(|err| InferError::Generation(err.to_string()))?
             .map_err(|err| crate::validation::ValidationError::Tokenizer(err.0).into())
     }
+}
+
+/// A request holding its concurrency slot, validated.
+pub struct Admitted {
+    _permit: OwnedSemaphorePermit,
+    pub valid: ValidRequest,
 }
 
 /// A sequence followed to its end.

@@ -49,6 +49,8 @@ pub struct SequenceRecord {
     pub queue_time: Duration,
     /// Decoded text as streamed, cut after the stop sequence when one matched.
     pub stop_cut_text: Option<String>,
+    /// The stop sequence that ended the sequence (OpenAI routes leave it out of the text).
+    pub matched_stop: Option<String>,
     pub finish: Option<FinishReason>,
 }
 
@@ -148,6 +150,7 @@ impl SequenceDecoder {
             Some(FinishReason::EosToken)
         } else if let Some(found) = stop {
             self.record.stop_cut_text = Some(self.stops.text()[..found.end].to_owned());
+            self.record.matched_stop = Some(found.sequence);
             Some(FinishReason::StopSequence)
         } else {
             None
@@ -174,6 +177,21 @@ impl SequenceDecoder {
                     .and_then(|i| logprobs.get(i).copied()),
             })
             .collect()
+    }
+
+    pub fn tokenizer(&self) -> &Arc<TextTokenizer> {
+        &self.tokenizer
+    }
+
+    /// The final text as OpenAI wants it: without the stop sequence that ended it.
+    pub fn text_without_stop(&self) -> String {
+        let mut text = self.generated_text();
+        if let (Some(stop), Some(_)) = (&self.record.matched_stop, &self.record.stop_cut_text) {
+            if text.ends_with(stop.as_str()) {
+                text.truncate(text.len() - stop.len());
+            }
+        }
+        text
     }
 
     /// The final text: cut after the stop sequence when one matched, otherwise the full
@@ -235,6 +253,7 @@ mod tests {
             "nothing is emitted after the stop"
         );
         assert_eq!(d.generated_text(), " hello w");
+        assert_eq!(d.text_without_stop(), " hel");
     }
 
     #[test]

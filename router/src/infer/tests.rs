@@ -15,6 +15,11 @@ const LIMITS: ValidationLimits = ValidationLimits {
     max_top_n_tokens: 5,
     max_input_tokens: 100,
     max_total_tokens: 200,
+    vocab_size: 300,
+    watermark: crate::validation::WatermarkSettings {
+        gamma: 0.5,
+        delta: 2.0,
+    },
 };
 
 fn infer_with<F>(max_concurrent: usize, script: F) -> (Infer, Arc<FakeStats>)

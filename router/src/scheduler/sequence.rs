@@ -132,7 +132,7 @@ impl Sequence {
             id: self.id,
             input_ids: self.known_tokens().into_owned(),
             prompt_len: self.prompt_len(),
-            sampling: Some(self.request.sampling),
+            sampling: Some(self.request.sampling.clone()),
             cached_len: self.cached_len,
             block_ids: self.blocks.ids()[..self.cached_blocks].to_vec(),
             prefill_logprobs: self.wants_prefill_logprobs(),

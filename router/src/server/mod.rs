@@ -1,5 +1,8 @@
 //! The HTTP server: routes, shared state, layers (body limit, CORS, API key) and
 //! graceful shutdown.
+pub mod docs;
+mod invocations;
+pub mod openai;
 mod ops;
 mod sse;
 mod tgi;
@@ -20,6 +23,7 @@ use tower_http::cors::{AllowOrigin, CorsLayer};
 use crate::errors::ApiError;
 use crate::infer::Infer;
 
+pub use openai::OpenAiContext;
 pub use ops::Info;
 pub use sse::{sse_response, to_event};
 
@@ -35,6 +39,7 @@ pub struct AppState {
     pub health: Arc<dyn HealthProbe>,
     pub info: Arc<Info>,
     pub prometheus: PrometheusHandle,
+    pub openai: Arc<OpenAiContext>,
 }
 
 /// HTTP settings from the command line.
@@ -62,11 +67,13 @@ where
         let axum::Json(value) =
             axum::Json::<serde_json::Value>::from_request(request, state).await?;
         if !value.is_object() {
-            return Err(ApiError::invalid_body("the request body must be a JSON object"));
+            return Err(ApiError::invalid_body(
+                "the request body must be a JSON object",
+            ));
         }
-        serde_json::from_value(value)
-            .map(ApiJson)
-            .map_err(|e| ApiError::invalid_body(format!("Failed to deserialize the JSON body: {e}")))
+        serde_json::from_value(value).map(ApiJson).map_err(|e| {
+            ApiError::invalid_body(format!("Failed to deserialize the JSON body: {e}"))
+        })
     }
 }
 
@@ -76,9 +83,21 @@ pub fn router(state: AppState, options: &HttpOptions) -> Router {
         .route("/generate", post(tgi::generate))
         .route("/generate_stream", post(tgi::generate_stream))
         .route("/tokenize", post(tgi::tokenize))
+        .route("/chat_tokenize", post(tgi::chat_tokenize))
+        .route("/invocations", post(invocations::invocations))
         .route_layer(middleware::from_fn_with_state(
             options.api_key.clone(),
             require_api_key,
+        ));
+    let openai_routes = Router::new()
+        .route("/v1/chat/completions", post(openai::chat_completions))
+        .route("/v1/completions", post(openai::completions))
+        .route("/v1/models", get(openai::models))
+        .route("/v1/models/{*model}", get(openai::model))
+        .route("/v1/{*rest}", axum::routing::any(openai::not_found))
+        .route_layer(middleware::from_fn_with_state(
+            options.api_key.clone(),
+            require_openai_api_key,
         ));
     let operations = Router::new()
         .route("/", get(ops::health))
@@ -87,7 +106,9 @@ pub fn router(state: AppState, options: &HttpOptions) -> Router {
         .route("/info", get(ops::info))
         .route("/metrics", get(ops::metrics));
     generation
+        .merge(openai_routes)
         .merge(operations)
+        .merge(docs::routes())
         .layer(DefaultBodyLimit::max(options.payload_limit))
         .layer(cors(&options.cors_allow_origin))
         .with_state(state)
@@ -102,7 +123,16 @@ fn cors(origins: &[String]) -> CorsLayer {
     CorsLayer::new()
         .allow_origin(allow_origin)
         .allow_methods([Method::GET, Method::POST])
-        .allow_headers([header::CONTENT_TYPE])
+        .allow_headers([header::CONTENT_TYPE, header::AUTHORIZATION])
+}
+
+fn has_key(request: &Request, key: &str) -> bool {
+    request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.strip_prefix("Bearer "))
+        == Some(key)
 }
 
 /// With `--api-key`, generation routes need `Authorization: Bearer <key>` (compared
@@ -113,13 +143,23 @@ async fn require_api_key(
     next: Next,
 ) -> Result<Response, ApiError> {
     if let Some(key) = key {
-        let given = request
-            .headers()
-            .get(header::AUTHORIZATION)
-            .and_then(|value| value.to_str().ok())
-            .and_then(|value| value.strip_prefix("Bearer "));
-        if given != Some(key.as_str()) {
+        if !has_key(&request, &key) {
             return Err(ApiError::Unauthorized);
+        }
+    }
+    Ok(next.run(request).await)
+}
+
+/// The same check on `/v1/*` (`/v1/models` included, as OpenAI does), answered in
+/// OpenAI's error envelope.
+async fn require_openai_api_key(
+    State(key): State<Option<String>>,
+    request: Request,
+    next: Next,
+) -> Result<Response, openai::errors::OpenAiError> {
+    if let Some(key) = key {
+        if !has_key(&request, &key) {
+            return Err(openai::errors::OpenAiError::unauthorized());
         }
     }
     Ok(next.run(request).await)
@@ -140,3 +180,7 @@ pub async fn serve(
 #[cfg(test)]
 #[path = "tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "openai_tests.rs"]
+mod openai_tests;

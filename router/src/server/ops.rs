@@ -4,12 +4,13 @@ use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;
 use axum::Json;
 use serde::Serialize;
+use utoipa::ToSchema;
 
 use super::AppState;
 use crate::errors::ApiError;
 
 /// `/info`: TGI's fields plus what textgen learned from the shards.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct Info {
     pub model_id: String,
     pub model_sha: Option<String>,
@@ -34,6 +35,15 @@ pub struct Info {
     pub docker_label: Option<String>,
 }
 
+#[utoipa::path(
+    get,
+    path = "/health",
+    tag = "Operations",
+    responses(
+        (status = 200, description = "Every shard answers"),
+        (status = 503, description = "A shard does not answer", body = crate::schema::ErrorBody),
+    )
+)]
 pub async fn health(State(state): State<AppState>) -> Result<StatusCode, ApiError> {
     match state.health.check().await {
         Ok(()) => Ok(StatusCode::OK),
@@ -44,10 +54,22 @@ pub async fn health(State(state): State<AppState>) -> Result<StatusCode, ApiErro
     }
 }
 
+#[utoipa::path(
+    get,
+    path = "/info",
+    tag = "Operations",
+    responses((status = 200, description = "Model and router settings", body = Info))
+)]
 pub async fn info(State(state): State<AppState>) -> Json<Info> {
     Json(state.info.as_ref().clone())
 }
 
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    tag = "Operations",
+    responses((status = 200, description = "Prometheus text format", body = String, content_type = "text/plain"))
+)]
 pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],

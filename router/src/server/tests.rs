@@ -30,6 +30,11 @@ const LIMITS: ValidationLimits = ValidationLimits {
     max_top_n_tokens: 5,
     max_input_tokens: 100,
     max_total_tokens: 200,
+    vocab_size: 300,
+    watermark: crate::validation::WatermarkSettings {
+        gamma: 0.5,
+        delta: 2.0,
+    },
 };
 
 fn info() -> Info {
@@ -58,23 +63,43 @@ fn info() -> Info {
     }
 }
 
-fn app_with(options: HttpOptions, healthy: bool) -> Router {
-    let tokenizer = Arc::new(byte_level_tokenizer());
+/// Refuses conversations that do not start with a user turn, like many real templates.
+/// The rendered prompt is the contents alone, so it stays within the tiny test limits.
+pub const TEST_CHAT_TEMPLATE: &str = "{% if messages[0].role == 'assistant' %}{{ raise_exception('Conversation must not start with the assistant') }}{% endif %}{% for m in messages %}{{ m.content }}{% endfor %}";
+
+pub fn app_with(options: HttpOptions, healthy: bool) -> Router {
+    let tokenizer = byte_level_tokenizer();
     let eos = tokenizer.token_to_id("<eos>").unwrap();
     let mut ids = tokenizer.encode(" world").unwrap();
     ids.push(eos);
-    let (scheduler, _) = fake_scheduler(move |_| Script::Tokens(ids.clone()));
+    app_scripted(options, healthy, Script::Tokens(ids))
+}
+
+/// The app whose fake scheduler plays `script` for every sequence.
+pub fn app_scripted(options: HttpOptions, healthy: bool, script: Script) -> Router {
+    let tokenizer = Arc::new(byte_level_tokenizer());
+    let eos = tokenizer.token_to_id("<eos>").unwrap();
+    let (scheduler, _) = fake_scheduler(move |_| script.clone());
     let validation = Validation::new(tokenizer.clone(), LIMITS, 1);
     let state = AppState {
         infer: Arc::new(Infer::new(scheduler, validation, tokenizer, 4, vec![eos])),
         health: Arc::new(FlagProbe(AtomicBool::new(healthy))),
         info: Arc::new(info()),
         prometheus: crate::metrics::builder().unwrap().build_recorder().handle(),
+        openai: Arc::new(crate::server::OpenAiContext {
+            model_id: "org/test-model".into(),
+            created: 1_700_000_000,
+            chat_template: crate::chat_template::ChatTemplate::new(
+                TEST_CHAT_TEMPLATE.into(),
+                None,
+                Some("<eos>".into()),
+            ),
+        }),
     };
     router(state, &options)
 }
 
-fn app() -> Router {
+pub fn app() -> Router {
     app_with(
         HttpOptions {
             payload_limit: 1000,
@@ -84,14 +109,17 @@ fn app() -> Router {
     )
 }
 
-fn post(path: &str, body: &str) -> Request<Body> {
+pub fn post(path: &str, body: &str) -> Request<Body> {
     Request::post(path)
         .header("content-type", "application/json")
         .body(Body::from(body.to_owned()))
         .unwrap()
 }
 
-async fn call(app: Router, request: Request<Body>) -> (StatusCode, axum::http::HeaderMap, String) {
+pub async fn call(
+    app: Router,
+    request: Request<Body>,
+) -> (StatusCode, axum::http::HeaderMap, String) {
     let response = app.oneshot(request).await.unwrap();
     let status = response.status();
     let headers = response.headers().clone();
@@ -101,7 +129,7 @@ async fn call(app: Router, request: Request<Body>) -> (StatusCode, axum::http::H
     (status, headers, String::from_utf8(bytes.to_vec()).unwrap())
 }
 
-fn json(body: &str) -> serde_json::Value {
+pub fn json(body: &str) -> serde_json::Value {
     serde_json::from_str(body).unwrap_or_else(|err| panic!("not JSON ({err}): {body:?}"))
 }
 

@@ -1,4 +1,5 @@
-//! TGI's native generation routes: `/generate`, `/generate_stream`, `/` and `/tokenize`.
+//! TGI's native generation routes: `/generate`, `/generate_stream`, `/`, `/tokenize` and
+//! `/chat_tokenize`.
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
@@ -8,8 +9,31 @@ use super::{sse_response, ApiJson, AppState};
 use crate::errors::ApiError;
 use crate::infer::{outcome_of, GenerateOutput};
 use crate::metrics::RequestMeter;
-use crate::schema::{CompatGenerateRequest, GenerateRequest, SimpleToken};
+use crate::schema::{
+    ChatTokenizeResponse, CompatGenerateRequest, ErrorBody, GenerateRequest, GenerateResponse,
+    SimpleToken,
+};
+use crate::validation::ValidationError;
 
+use super::openai::mapping::render_chat;
+use super::openai::types::ChatCompletionRequest;
+
+#[utoipa::path(
+    post,
+    path = "/generate",
+    tag = "Text Generation Inference",
+    request_body = GenerateRequest,
+    responses(
+        (status = 200, description = "Generated text", body = GenerateResponse),
+        (status = 422, description = "Input validation error", body = ErrorBody),
+        (status = 400, description = "Malformed JSON", body = ErrorBody),
+        (status = 413, description = "Body over --payload-limit", body = ErrorBody),
+        (status = 415, description = "Missing `content-type: application/json`", body = ErrorBody),
+        (status = 424, description = "Generation error", body = ErrorBody),
+        (status = 429, description = "Model is overloaded", body = ErrorBody),
+        (status = 500, description = "Incomplete generation", body = ErrorBody),
+    )
+)]
 pub async fn generate(
     State(state): State<AppState>,
     ApiJson(request): ApiJson<GenerateRequest>,
@@ -20,6 +44,22 @@ pub async fn generate(
     Ok((headers, Json(output.response)).into_response())
 }
 
+#[utoipa::path(
+    post,
+    path = "/generate_stream",
+    tag = "Text Generation Inference",
+    request_body = GenerateRequest,
+    responses(
+        (status = 200, description = "SSE stream: one `StreamResponse` per token; the last has the text and details", body = super::docs::SseEvent, content_type = "text/event-stream"),
+        (status = 422, description = "Input validation error", body = ErrorBody),
+        (status = 400, description = "Malformed JSON", body = ErrorBody),
+        (status = 413, description = "Body over --payload-limit", body = ErrorBody),
+        (status = 415, description = "Missing `content-type: application/json`", body = ErrorBody),
+        (status = 424, description = "Generation error", body = ErrorBody),
+        (status = 429, description = "Model is overloaded", body = ErrorBody),
+        (status = 500, description = "Incomplete generation", body = ErrorBody),
+    )
+)]
 pub async fn generate_stream(
     State(state): State<AppState>,
     ApiJson(request): ApiJson<GenerateRequest>,
@@ -29,6 +69,25 @@ pub async fn generate_stream(
 
 /// `POST /`: `stream` picks SSE; otherwise a one-element array, as the old Inference API
 /// answered. `return_full_text` defaults to true here, like TGI with no pipeline tag.
+#[utoipa::path(
+    post,
+    path = "/",
+    tag = "Text Generation Inference",
+    request_body = CompatGenerateRequest,
+    responses(
+        (status = 200, description = "A one-element array, or with `stream: true` an SSE stream of `StreamResponse`", content(
+            ([GenerateResponse] = "application/json"),
+            (super::docs::SseEvent = "text/event-stream"),
+        )),
+        (status = 422, description = "Input validation error", body = ErrorBody),
+        (status = 400, description = "Malformed JSON", body = ErrorBody),
+        (status = 413, description = "Body over --payload-limit", body = ErrorBody),
+        (status = 415, description = "Missing `content-type: application/json`", body = ErrorBody),
+        (status = 424, description = "Generation error", body = ErrorBody),
+        (status = 429, description = "Model is overloaded", body = ErrorBody),
+        (status = 500, description = "Incomplete generation", body = ErrorBody),
+    )
+)]
 pub async fn compat_generate(
     State(state): State<AppState>,
     ApiJson(request): ApiJson<CompatGenerateRequest>,
@@ -45,11 +104,51 @@ pub async fn compat_generate(
     Ok((headers, Json([output.response])).into_response())
 }
 
+#[utoipa::path(
+    post,
+    path = "/tokenize",
+    tag = "Text Generation Inference",
+    request_body = GenerateRequest,
+    responses(
+        (status = 200, description = "The prompt's tokens", body = [SimpleToken]),
+        (status = 422, description = "Input validation error", body = ErrorBody),
+        (status = 400, description = "Malformed JSON", body = ErrorBody),
+        (status = 413, description = "Body over --payload-limit", body = ErrorBody),
+        (status = 415, description = "Missing `content-type: application/json`", body = ErrorBody),
+    )
+)]
 pub async fn tokenize(
     State(state): State<AppState>,
     ApiJson(request): ApiJson<GenerateRequest>,
 ) -> Result<Json<Vec<SimpleToken>>, ApiError> {
     Ok(Json(state.infer.tokenize(request.inputs).await?))
+}
+
+/// TGI's `/chat_tokenize`: the chat template's output and its tokens.
+#[utoipa::path(
+    post,
+    path = "/chat_tokenize",
+    tag = "Text Generation Inference",
+    request_body = ChatCompletionRequest,
+    responses(
+        (status = 200, description = "The templated prompt and its tokens", body = ChatTokenizeResponse),
+        (status = 422, description = "Invalid messages or a template error", body = ErrorBody),
+        (status = 400, description = "Malformed JSON", body = ErrorBody),
+        (status = 413, description = "Body over --payload-limit", body = ErrorBody),
+        (status = 415, description = "Missing `content-type: application/json`", body = ErrorBody),
+    )
+)]
+pub async fn chat_tokenize(
+    State(state): State<AppState>,
+    ApiJson(request): ApiJson<ChatCompletionRequest>,
+) -> Result<Json<ChatTokenizeResponse>, ApiError> {
+    let templated_text = render_chat(state.openai.chat_template.as_ref(), &request.messages)
+        .map_err(|err| crate::errors::InferError::from(ValidationError::Template(err.message)))?;
+    let tokens = state.infer.tokenize_chat(templated_text.clone()).await?;
+    Ok(Json(ChatTokenizeResponse {
+        tokenize_response: tokens,
+        templated_text,
+    }))
 }
 
 async fn run_generate(

@@ -1,0 +1,61 @@
+//! SageMaker's `POST /invocations`: one route for every kind of request, told apart by
+//! the body (as TGI does): `messages` → chat completions, `prompt` → completions,
+//! anything else → TGI's `POST /`.
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use serde_json::Value;
+
+use super::openai::errors::{OpenAiError, OpenAiJson};
+use super::{openai, tgi, ApiJson, AppState};
+use crate::errors::ApiError;
+
+fn parse<T: serde::de::DeserializeOwned>(body: Value) -> Result<T, ApiError> {
+    serde_json::from_value(body).map_err(|err| {
+        ApiError::invalid_body(format!("Failed to deserialize the JSON body: {err}"))
+    })
+}
+
+#[utoipa::path(
+    post,
+    path = "/invocations",
+    tag = "Text Generation Inference",
+    request_body(content = Object, description = "A chat completions, completions or TGI `/` request"),
+    responses(
+        (status = 200, description = "The answer of the route the body belongs to", content(
+            (Object = "application/json"),
+            (super::docs::SseEvent = "text/event-stream"),
+        )),
+        (status = 400, description = "Malformed JSON or an invalid OpenAI-style request", body = Object),
+        (status = 413, description = "Body over --payload-limit", body = Object),
+        (status = 415, description = "Missing `content-type: application/json`", body = Object),
+        (status = 422, description = "Invalid TGI-style request", body = crate::schema::ErrorBody),
+        (status = 424, description = "Generation error (TGI-style request)", body = crate::schema::ErrorBody),
+        (status = 429, description = "Too many requests in flight", body = Object),
+        (status = 500, description = "Generation failed", body = Object),
+    )
+)]
+pub async fn invocations(State(state): State<AppState>, ApiJson(body): ApiJson<Value>) -> Response {
+    let state = State(state);
+    if body.get("messages").is_some() {
+        return match parse(body) {
+            Ok(request) => openai::chat_completions(state, OpenAiJson(request))
+                .await
+                .into_response(),
+            Err(err) => OpenAiError::from(err).into_response(),
+        };
+    }
+    if body.get("prompt").is_some() {
+        return match parse(body) {
+            Ok(request) => openai::completions(state, OpenAiJson(request))
+                .await
+                .into_response(),
+            Err(err) => OpenAiError::from(err).into_response(),
+        };
+    }
+    match parse(body) {
+        Ok(request) => tgi::compat_generate(state, ApiJson(request))
+            .await
+            .into_response(),
+        Err(err) => err.into_response(),
+    }
+}

@@ -1,0 +1,393 @@
+//! JSON shapes of the OpenAI-compatible routes, as OpenAI documents them. The handlers and
+//! the OpenAPI document share these types.
+//!
+//! Unknown-field policy (the same as the native routes): a field that is not part of the
+//! route's OpenAI request schema is rejected with 400. Every field of OpenAI's schema is
+//! known: implemented ones work, metadata-only ones (`user`, `store`, `metadata`,
+//! `service_tier`, `safety_identifier`, `prompt_cache_key`, `parallel_tool_calls`) are
+//! accepted and have no effect, and the rest are refused with 400 unless they carry their
+//! neutral value (`null`).
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use utoipa::ToSchema;
+
+/// `stop`: one string or a list of strings.
+#[derive(Debug, Clone, PartialEq, Deserialize, ToSchema)]
+#[serde(untagged)]
+pub enum StopField {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl StopField {
+    pub fn into_vec(self) -> Vec<String> {
+        match self {
+            Self::One(stop) => vec![stop],
+            Self::Many(stops) => stops,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct StreamOptions {
+    #[serde(default)]
+    pub include_usage: bool,
+    /// Accepted; textgen sends no obfuscation padding.
+    #[serde(default)]
+    pub include_obfuscation: Option<bool>,
+}
+
+/// A text part of a message; other part types (images, audio) are refused.
+#[derive(Debug, Clone, PartialEq, Deserialize, ToSchema)]
+pub struct ContentPart {
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(default)]
+    pub text: Option<String>,
+    #[serde(flatten)]
+    #[schema(value_type = Object)]
+    pub other: BTreeMap<String, Value>,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize, ToSchema)]
+#[serde(untagged)]
+pub enum MessageContent {
+    Text(String),
+    Parts(Vec<ContentPart>),
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ChatMessage {
+    /// `system`, `developer` (treated as `system`), `user`, `assistant` or `tool`.
+    pub role: String,
+    #[serde(default)]
+    pub content: Option<MessageContent>,
+    #[serde(default)]
+    pub name: Option<String>,
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub tool_calls: Option<Value>,
+    #[serde(default)]
+    pub tool_call_id: Option<String>,
+    #[serde(default)]
+    pub refusal: Option<String>,
+}
+
+/// Declares an OpenAI request with the fields every generation request shares (serde's
+/// `flatten` cannot be combined with `deny_unknown_fields`, so they are spelled out in
+/// each), plus `sampling_fields()` to read them as one `SamplingFields`.
+macro_rules! openai_request {
+    ($(#[$meta:meta])* pub struct $name:ident { $($body:tt)* }) => {
+        $(#[$meta])*
+        pub struct $name {
+            $($body)*
+
+    /// 0 to 2; 0 is greedy decoding.
+    #[serde(default)]
+    #[schema(minimum = 0, maximum = 2)]
+    pub temperature: Option<f32>,
+    /// In (0, 1]; 1 disables nucleus sampling.
+    #[serde(default)]
+    #[schema(exclusive_minimum = 0, maximum = 1)]
+    pub top_p: Option<f32>,
+    /// Choices to generate (1 to 16).
+    #[serde(default)]
+    #[schema(minimum = 1, maximum = 16)]
+    pub n: Option<u32>,
+    /// Makes sampling reproducible; choice i uses seed + i.
+    #[serde(default)]
+    pub seed: Option<i64>,
+    #[serde(default)]
+    pub stop: Option<StopField>,
+    /// -2 to 2, additive, on tokens already generated.
+    #[serde(default)]
+    #[schema(minimum = -2, maximum = 2)]
+    pub presence_penalty: Option<f32>,
+    /// -2 to 2, additive, proportional to how often a token was generated.
+    #[serde(default)]
+    #[schema(minimum = -2, maximum = 2)]
+    pub frequency_penalty: Option<f32>,
+    /// Token id (as a string) to a bias in [-100, 100] added to its logit.
+    #[serde(default)]
+    pub logit_bias: Option<BTreeMap<String, f32>>,
+    #[serde(default)]
+    pub stream: Option<bool>,
+    #[serde(default)]
+    pub stream_options: Option<StreamOptions>,
+    /// Accepted, no effect.
+    #[serde(default)]
+    pub user: Option<String>,
+    /// Accepted (any name); the answer names the served model.
+    #[serde(default)]
+    pub model: Option<String>,
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub metadata: Option<Value>,
+    #[serde(default)]
+    pub store: Option<bool>,
+    #[serde(default)]
+    pub service_tier: Option<String>,
+    #[serde(default)]
+    pub safety_identifier: Option<String>,
+    #[serde(default)]
+    pub prompt_cache_key: Option<String>,
+        }
+
+        impl $name {
+            pub fn sampling_fields(&self) -> SamplingFields {
+                SamplingFields {
+                    temperature: self.temperature,
+                    top_p: self.top_p,
+                    n: self.n,
+                    seed: self.seed,
+                    stop: self.stop.clone(),
+                    presence_penalty: self.presence_penalty,
+                    frequency_penalty: self.frequency_penalty,
+                    logit_bias: self.logit_bias.clone(),
+                    stream: self.stream,
+                    stream_options: self.stream_options.clone(),
+                }
+            }
+        }
+    };
+}
+
+/// The shared fields that change generation.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SamplingFields {
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub n: Option<u32>,
+    pub seed: Option<i64>,
+    pub stop: Option<StopField>,
+    pub presence_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+    pub logit_bias: Option<BTreeMap<String, f32>>,
+    pub stream: Option<bool>,
+    pub stream_options: Option<StreamOptions>,
+}
+
+openai_request! {
+#[derive(Debug, Clone, PartialEq, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ChatCompletionRequest {
+    #[schema(min_items = 1)]
+    pub messages: Vec<ChatMessage>,
+    #[serde(default)]
+    pub max_tokens: Option<u32>,
+    #[serde(default)]
+    pub max_completion_tokens: Option<u32>,
+    #[serde(default)]
+    pub logprobs: Option<bool>,
+    /// 0 to 20; needs `logprobs: true`.
+    #[serde(default)]
+    #[schema(minimum = 0, maximum = 20)]
+    pub top_logprobs: Option<u32>,
+    /// Refused until structured output exists.
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub response_format: Option<Value>,
+    /// Refused until tool calling exists.
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub tools: Option<Value>,
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub tool_choice: Option<Value>,
+    /// Accepted, no effect without `tools`.
+    #[serde(default)]
+    pub parallel_tool_calls: Option<bool>,
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub functions: Option<Value>,
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub function_call: Option<Value>,
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub modalities: Option<Value>,
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub audio: Option<Value>,
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub prediction: Option<Value>,
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub reasoning_effort: Option<Value>,
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub verbosity: Option<Value>,
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub web_search_options: Option<Value>,
+}
+}
+
+/// `prompt`: a string, a token list, or a batch of either.
+#[derive(Debug, Clone, PartialEq, Deserialize, ToSchema)]
+#[serde(untagged)]
+pub enum PromptField {
+    Text(String),
+    Tokens(Vec<u32>),
+    Texts(Vec<String>),
+    TokenLists(Vec<Vec<u32>>),
+}
+
+openai_request! {
+#[derive(Debug, Clone, PartialEq, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CompletionRequest {
+    pub prompt: PromptField,
+    /// Defaults to 16, as in OpenAI's API.
+    #[serde(default)]
+    pub max_tokens: Option<u32>,
+    /// 0 to 5 most likely alternatives per token (legacy format).
+    #[serde(default)]
+    #[schema(minimum = 0, maximum = 5)]
+    pub logprobs: Option<u32>,
+    /// Put the prompt in front of the completion.
+    #[serde(default)]
+    pub echo: Option<bool>,
+    /// Generate this many (at least `n`, at most 16) and return the `n` with the highest
+    /// mean logprob.
+    #[serde(default)]
+    #[schema(minimum = 1, maximum = 16)]
+    pub best_of: Option<u32>,
+    /// Refused: textgen has no fill-in-the-middle.
+    #[serde(default)]
+    pub suffix: Option<String>,
+}
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct Usage {
+    pub prompt_tokens: u32,
+    pub completion_tokens: u32,
+    pub total_tokens: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct TopLogprob {
+    pub token: String,
+    pub logprob: f32,
+    pub bytes: Vec<u8>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct TokenLogprob {
+    pub token: String,
+    pub logprob: f32,
+    pub bytes: Vec<u8>,
+    pub top_logprobs: Vec<TopLogprob>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct ChatLogprobs {
+    pub content: Vec<TokenLogprob>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct AssistantMessage {
+    pub role: &'static str,
+    pub content: String,
+    pub refusal: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct ChatChoice {
+    pub index: u32,
+    pub message: AssistantMessage,
+    pub logprobs: Option<ChatLogprobs>,
+    /// `stop` or `length`.
+    pub finish_reason: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct ChatCompletion {
+    pub id: String,
+    pub object: &'static str,
+    pub created: u64,
+    pub model: String,
+    pub system_fingerprint: String,
+    pub choices: Vec<ChatChoice>,
+    pub usage: Usage,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, ToSchema)]
+pub struct ChatDelta {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub role: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub content: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct ChatChunkChoice {
+    pub index: u32,
+    pub delta: ChatDelta,
+    pub logprobs: Option<ChatLogprobs>,
+    pub finish_reason: Option<&'static str>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct ChatCompletionChunk {
+    pub id: String,
+    pub object: &'static str,
+    pub created: u64,
+    pub model: String,
+    pub system_fingerprint: String,
+    pub choices: Vec<ChatChunkChoice>,
+    pub usage: Option<Usage>,
+}
+
+/// The legacy logprobs of `/v1/completions`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, ToSchema)]
+pub struct CompletionLogprobs {
+    pub tokens: Vec<String>,
+    /// `null` for the first prompt token when echoed.
+    pub token_logprobs: Vec<Option<f32>>,
+    pub top_logprobs: Vec<Option<BTreeMap<String, f32>>>,
+    pub text_offset: Vec<u32>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct CompletionChoice {
+    pub index: u32,
+    pub text: String,
+    pub logprobs: Option<CompletionLogprobs>,
+    pub finish_reason: Option<&'static str>,
+}
+
+/// The answer of `/v1/completions`, and each of its stream chunks.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct Completion {
+    pub id: String,
+    pub object: &'static str,
+    pub created: u64,
+    pub model: String,
+    pub system_fingerprint: String,
+    pub choices: Vec<CompletionChoice>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct Model {
+    pub id: String,
+    pub object: &'static str,
+    /// Unix time the model's files were written.
+    pub created: u64,
+    /// The organisation part of the model id (`HuggingFaceTB` of `HuggingFaceTB/SmolLM2`).
+    pub owned_by: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct ModelList {
+    pub object: &'static str,
+    pub data: Vec<Model>,
+}
