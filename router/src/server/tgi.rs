@@ -26,12 +26,8 @@ use super::openai::types::ChatCompletionRequest;
     responses(
         (status = 200, description = "Generated text", body = GenerateResponse),
         (status = 422, description = "Input validation error", body = ErrorBody),
-        (status = 400, description = "Malformed JSON", body = ErrorBody),
-        (status = 413, description = "Body over --payload-limit", body = ErrorBody),
-        (status = 415, description = "Missing `content-type: application/json`", body = ErrorBody),
-        (status = 424, description = "Generation error", body = ErrorBody),
-        (status = 429, description = "Model is overloaded", body = ErrorBody),
-        (status = 500, description = "Incomplete generation", body = ErrorBody),
+        super::docs::BodyErrors,
+        super::docs::GenerationErrors,
     )
 )]
 pub async fn generate(
@@ -52,12 +48,8 @@ pub async fn generate(
     responses(
         (status = 200, description = "SSE stream: one `StreamResponse` per token; the last has the text and details", body = super::docs::SseEvent, content_type = "text/event-stream"),
         (status = 422, description = "Input validation error", body = ErrorBody),
-        (status = 400, description = "Malformed JSON", body = ErrorBody),
-        (status = 413, description = "Body over --payload-limit", body = ErrorBody),
-        (status = 415, description = "Missing `content-type: application/json`", body = ErrorBody),
-        (status = 424, description = "Generation error", body = ErrorBody),
-        (status = 429, description = "Model is overloaded", body = ErrorBody),
-        (status = 500, description = "Incomplete generation", body = ErrorBody),
+        super::docs::BodyErrors,
+        super::docs::GenerationErrors,
     )
 )]
 pub async fn generate_stream(
@@ -80,12 +72,8 @@ pub async fn generate_stream(
             (super::docs::SseEvent = "text/event-stream"),
         )),
         (status = 422, description = "Input validation error", body = ErrorBody),
-        (status = 400, description = "Malformed JSON", body = ErrorBody),
-        (status = 413, description = "Body over --payload-limit", body = ErrorBody),
-        (status = 415, description = "Missing `content-type: application/json`", body = ErrorBody),
-        (status = 424, description = "Generation error", body = ErrorBody),
-        (status = 429, description = "Model is overloaded", body = ErrorBody),
-        (status = 500, description = "Incomplete generation", body = ErrorBody),
+        super::docs::BodyErrors,
+        super::docs::GenerationErrors,
     )
 )]
 pub async fn compat_generate(
@@ -112,9 +100,7 @@ pub async fn compat_generate(
     responses(
         (status = 200, description = "The prompt's tokens", body = [SimpleToken]),
         (status = 422, description = "Input validation error", body = ErrorBody),
-        (status = 400, description = "Malformed JSON", body = ErrorBody),
-        (status = 413, description = "Body over --payload-limit", body = ErrorBody),
-        (status = 415, description = "Missing `content-type: application/json`", body = ErrorBody),
+        super::docs::BodyErrors,
     )
 )]
 pub async fn tokenize(
@@ -133,9 +119,7 @@ pub async fn tokenize(
     responses(
         (status = 200, description = "The templated prompt and its tokens", body = ChatTokenizeResponse),
         (status = 422, description = "Invalid messages or a template error", body = ErrorBody),
-        (status = 400, description = "Malformed JSON", body = ErrorBody),
-        (status = 413, description = "Body over --payload-limit", body = ErrorBody),
-        (status = 415, description = "Missing `content-type: application/json`", body = ErrorBody),
+        super::docs::BodyErrors,
     )
 )]
 pub async fn chat_tokenize(
