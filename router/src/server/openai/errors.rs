@@ -245,3 +245,19 @@ mod tests {
         assert_eq!(OpenAiError::not_found("x").status, 404);
     }
 }
+
+/// The error answers of the generating `/v1` routes, for their OpenAPI entries.
+#[derive(utoipa::IntoResponses)]
+#[allow(dead_code)] // documentation only: the handlers answer with `OpenAiError`
+pub enum GenerationErrors {
+    #[response(status = 400, description = "Invalid request")]
+    Invalid(OpenAiErrorBody),
+    #[response(status = 401, description = "Missing or wrong API key")]
+    Unauthorized(OpenAiErrorBody),
+    #[response(status = 413, description = "Body over --payload-limit")]
+    PayloadTooLarge(OpenAiErrorBody),
+    #[response(status = 429, description = "Too many requests in flight")]
+    Overloaded(OpenAiErrorBody),
+    #[response(status = 500, description = "Generation failed")]
+    Failed(OpenAiErrorBody),
+}

@@ -159,11 +159,7 @@ fn usage(results: &[PromptResult]) -> Usage {
             (ChatCompletion = "application/json"),
             (super::docs::SseEvent = "text/event-stream"),
         )),
-        (status = 400, description = "Invalid request", body = OpenAiErrorBody),
-        (status = 401, description = "Missing or wrong API key", body = OpenAiErrorBody),
-        (status = 413, description = "Body over --payload-limit", body = OpenAiErrorBody),
-        (status = 429, description = "Too many requests in flight", body = OpenAiErrorBody),
-        (status = 500, description = "Generation failed", body = OpenAiErrorBody),
+        errors::GenerationErrors,
     )
 )]
 pub async fn chat_completions(
@@ -251,11 +247,7 @@ fn completion_choice(
             (Completion = "application/json"),
             (super::docs::SseEvent = "text/event-stream"),
         )),
-        (status = 400, description = "Invalid request", body = OpenAiErrorBody),
-        (status = 401, description = "Missing or wrong API key", body = OpenAiErrorBody),
-        (status = 413, description = "Body over --payload-limit", body = OpenAiErrorBody),
-        (status = 429, description = "Too many requests in flight", body = OpenAiErrorBody),
-        (status = 500, description = "Generation failed", body = OpenAiErrorBody),
+        errors::GenerationErrors,
     )
 )]
 pub async fn completions(
