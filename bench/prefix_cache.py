@@ -137,8 +137,8 @@ def summarize(results: list[dict], seconds: float, before: dict, after: dict) ->
     }
 
 
-def run_mode(cache: bool, scale: float, seed: int) -> dict:
-    server = Server("--prefix-caching", "true" if cache else "false")
+def run_mode(cache: bool, scale: float, seed: int, server_flags: list[str]) -> dict:
+    server = Server("--prefix-caching", "true" if cache else "false", *server_flags)
     try:
         stream(server.url, "Warm up the shard.", 4)
         workloads = {
@@ -174,7 +174,7 @@ def compare(on: dict, off: dict) -> dict:
 
 def markdown(report: dict) -> str:
     lines = [f"# Prefix cache on vs off ({report['machine']})", "",
-             f"Model: {report['model']}, greedy, fp32. Scale {report['scale']}. "
+             f"Model: {report['model']}, greedy. Scale {report['scale']}. "
              f"Command: `{report['command']}`", "",
              "| Workload | off s | on s | throughput × | TTFT p50 off/on | identical | "
              "hit tokens / queried | hits on generated tokens | evicted blocks |",
@@ -199,12 +199,16 @@ def main() -> None:
     parser.add_argument("--scale", type=float, default=1.0, help="request counts × this")
     parser.add_argument("--seed", type=int, default=6)
     parser.add_argument("--machine", default=f"{platform.machine()}, {os.cpu_count()} CPU cores")
+    parser.add_argument("--model", default="HuggingFaceTB/SmolLM2-135M-Instruct (offline demo model)",
+                        help="what the report calls the model")
+    parser.add_argument("--server-flag", action="append", default=[],
+                        help="extra launcher flag, repeatable (e.g. --server-flag=--model-id=/tmp/llama8b)")
     args = parser.parse_args()
-    on = run_mode(True, args.scale, args.seed)
-    off = run_mode(False, args.scale, args.seed)
+    on = run_mode(True, args.scale, args.seed, args.server_flag)
+    off = run_mode(False, args.scale, args.seed, args.server_flag)
     report = {
         "machine": args.machine,
-        "model": "HuggingFaceTB/SmolLM2-135M-Instruct (offline demo model)",
+        "model": args.model,
         "scale": args.scale,
         "command": "python bench/prefix_cache.py " + " ".join(sys.argv[1:]),
         "comparison": compare(on, off),

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -24,10 +25,14 @@ def free_port() -> int:
 
 
 def launcher_command() -> list[str]:
+    """The launcher installed beside this interpreter, else the first one on PATH."""
     exe = Path(sys.executable).parent / "textgen-launcher"
-    if not exe.exists():
+    if exe.exists():
+        return [str(exe)]
+    found = shutil.which("textgen-launcher")
+    if found is None:
         raise RuntimeError(f"{exe} not found: install the project first (make install-test)")
-    return [str(exe)]
+    return [found]
 
 
 class Server:
