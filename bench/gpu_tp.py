@@ -84,14 +84,14 @@ def agreement(a: list[list[int]], b: list[list[int]]) -> dict:
 
 def summarize(runs: dict) -> dict:
     summary = {}
-    one, two = runs.get("tp1-bfloat16"), runs.get("tp2-bfloat16")
-    if one and two:
+    one, two = runs.get("tp1-bfloat16", {}), runs.get("tp2-bfloat16", {})
+    if "greedy" in one and "greedy" in two:
         summary["batch1_speedup_tp2_over_tp1"] = two["batch1_decode_tok_s"] / one["batch1_decode_tok_s"]
         if "mixed_256" in one and "mixed_256" in two:
             summary["mixed_256_speedup_tp2_over_tp1"] = (
                 two["mixed_256"]["tokens_per_s"] / one["mixed_256"]["tokens_per_s"])
         summary["bfloat16_parity"] = agreement(one["greedy"], two["greedy"])
-    if runs.get("tp1-float32") and runs.get("tp2-float32"):
+    if "greedy" in runs.get("tp1-float32", {}) and "greedy" in runs.get("tp2-float32", {}):
         summary["float32_parity"] = agreement(runs["tp1-float32"]["greedy"], runs["tp2-float32"]["greedy"])
     return summary
 

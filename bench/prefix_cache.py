@@ -15,6 +15,7 @@ and the prefix-cache metrics (token hits, hits on generated tokens, evictions).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -42,8 +43,17 @@ def words(rng: random.Random, count: int) -> str:
     return " ".join(rng.choice(WORDS) for _ in range(count))
 
 
+@functools.cache
+def client() -> httpx.Client:
+    """One pooled client for every thread: a fresh httpx client per request costs tens of
+    milliseconds of GIL-bound setup (its TLS context), which on a fast GPU would dominate
+    the latencies being measured."""
+    limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
+    return httpx.Client(limits=limits, timeout=3600)
+
+
 def token_count(url: str, text: str) -> int:
-    response = httpx.post(url + "/tokenize", json={"inputs": text}, timeout=60)
+    response = client().post(url + "/tokenize", json={"inputs": text}, timeout=60)
     response.raise_for_status()
     return len(response.json())
 
@@ -67,7 +77,7 @@ def stream(url: str, prompt: str, new_tokens: int) -> dict:
     start = time.perf_counter()
     first = None
     tokens, text = 0, ""
-    with httpx.stream("POST", url + "/generate_stream", json=body, timeout=3600) as response:
+    with client().stream("POST", url + "/generate_stream", json=body) as response:
         response.raise_for_status()
         for line in response.iter_lines():
             if not line.startswith("data:"):
@@ -190,6 +200,9 @@ def markdown(report: dict) -> str:
             f"{m['textgen_prefix_cache_queries_tokens_total']:.0f} | "
             f"{m['textgen_prefix_cache_hits_generated_tokens_total']:.0f} | "
             f"{m['textgen_prefix_cache_evicted_blocks_total']:.0f} |")
+    if "control_off_vs_off_differing_outputs" in report:
+        lines += ["", "Control (cache off, run twice), outputs that differ: "
+                  + json.dumps(report["control_off_vs_off_differing_outputs"])]
     return "\n".join(lines) + "\n"
 
 
@@ -203,9 +216,13 @@ def main() -> None:
                         help="what the report calls the model")
     parser.add_argument("--server-flag", action="append", default=[],
                         help="extra launcher flag, repeatable (e.g. --server-flag=--model-id=/tmp/llama8b)")
+    parser.add_argument("--control", action="store_true",
+                        help="run cache-off twice: outputs that differ between two identical runs "
+                             "are batching noise (bf16 on GPU), not the cache")
     args = parser.parse_args()
     on = run_mode(True, args.scale, args.seed, args.server_flag)
     off = run_mode(False, args.scale, args.seed, args.server_flag)
+    control = run_mode(False, args.scale, args.seed, args.server_flag) if args.control else None
     report = {
         "machine": args.machine,
         "model": args.model,
@@ -215,6 +232,9 @@ def main() -> None:
         "cache_on": on,
         "cache_off": off,
     }
+    if control is not None:
+        report["control_off_vs_off_differing_outputs"] = {
+            name: sum(x != y for x, y in zip(off[name]["outputs"], control[name]["outputs"])) for name in off}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")

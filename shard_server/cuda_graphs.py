@@ -108,7 +108,9 @@ class DecodeGraphs:
             decode_outputs(self.model, self.model(input_ids, positions, kv_cache, metadata))
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
+        # thread_local: under TP, NCCL's watchdog thread polls events while we capture; the
+        # default (global) mode would invalidate the capture on its harmless queries.
+        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
             outputs = decode_outputs(self.model, self.model(input_ids, positions, kv_cache, metadata))
         return CapturedStep(size, graph, input_ids, positions, metadata, outputs)
 

@@ -35,12 +35,21 @@ class ShardIdentity:
     attention_backend: str
 
 
+def _select_device(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+
+
 class ShardService(pb_grpc.TextGenerationShardServicer):
     def __init__(self, runner: ModelRunner, identity: ShardIdentity, sizing: PoolSizing):
         self.runner = runner
         self.identity = identity
         self.sizing = sizing
-        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shard-step")
+        # The current CUDA device is per thread: the worker must select this rank's GPU itself,
+        # or graph capture and Triton launches on rank > 0 would go to GPU 0's stream.
+        self._worker = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="shard-step", initializer=_select_device, initargs=(runner.device,)
+        )
         self._lock = asyncio.Lock()
 
     async def _run(self, context, what: str, fn, *args):
