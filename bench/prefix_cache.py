@@ -1,7 +1,10 @@
 """Prefix-cache benchmark: the same workloads against textgen with the cache on and off.
 
-In one run, two servers (demo model, greedy) are started one after the other, with
-`--prefix-caching true` and `false`, and each runs:
+In one run, two servers (demo model by default, greedy) run side by side, with
+`--prefix-caching true` and `false` (on GPUs, optionally one GPU each: `--gpus 0,1`). After a
+warm-up pass on both, every workload runs on each server in alternating order for `--rounds`
+rounds (fresh prompts per round, the same prompts on both servers), and the medians are
+compared, so the machine's drift (first-use compilation, memory growth) hits both alike:
   1. shared system prompt: N requests sharing a ~1,500-token system prompt, each with a
      ~100-token question and 64 new tokens, all submitted at once;
   2. multi-turn chats: C chats of T turns running side by side, each turn resending the
@@ -37,6 +40,9 @@ WORDS = ("river stone lantern market silver garden window engine harbor letter w
 CACHE_METRICS = ("textgen_prefix_cache_queries_tokens_total", "textgen_prefix_cache_hits_tokens_total",
                  "textgen_prefix_cache_hits_generated_tokens_total",
                  "textgen_prefix_cache_evicted_blocks_total")
+# Steps taken and their time: tells "more steps" apart from "slower steps".
+STEP_METRICS = ("textgen_step_duration_seconds_sum", "textgen_step_duration_seconds_count",
+                "textgen_step_tokens_sum")
 
 
 def words(rng: random.Random, count: int) -> str:
@@ -143,28 +149,76 @@ def summarize(results: list[dict], seconds: float, before: dict, after: dict) ->
         "requests_per_s": round(len(results) / seconds, 3),
         "ttft_p50_s": round(statistics.median(r["ttft"] for r in results), 3),
         "metrics": {name: metric(after, name) - metric(before, name) for name in CACHE_METRICS},
+        "steps": {name: round(metric(after, name) - metric(before, name), 4) for name in STEP_METRICS},
         "outputs": [r["text"] for r in results],
     }
 
 
-def run_mode(cache: bool, scale: float, seed: int, server_flags: list[str]) -> dict:
-    server = Server("--prefix-caching", "true" if cache else "false", *server_flags)
+WORKLOADS = {
+    "shared_system_prompt": lambda url, rng, scale: shared_system_prompt(url, rng, max(2, round(64 * scale))),
+    "multi_turn_chats": lambda url, rng, scale: multi_turn_chats(url, rng, max(2, round(16 * scale)), 8),
+    "no_reuse": lambda url, rng, scale: no_reuse(url, rng, max(2, round(64 * scale))),
+}
+
+
+def measure(server: Server, name: str, key: str, scale: float) -> dict:
+    """One workload on one server; `key` seeds its prompts (same key, same prompts)."""
+    before = scrape_metrics(server.url)
+    results, seconds = WORKLOADS[name](server.url, random.Random(key), scale)
+    return summarize(results, seconds, before, scrape_metrics(server.url))
+
+
+def start(cache: bool, flags: list[str], gpu: str | None) -> Server:
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES=gpu) if gpu is not None else None
+    server = Server("--prefix-caching", "true" if cache else "false", *flags, env=env)
+    stream(server.url, "Warm up the shard.", 4)
+    return server
+
+
+def combine(runs: list[dict]) -> dict:
+    """Rounds of one workload on one server: medians of time and TTFT, summed metrics,
+    round 0's outputs (the rounds use different prompts)."""
+    combined = dict(runs[0])
+    combined["seconds"] = round(statistics.median(r["seconds"] for r in runs), 3)
+    combined["ttft_p50_s"] = round(statistics.median(r["ttft_p50_s"] for r in runs), 4)
+    combined["output_tokens_per_s"] = round(combined["output_tokens"] / combined["seconds"], 2)
+    combined["requests_per_s"] = round(combined["requests"] / combined["seconds"], 3)
+    combined["round_seconds"] = [r["seconds"] for r in runs]
+    for key in ("metrics", "steps"):
+        combined[key] = {name: sum(r[key][name] for r in runs) for name in runs[0][key]}
+    return combined
+
+
+def side_by_side(args) -> tuple[dict, dict]:
+    """Both servers up at once; every workload runs on each in alternating order, round
+    after round, after a warm-up pass, so drift of the machine hits both alike."""
+    gpus = args.gpus.split(",") if args.gpus else [None, None]
+    servers = {"on": start(True, args.server_flag, gpus[0]), "off": start(False, args.server_flag, gpus[-1])}
     try:
-        stream(server.url, "Warm up the shard.", 4)
-        workloads = {
-            "shared_system_prompt": lambda rng: shared_system_prompt(server.url, rng, max(2, round(64 * scale))),
-            "multi_turn_chats": lambda rng: multi_turn_chats(server.url, rng, max(2, round(16 * scale)), 8),
-            "no_reuse": lambda rng: no_reuse(server.url, rng, max(2, round(64 * scale))),
-        }
-        out = {}
-        for name, run in workloads.items():
-            rng = random.Random(f"{seed}-{name}")  # same prompts in both modes
-            before = scrape_metrics(server.url)
-            results, seconds = run(rng)
-            out[name] = summarize(results, seconds, before, scrape_metrics(server.url))
-            print(f"cache={'on' if cache else 'off'} {name}: {seconds:.1f} s, "
-                  f"{out[name]['metrics']}", flush=True)
-        return out
+        for label, server in servers.items():
+            for name in WORKLOADS:
+                measure(server, name, f"warm-{args.seed}-{name}", min(args.scale, 0.25))
+        runs = {"on": {}, "off": {}}
+        for name in WORKLOADS:
+            for round_ in range(args.rounds):
+                for label in ("on", "off") if round_ % 2 == 0 else ("off", "on"):
+                    run = measure(servers[label], name, f"{args.seed}-{name}-{round_}", args.scale)
+                    runs[label].setdefault(name, []).append(run)
+                    print(f"cache={label} {name} round {round_}: {run['seconds']:.2f} s, "
+                          f"{run['metrics']} {run['steps']}", flush=True)
+    finally:
+        for server in servers.values():
+            server.stop()
+    on = {name: combine(r) for name, r in runs["on"].items()}
+    off = {name: combine(r) for name, r in runs["off"].items()}
+    return on, off
+
+
+def control_run(args) -> dict:
+    """Round 0 of every workload on a fresh cache-off server."""
+    server = start(False, args.server_flag, args.gpus.split(",")[-1] if args.gpus else None)
+    try:
+        return {name: measure(server, name, f"{args.seed}-{name}-0", args.scale) for name in WORKLOADS}
     finally:
         server.stop()
 
@@ -184,7 +238,8 @@ def compare(on: dict, off: dict) -> dict:
 
 def markdown(report: dict) -> str:
     lines = [f"# Prefix cache on vs off ({report['machine']})", "",
-             f"Model: {report['model']}, greedy. Scale {report['scale']}. "
+             f"Model: {report['model']}, greedy; seconds and TTFT are medians of "
+             f"{len(next(iter(report['cache_on'].values()))['round_seconds'])} alternating rounds. Scale {report['scale']}. "
              f"Command: `{report['command']}`", "",
              "| Workload | off s | on s | throughput × | TTFT p50 off/on | identical | "
              "hit tokens / queried | hits on generated tokens | evicted blocks |",
@@ -216,13 +271,15 @@ def main() -> None:
                         help="what the report calls the model")
     parser.add_argument("--server-flag", action="append", default=[],
                         help="extra launcher flag, repeatable (e.g. --server-flag=--model-id=/tmp/llama8b)")
+    parser.add_argument("--rounds", type=int, default=2, help="measured rounds per workload and server")
+    parser.add_argument("--gpus", default=None,
+                        help="CUDA_VISIBLE_DEVICES of the cache-on and cache-off servers, e.g. 0,1")
     parser.add_argument("--control", action="store_true",
-                        help="run cache-off twice: outputs that differ between two identical runs "
-                             "are batching noise (bf16 on GPU), not the cache")
+                        help="also run round 0 on a fresh cache-off server: outputs that differ between "
+                             "two cache-off runs are batching noise (bf16 on GPU), not the cache")
     args = parser.parse_args()
-    on = run_mode(True, args.scale, args.seed, args.server_flag)
-    off = run_mode(False, args.scale, args.seed, args.server_flag)
-    control = run_mode(False, args.scale, args.seed, args.server_flag) if args.control else None
+    on, off = side_by_side(args)
+    control = control_run(args) if args.control else None
     report = {
         "machine": args.machine,
         "model": args.model,
@@ -235,6 +292,7 @@ def main() -> None:
     if control is not None:
         report["control_off_vs_off_differing_outputs"] = {
             name: sum(x != y for x, y in zip(off[name]["outputs"], control[name]["outputs"])) for name in off}
+        report["control_run"] = control
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")

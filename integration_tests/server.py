@@ -38,7 +38,7 @@ def launcher_command() -> list[str]:
 class Server:
     """One launcher process and everything it spawns, on a free port."""
 
-    def __init__(self, *flags: str, startup_timeout: float = 600.0):
+    def __init__(self, *flags: str, startup_timeout: float = 600.0, env: dict[str, str] | None = None):
         self.port = free_port()
         self.workdir = Path(tempfile.mkdtemp(prefix="textgen-it-"))
         self.log_path = self.workdir / "launcher.log"
@@ -50,7 +50,7 @@ class Server:
         ]
         self._log = open(self.log_path, "wb")
         self.process = subprocess.Popen(
-            command, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
+            command, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True, env=env
         )
         self.url = f"http://127.0.0.1:{self.port}"
         self._wait_ready(startup_timeout)
