@@ -196,10 +196,10 @@ def side_by_side(args) -> tuple[dict, dict]:
     servers = {"on": start(True, args.server_flag, gpus[0]), "off": start(False, args.server_flag, gpus[-1])}
     try:
         for label, server in servers.items():
-            for name in WORKLOADS:
+            for name in args.workloads:
                 measure(server, name, f"warm-{args.seed}-{name}", min(args.scale, 0.25))
         runs = {"on": {}, "off": {}}
-        for name in WORKLOADS:
+        for name in args.workloads:
             for round_ in range(args.rounds):
                 for label in ("on", "off") if round_ % 2 == 0 else ("off", "on"):
                     run = measure(servers[label], name, f"{args.seed}-{name}-{round_}", args.scale)
@@ -218,7 +218,7 @@ def control_run(args) -> dict:
     """Round 0 of every workload on a fresh cache-off server."""
     server = start(False, args.server_flag, args.gpus.split(",")[-1] if args.gpus else None)
     try:
-        return {name: measure(server, name, f"{args.seed}-{name}-0", args.scale) for name in WORKLOADS}
+        return {name: measure(server, name, f"{args.seed}-{name}-0", args.scale) for name in args.workloads}
     finally:
         server.stop()
 
@@ -277,7 +277,12 @@ def main() -> None:
     parser.add_argument("--control", action="store_true",
                         help="also run round 0 on a fresh cache-off server: outputs that differ between "
                              "two cache-off runs are batching noise (bf16 on GPU), not the cache")
+    parser.add_argument("--workloads", type=lambda text: text.split(","), default=list(WORKLOADS),
+                        help="comma-separated subset of: " + ", ".join(WORKLOADS))
     args = parser.parse_args()
+    unknown = set(args.workloads) - set(WORKLOADS)
+    if unknown:
+        parser.error(f"unknown workloads: {', '.join(sorted(unknown))}")
     on, off = side_by_side(args)
     control = control_run(args) if args.control else None
     report = {
