@@ -1,4 +1,8 @@
-"""A Llama-3-8B-shaped model with seeded random bf16 weights, and the GPU's two ceilings.
+"""Llama-shaped models with seeded random weights, and a device's two ceilings.
+
+Shapes: LLAMA3_8B (one 16 GB file, as the 8B benches expect), LLAMA3_70B (141 GB in bf16,
+streamed into ~20 GB shards plus model.safetensors.index.json, so at most one shard is ever
+in host memory) and TINY (a few MB, for CPU tests of the harnesses).
 
 The weights are random, so greedy decoding could pick tokens the demo tokenizer cannot
 decode (ids >= its vocabulary) or its special tokens (EOS would end a benchmark request
@@ -9,6 +13,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -35,8 +41,18 @@ LLAMA3_8B = dict(
     eos_token_id=2,
     torch_dtype="bfloat16",
 )
+LLAMA3_70B = dict(LLAMA3_8B, hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
+                  num_attention_heads=64, num_key_value_heads=8)  # fmt: skip
+# The demo tokenizer's 49,152 ids need a vocabulary at least that large; the rest is tiny.
+TINY = dict(LLAMA3_8B, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=16, vocab_size=49152)  # fmt: skip
+SHAPES = {"8b": LLAMA3_8B, "70b": LLAMA3_70B, "tiny": TINY}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json")
 SPECIAL_IDS = range(17)  # the demo tokenizer's special tokens
+INDEX_NAME = "model.safetensors.index.json"
+# The 8B (16.06 GB) stays one model.safetensors; the 70B becomes 8 shards.
+DEFAULT_MAX_SHARD_BYTES = 20 * 10**9
+DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
 
 
 def _layer_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
@@ -53,42 +69,116 @@ def _layer_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
     }
 
 
-def write_random_llama(directory: Path, tokenizer_dir: Path, text_vocab: int, seed: int = 0) -> int:
-    """Writes config, weights and tokenizer; returns the parameter count."""
-    cfg = LLAMA3_8B
-    directory.mkdir(parents=True, exist_ok=True)
-    gen = torch.Generator("cuda").manual_seed(seed)
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    shape: tuple[int, ...]
+    kind: str  # "normal", "ones" or "head" (normal with the unusable rows zeroed)
 
-    def normal(shape, std=0.02):
-        return (torch.randn(shape, generator=gen, device="cuda") * std).to(torch.bfloat16)
+    @property
+    def numel(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
 
+
+def tensor_specs(cfg: dict) -> list[TensorSpec]:
+    """Every tensor in the order its random values are drawn (which fixes the weights)."""
     h, vocab = cfg["hidden_size"], cfg["vocab_size"]
-    tensors = {"model.embed_tokens.weight": normal((vocab, h)), "model.norm.weight": torch.ones(h)}
-    head = normal((vocab, h))
-    head[text_vocab:] = 0
-    head[list(SPECIAL_IDS)] = 0
-    tensors["lm_head.weight"] = head
+    specs = [TensorSpec("model.embed_tokens.weight", (vocab, h), "normal"),
+             TensorSpec("model.norm.weight", (h,), "ones"),
+             TensorSpec("lm_head.weight", (vocab, h), "head")]  # fmt: skip
     for layer in range(cfg["num_hidden_layers"]):
         prefix = f"model.layers.{layer}."
-        for name, shape in _layer_shapes(cfg).items():
-            tensors[prefix + name] = normal(shape)
-        tensors[prefix + "input_layernorm.weight"] = torch.ones(h)
-        tensors[prefix + "post_attention_layernorm.weight"] = torch.ones(h)
-    params = sum(t.numel() for t in tensors.values())
-    cpu = {name: t.to(torch.bfloat16).cpu().contiguous() for name, t in tensors.items()}
-    del tensors
-    save_file(cpu, str(directory / "model.safetensors"), metadata={"format": "pt"})
-    (directory / "config.json").write_text(json.dumps(cfg, indent=1))
+        specs += [TensorSpec(prefix + name, shape, "normal") for name, shape in _layer_shapes(cfg).items()]
+        specs += [TensorSpec(prefix + "input_layernorm.weight", (h,), "ones"),
+                  TensorSpec(prefix + "post_attention_layernorm.weight", (h,), "ones")]  # fmt: skip
+    return specs
+
+
+def plan_shards(specs: list[TensorSpec], element_bytes: int, max_shard_bytes: int) -> list[list[TensorSpec]]:
+    """Consecutive groups of at most max_shard_bytes (a bigger tensor gets a shard alone)."""
+    shards: list[list[TensorSpec]] = [[]]
+    size = 0
+    for spec in specs:
+        nbytes = spec.numel * element_bytes
+        if shards[-1] and size + nbytes > max_shard_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append(spec)
+        size += nbytes
+    return shards
+
+
+def shard_file_names(count: int) -> list[str]:
+    if count == 1:
+        return ["model.safetensors"]
+    return [f"model-{i + 1:05d}-of-{count:05d}.safetensors" for i in range(count)]
+
+
+def write_random_llama(directory: Path, tokenizer_dir: Path, text_vocab: int, seed: int = 0,
+                       shape: dict = LLAMA3_8B, device: str = "cuda", dtype: torch.dtype = torch.bfloat16,
+                       max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> int:  # fmt: skip
+    """Writes config, weights and tokenizer; returns the parameter count.
+
+    Shard by shard: one shard's tensors are drawn on `device`, moved to the host, saved and
+    freed before the next. With more than one shard, model.safetensors.index.json maps every
+    tensor to its file (the Hugging Face layout)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    gen = torch.Generator(device).manual_seed(seed)
+    element_bytes = torch.empty((), dtype=dtype).element_size()
+    specs = tensor_specs(shape)
+    shards = plan_shards(specs, element_bytes, max_shard_bytes)
+    names = shard_file_names(len(shards))
+    for old in directory.glob("*.safetensors"):  # a stale shard would be loaded too
+        old.unlink()
+
+    def draw(spec: TensorSpec) -> torch.Tensor:
+        if spec.kind == "ones":
+            return torch.ones(spec.shape).to(dtype)
+        tensor = (torch.randn(spec.shape, generator=gen, device=device) * 0.02).to(dtype)
+        if spec.kind == "head":
+            tensor[text_vocab:] = 0
+            tensor[list(SPECIAL_IDS)] = 0
+        return tensor.cpu().contiguous()
+
+    weight_map = {}
+    for shard, file_name in zip(shards, names):
+        tensors = {spec.name: draw(spec) for spec in shard}
+        save_file(tensors, str(directory / file_name), metadata={"format": "pt"})
+        del tensors
+        weight_map.update({spec.name: file_name for spec in shard})
+    if len(shards) > 1:
+        total = sum(spec.numel for spec in specs) * element_bytes
+        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+        (directory / INDEX_NAME).write_text(json.dumps(index, indent=1))
+    else:
+        (directory / INDEX_NAME).unlink(missing_ok=True)
+    config = dict(shape, torch_dtype=DTYPE_NAMES[dtype])
+    (directory / "config.json").write_text(json.dumps(config, indent=1))
     for name in TOKENIZER_FILES:
         shutil.copy(tokenizer_dir / name, directory / name)
-    return params
+    return sum(spec.numel for spec in specs)
 
 
-def _time_ms(fn, warmup: int = 3, repeat: int = 10) -> float:
+def weights_bytes(directory: Path) -> int:
+    """Bytes of every safetensors file in a model directory (headers included)."""
+    return sum(f.stat().st_size for f in Path(directory).glob("*.safetensors"))
+
+
+def _time_ms(fn, warmup: int = 3, repeat: int = 10, device: str = "cuda") -> float:
+    """Median milliseconds of fn: CUDA events on the GPU, the wall clock on the CPU."""
     for _ in range(warmup):
         fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     times = []
+    if device != "cuda":
+        for _ in range(repeat):
+            started = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - started) * 1e3)
+        return sorted(times)[len(times) // 2]
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     for _ in range(repeat):
         start.record()
         fn()
@@ -98,16 +188,17 @@ def _time_ms(fn, warmup: int = 3, repeat: int = 10) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def copy_bandwidth_bytes_per_s(size_bytes: int = 4 << 30) -> float:
+def copy_bandwidth_bytes_per_s(size_bytes: int = 4 << 30, device: str = "cuda") -> float:
     """Device-to-device copy, counting bytes read plus bytes written."""
-    src = torch.randn(size_bytes // 4, device="cuda")
+    src = torch.randn(size_bytes // 4, device=device)
     dst = torch.empty_like(src)
-    ms = _time_ms(lambda: dst.copy_(src))
+    ms = _time_ms(lambda: dst.copy_(src), device=device)
     return 2 * size_bytes / (ms / 1e3)
 
 
-def bf16_matmul_flops_per_s(n: int = 8192) -> float:
-    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    ms = _time_ms(lambda: a @ b)
+def bf16_matmul_flops_per_s(n: int = 8192, device: str = "cuda", dtype: torch.dtype = torch.bfloat16) -> float:
+    """Square matmul rate (named for its default dtype; the CPU harness passes its own)."""
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    ms = _time_ms(lambda: a @ b, device=device)
     return 2 * n**3 / (ms / 1e3)
