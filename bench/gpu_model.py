@@ -117,9 +117,18 @@ def shard_file_names(count: int) -> list[str]:
     return [f"model-{i + 1:05d}-of-{count:05d}.safetensors" for i in range(count)]
 
 
+@dataclass(frozen=True)
+class Spill:
+    """Where shards go once `budget_bytes` of them sit in the model directory: a second
+    filesystem (a disk too small for the whole model), linked back into the directory."""
+
+    directory: Path
+    budget_bytes: int
+
+
 def write_random_llama(directory: Path, tokenizer_dir: Path, text_vocab: int, seed: int = 0,
                        shape: dict = LLAMA3_8B, device: str = "cuda", dtype: torch.dtype = torch.bfloat16,
-                       max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> int:  # fmt: skip
+                       max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES, spill: Spill | None = None) -> int:  # fmt: skip
     """Writes config, weights and tokenizer; returns the parameter count.
 
     Shard by shard: one shard's tensors are drawn on `device`, moved to the host, saved and
@@ -131,6 +140,7 @@ def write_random_llama(directory: Path, tokenizer_dir: Path, text_vocab: int, se
     specs = tensor_specs(shape)
     shards = plan_shards(specs, element_bytes, max_shard_bytes)
     names = shard_file_names(len(shards))
+    (directory / "config.json").unlink(missing_ok=True)  # written last: marks a complete model
     for old in directory.glob("*.safetensors"):  # a stale shard would be loaded too
         old.unlink()
 
@@ -143,10 +153,18 @@ def write_random_llama(directory: Path, tokenizer_dir: Path, text_vocab: int, se
             tensor[list(SPECIAL_IDS)] = 0
         return tensor.cpu().contiguous()
 
-    weight_map = {}
+    weight_map, kept = {}, 0
     for shard, file_name in zip(shards, names):
         tensors = {spec.name: draw(spec) for spec in shard}
-        save_file(tensors, str(directory / file_name), metadata={"format": "pt"})
+        nbytes = sum(spec.numel for spec in shard) * element_bytes
+        target = directory / file_name
+        if spill is not None and kept + nbytes > spill.budget_bytes:
+            spill.directory.mkdir(parents=True, exist_ok=True)
+            target = spill.directory / file_name
+            (directory / file_name).symlink_to(target.resolve())
+        else:
+            kept += nbytes
+        save_file(tensors, str(target), metadata={"format": "pt"})
         del tensors
         weight_map.update({spec.name: file_name for spec in shard})
     if len(shards) > 1:
@@ -155,15 +173,15 @@ def write_random_llama(directory: Path, tokenizer_dir: Path, text_vocab: int, se
         (directory / INDEX_NAME).write_text(json.dumps(index, indent=1))
     else:
         (directory / INDEX_NAME).unlink(missing_ok=True)
-    config = dict(shape, torch_dtype=DTYPE_NAMES[dtype])
-    (directory / "config.json").write_text(json.dumps(config, indent=1))
     for name in TOKENIZER_FILES:
         shutil.copy(tokenizer_dir / name, directory / name)
+    config = dict(shape, torch_dtype=DTYPE_NAMES[dtype])
+    (directory / "config.json").write_text(json.dumps(config, indent=1))
     return sum(spec.numel for spec in specs)
 
 
 def weights_bytes(directory: Path) -> int:
-    """Bytes of every safetensors file in a model directory (headers included)."""
+    """Bytes of every safetensors file in a model directory (headers included; links followed)."""
     return sum(f.stat().st_size for f in Path(directory).glob("*.safetensors"))
 
 

@@ -93,7 +93,7 @@ def phase_parity(args) -> dict:
 
 
 # -- textgen over HTTP ------------------------------------------------------------------------
-def start_server(args, port: int) -> tuple[subprocess.Popen, float]:
+def start_server(args, port: int, timeout_s: float = 400.0) -> tuple[subprocess.Popen, float]:
     bindir = args.work / "bin"
     bindir.mkdir(parents=True, exist_ok=True)
     shard = bindir / "textgen-shard"
@@ -110,7 +110,7 @@ def start_server(args, port: int) -> tuple[subprocess.Popen, float]:
     started = time.perf_counter()
     process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=repo)
     url = f"http://127.0.0.1:{port}"
-    while time.perf_counter() - started < 400:
+    while time.perf_counter() - started < timeout_s:
         if process.poll() is not None:
             raise RuntimeError(f"launcher exited with {process.returncode}; see textgen.log")
         try:
@@ -119,7 +119,7 @@ def start_server(args, port: int) -> tuple[subprocess.Popen, float]:
         except httpx.HTTPError:
             pass
         time.sleep(1)
-    raise RuntimeError("textgen did not become healthy in 400 s")
+    raise RuntimeError(f"textgen did not become healthy in {timeout_s:.0f} s")
 
 
 def phase_textgen(args) -> dict:
