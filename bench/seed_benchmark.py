@@ -8,18 +8,21 @@ per device) and drives it over HTTP:
   3. the 7:3 mix of short (128 in / 128 out) and long (2048 in / 512 out) requests;
   4. TTFT p50/p99 of 2,048-token prompts arriving open-loop at a fixed rate.
 Each figure is set beside its roofline (bench/seed_roofline.py) and the published figures
-(Llama-3-70B, TP=4, H100, FP8) in OUT/seed_benchmark.{json,md}.
+(Llama-3-70B, TP=4, H100, FP8) in OUT/NAME.{json,md} (NAME: --name, default seed_benchmark).
 
-CPU harness validation (a few seconds of serving; not a performance result):
+CPU harness validation (about 25 s; not a performance result), as committed in bench/results:
 
-    python bench/seed_benchmark.py --shape tiny --device cpu --dtype float32 --scale 0.02 \\
-        --ttft-rate 4 --out bench/results/seed_cpu_tiny
+    python bench/seed_benchmark.py --shape tiny --device cpu --dtype float32 --scale 0.05 \\
+        --num-shard 2 --ttft-rate 4 --max-shard-gb 0.005 --out bench/results --name seed_benchmark_cpu_tiny
 
-On 4×H200 (TP=4), the issue's setup. The 70B bf16 weights are 141 GB: write them once to a
-disk with room (the 4-GPU machine has 235 GiB), the run reuses a complete model directory:
+On 4×H200 (TP=4), the issue's setup. The 70B bf16 weights are 141 GB (8 files of <= 20 GB;
+the writer holds one file, about twice over while safetensors serializes it, in host memory):
+write them once to a disk with room (the 4-GPU machine has 235 GiB) in one device call, then
+run in a second call, which reuses the complete model directory (a call is limited to 10 min):
 
+    python bench/seed_benchmark.py --shape 70b --model-dir /tmp/llama70b-random --prepare-only --out OUT
     python bench/seed_benchmark.py --shape 70b --num-shard 4 --model-dir /tmp/llama70b-random \\
-        --out OUT
+        --out OUT --name seed_benchmark_h200x4_tp4
 
 On 2×H200 (TP=2, small KV pool): each GPU holds 70.5 GB of weights, leaving about 50 GB of
 its 141 GB for the KV pool after activations and CUDA graphs. The 70B's KV is 320 KiB per token
@@ -30,9 +33,10 @@ weights: put part of the model on memory-backed storage with `--spill-dir` (shar
 --disk-budget-gb are written there and symlinked into the model directory; check
 `df -h /dev/shm` first, tmpfs is often half the RAM):
 
+    python bench/seed_benchmark.py --shape 70b --model-dir /tmp/llama70b-random --prepare-only \\
+        --spill-dir /dev/shm/llama70b --disk-budget-gb 90 --out OUT
     python bench/seed_benchmark.py --shape 70b --num-shard 2 --model-dir /tmp/llama70b-random \\
-        --spill-dir /dev/shm/llama70b --disk-budget-gb 100 \\
-        --server-flag=--cuda-memory-fraction --server-flag=0.97 --out OUT
+        --out OUT --name seed_benchmark_h200x2_tp2
 
 Add `--scale 0.25` for a first, shorter pass. On the GPU machine without an installed
 textgen, pass --router-binary (a router built on the build machine) and run from the
@@ -71,21 +75,31 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--scale", type=float, default=1.0, help="multiplies every count and length (0, 1]")
     parser.add_argument("--ttft-rate", type=float, default=2.0, help="requests/s of the TTFT scenario")
     parser.add_argument("--poisson", action="store_true", help="exponential TTFT arrival gaps, same mean rate")
-    parser.add_argument("--out", type=Path, required=True, help="writes OUT/seed_benchmark.{json,md}")
+    parser.add_argument("--out", type=Path, required=True, help="writes OUT/NAME.{json,md}")
+    parser.add_argument("--name", default="seed_benchmark", help="file name stem of the report")
     parser.add_argument("--model-dir", type=Path, help="default: /tmp/textgen-seed-SHAPE-DTYPE")
+    parser.add_argument("--max-shard-gb", type=float, default=gpu_model.DEFAULT_MAX_SHARD_BYTES / 1e9,
+                        help="largest weight file written (the 8B stays one file at the default)")
     parser.add_argument("--spill-dir", type=Path, help="weight shards past --disk-budget-gb are written here")
     parser.add_argument("--disk-budget-gb", type=float, help="bytes of shards kept in --model-dir")
     parser.add_argument("--tokenizer-dir", type=Path, help="default: the demo model's snapshot")
     parser.add_argument("--router-binary", type=Path, default=_installed_router())
     parser.add_argument("--server-flag", action="append", default=[], help="extra launcher flag (repeatable)")
     parser.add_argument("--startup-timeout", type=float, default=1800.0)
+    parser.add_argument("--prepare-only", action="store_true",
+                        help="write the model and exit (one device call for the 141 GB write, one for the run)")
     parser.add_argument("--scenarios", default="single_decode,concurrent_streams,mixed_load,ttft_at_rate")
     args = parser.parse_args(argv)
     if args.num_shard < 1:
         parser.error("--num-shard must be >= 1")
     if (args.spill_dir is None) != (args.disk_budget_gb is None):
         parser.error("--spill-dir and --disk-budget-gb go together")
-    args.sizes = seed_scenarios.Sizes.scaled(args.scale)  # validates --scale
+    if not args.ttft_rate > 0:
+        parser.error("--ttft-rate must be positive")
+    try:
+        args.sizes = seed_scenarios.Sizes.scaled(args.scale)
+    except ValueError as exc:
+        parser.error(str(exc))
     args.model_dir = args.model_dir or Path(tempfile.gettempdir()) / f"textgen-seed-{args.shape}-{args.dtype}"
     return args
 
@@ -134,7 +148,8 @@ def prepare_model(device: str, args) -> dict:
         if args.spill_dir:
             spill = gpu_model.Spill(args.spill_dir, int(args.disk_budget_gb * 1e9))
         params = gpu_model.write_random_llama(args.model_dir, args.tokenizer_dir, TEXT_VOCAB, shape=expected,
-                                              device=args.device, dtype=_torch_dtype(args.dtype), spill=spill)  # fmt: skip
+                                              device=args.device, dtype=_torch_dtype(args.dtype), spill=spill,
+                                              max_shard_bytes=int(args.max_shard_gb * 1e9))  # fmt: skip
     files = list(args.model_dir.glob("*.safetensors"))
     return {"dir": str(args.model_dir), "parameters": params, "bytes": gpu_model.weights_bytes(args.model_dir),
             "files": len(files), "reused": reused, "prepare_s": time.perf_counter() - started}  # fmt: skip
@@ -190,9 +205,13 @@ def serve_and_run(args) -> tuple[dict, float]:
     with tempfile.TemporaryDirectory(prefix="textgen-seed-") as tmp:
         work = Path(tmp)
         port = free_port()
-        launch = SimpleNamespace(out=args.out, work=work, router_binary=args.router_binary, model_dir=args.model_dir,
+        launch = SimpleNamespace(out=work, work=work, router_binary=args.router_binary, model_dir=args.model_dir,
                                  server_flag=server_flags(args, work))  # fmt: skip
-        process, startup_s = start_server(launch, port, args.startup_timeout)
+        try:
+            process, startup_s = start_server(launch, port, args.startup_timeout)
+        except RuntimeError as exc:  # the log lives in the temporary folder: show its end
+            tail = (work / "textgen.log").read_text(errors="replace")[-4000:]
+            raise RuntimeError(f"{exc}\n--- textgen.log (end) ---\n{tail}") from None
         try:
             return run_scenarios(args, f"http://127.0.0.1:{port}"), startup_s
         finally:
@@ -217,27 +236,31 @@ def main(argv: list[str] | None = None) -> dict:
         from launcher.demo_model import ensure_demo_model
 
         args.tokenizer_dir = ensure_demo_model()
-    ceilings = in_child(measure_ceilings, args.device, args.dtype, args.num_shard)
-    print(f"[ceilings] {ceilings}", flush=True)
     model = in_child(prepare_model, args.device, args)
     print(f"[model] {model}", flush=True)
+    if args.prepare_only:
+        return {"model": model}
+    ceilings = in_child(measure_ceilings, args.device, args.dtype, args.num_shard)
+    print(f"[ceilings] {ceilings}", flush=True)
     scenarios, startup_s = serve_and_run(args)
     cost = ModelCost.of(gpu_model.SHAPES[args.shape], _torch_dtype(args.dtype).itemsize)
     ceil = Ceilings(ceilings["copy_bytes_per_s"], ceilings["matmul_flops_per_s"])
-    bounds = seed_report.rooflines(cost, ceil, args.num_shard, scenarios)
+    # CPU shards share one memory bus and the same cores: TP adds no bandwidth or FLOPs there.
+    roof_devices = 1 if args.device == "cpu" else args.num_shard
+    bounds = seed_report.rooflines(cost, ceil, roof_devices, scenarios)
     validation = args.device == "cpu" or args.shape == "tiny"
     label = ("Harness validation on the CPU with a tiny model: checks that the harness runs end to end, "
              "not a performance result." if validation else
              "Performance run: our hardware and dtype differ from the published setup; compare with care.")  # fmt: skip
     config = {"shape": args.shape, "num_shard": args.num_shard, "device": args.device, "dtype": args.dtype,
               "device_name": ceilings["device_name"], "scale": args.scale, "label": label,
-              "sizes": asdict(args.sizes), "startup_s": startup_s}  # fmt: skip
+              "sizes": asdict(args.sizes), "startup_s": startup_s, "roofline_devices": roof_devices}  # fmt: skip
     report = {"config": config, "summary": seed_report.summarize(scenarios, bounds), "rooflines": bounds,
               "ceilings": ceilings, "model": model, "scenarios": scenarios, "published": seed_report.PUBLISHED,
               "command": "python bench/seed_benchmark.py " + " ".join(argv if argv is not None else sys.argv[1:])}  # fmt: skip
-    (args.out / "seed_benchmark.json").write_text(json.dumps(report, indent=1))
+    (args.out / f"{args.name}.json").write_text(json.dumps(report, indent=1))
     text = seed_report.markdown(report)
-    (args.out / "seed_benchmark.md").write_text(text)
+    (args.out / f"{args.name}.md").write_text(text)
     print(text, flush=True)
     return report
 

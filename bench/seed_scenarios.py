@@ -40,8 +40,8 @@ class Sizes:
             return max(floor, round(value * scale))
 
         return cls(
-            single_prompt=n(full.single_prompt, 4), single_new=n(full.single_new, 4),
-            single_repeats=n(full.single_repeats, 1), batch_streams=n(full.batch_streams, 2),
+            single_prompt=n(full.single_prompt, 4), single_new=n(full.single_new, 16),  # gaps to average
+            single_repeats=n(full.single_repeats, 3), batch_streams=n(full.batch_streams, 2),
             batch_prompt=n(full.batch_prompt, 4), batch_new=n(full.batch_new, 4),
             mix_requests=n(full.mix_requests, 10), short=(n(full.short[0], 4), n(full.short[1], 4)),
             long=(n(full.long[0], 16), n(full.long[1], 8)), ttft_requests=n(full.ttft_requests, 3),

@@ -177,3 +177,13 @@ def test_harness_end_to_end_on_the_cpu(tmp_path, tokenizer_dir):
     for published in ("52", "64", "78", "4,500", "5,800", "6,200", "220", "1,100", "H100", "FP8"):
         assert f" {published} " in text or f" {published}," in text or f" {published}." in text, published
     assert "not a performance result" in text
+
+
+@pytest.mark.parametrize("flags", [["--scale", "0"], ["--scale", "1.5"], ["--num-shard", "0"], ["--ttft-rate", "0"],
+                                   ["--spill-dir", "/tmp/x"], ["--shape", "405b"]])  # fmt: skip
+def test_bad_flags_are_usage_errors(flags, capsys):
+    from bench import seed_benchmark
+
+    with pytest.raises(SystemExit) as exit_info:
+        seed_benchmark.parse_args(["--out", "/tmp/unused", *flags])
+    assert exit_info.value.code == 2 and "error:" in capsys.readouterr().err
