@@ -115,10 +115,10 @@ def _torch_dtype(name: str):
     return getattr(torch, name)
 
 
-def in_child(fn, *args):
-    """Runs fn in a fresh process on the GPU, so its cached allocations and CUDA context are
-    gone before the shards measure free memory; inline on the CPU."""
-    if args[0] == "cpu":
+def in_child(fn, *args, isolate: bool):
+    """Runs fn in a fresh process when `isolate` (on the GPU: its cached allocations and CUDA
+    context are then gone before the shards measure free memory), else inline."""
+    if not isolate:
         return fn(*args)
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
@@ -236,11 +236,12 @@ def main(argv: list[str] | None = None) -> dict:
         from launcher.demo_model import ensure_demo_model
 
         args.tokenizer_dir = ensure_demo_model()
-    model = in_child(prepare_model, args.device, args)
+    isolate = args.device == "cuda"
+    model = in_child(prepare_model, args.device, args, isolate=isolate)
     print(f"[model] {model}", flush=True)
     if args.prepare_only:
         return {"model": model}
-    ceilings = in_child(measure_ceilings, args.device, args.dtype, args.num_shard)
+    ceilings = in_child(measure_ceilings, args.device, args.dtype, args.num_shard, isolate=isolate)
     print(f"[ceilings] {ceilings}", flush=True)
     scenarios, startup_s = serve_and_run(args)
     cost = ModelCost.of(gpu_model.SHAPES[args.shape], _torch_dtype(args.dtype).itemsize)

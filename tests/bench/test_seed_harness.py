@@ -187,3 +187,12 @@ def test_bad_flags_are_usage_errors(flags, capsys):
     with pytest.raises(SystemExit) as exit_info:
         seed_benchmark.parse_args(["--out", "/tmp/unused", *flags])
     assert exit_info.value.code == 2 and "error:" in capsys.readouterr().err
+
+
+def test_ceilings_measured_in_a_child_process_come_back():
+    """The GPU path runs the ceilings and the writer in a fresh process; the CPU can check the plumbing."""
+    from bench import seed_benchmark
+
+    ceilings = seed_benchmark.in_child(seed_benchmark.measure_ceilings, "cpu", "float32", 1, isolate=True)
+    assert ceilings["copy_bytes_per_s"] > 1e8 and ceilings["matmul_flops_per_s"] > 1e8
+    assert ceilings["device_name"].startswith("CPU")
