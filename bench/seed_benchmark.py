@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 import tempfile
 import time
@@ -63,7 +64,8 @@ from bench.gpu_http_load import streams  # noqa: E402
 from bench.gpu_vs_transformers import SERVER_FLAGS, TEXT_VOCAB, Prompts, start_server  # noqa: E402
 from bench.seed_roofline import Ceilings, ModelCost  # noqa: E402
 
-DTYPES = {"bfloat16": "bfloat16", "float16": "float16", "float32": "float32"}
+DTYPES = ("bfloat16", "float16", "float32")
+SCENARIOS = ("single_decode", "concurrent_streams", "mixed_load", "ttft_at_rate")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -71,7 +73,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--shape", choices=sorted(gpu_model.SHAPES), default="70b")
     parser.add_argument("--num-shard", type=int, default=1, help="tensor-parallel degree, passed to the launcher")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
-    parser.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16")
+    parser.add_argument("--dtype", choices=DTYPES, default="bfloat16")
     parser.add_argument("--scale", type=float, default=1.0, help="multiplies every count and length (0, 1]")
     parser.add_argument("--ttft-rate", type=float, default=2.0, help="requests/s of the TTFT scenario")
     parser.add_argument("--poisson", action="store_true", help="exponential TTFT arrival gaps, same mean rate")
@@ -88,12 +90,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--startup-timeout", type=float, default=1800.0)
     parser.add_argument("--prepare-only", action="store_true",
                         help="write the model and exit (one device call for the 141 GB write, one for the run)")
-    parser.add_argument("--scenarios", default="single_decode,concurrent_streams,mixed_load,ttft_at_rate")
+    parser.add_argument("--scenarios", default=",".join(SCENARIOS), help="a comma-separated subset")
     args = parser.parse_args(argv)
     if args.num_shard < 1:
         parser.error("--num-shard must be >= 1")
     if (args.spill_dir is None) != (args.disk_budget_gb is None):
         parser.error("--spill-dir and --disk-budget-gb go together")
+    unknown = set(args.scenarios.split(",")) - set(SCENARIOS)
+    if unknown:
+        parser.error(f"unknown --scenarios {sorted(unknown)}; choose from {', '.join(SCENARIOS)}")
     if not args.ttft_rate > 0:
         parser.error("--ttft-rate must be positive")
     try:
@@ -216,7 +221,10 @@ def serve_and_run(args) -> tuple[dict, float]:
             return run_scenarios(args, f"http://127.0.0.1:{port}"), startup_s
         finally:
             process.terminate()
-            process.wait(timeout=120)
+            try:
+                process.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                process.kill()
 
 
 def device_name(device: str, num_shard: int) -> str:
@@ -227,6 +235,21 @@ def device_name(device: str, num_shard: int) -> str:
     import torch
 
     return f"{num_shard}× {torch.cuda.get_device_name(0)}"
+
+
+def assemble(args, model: dict, ceilings: dict, scenarios: dict, startup_s: float) -> dict:
+    """The report: what ran, its rooflines, the summary against them, the published figures."""
+    cost = ModelCost.of(gpu_model.SHAPES[args.shape], _torch_dtype(args.dtype).itemsize)
+    ceil = Ceilings(ceilings["copy_bytes_per_s"], ceilings["matmul_flops_per_s"])
+    # CPU shards share one memory bus and the same cores: TP adds no bandwidth or FLOPs there.
+    roof_devices = 1 if args.device == "cpu" else args.num_shard
+    bounds = seed_report.rooflines(cost, ceil, roof_devices, scenarios)
+    config = {"shape": args.shape, "num_shard": args.num_shard, "device": args.device, "dtype": args.dtype,
+              "device_name": ceilings["device_name"], "scale": args.scale,
+              "label": seed_report.label(args.device, args.shape, args.scale), "sizes": asdict(args.sizes),
+              "startup_s": startup_s, "roofline_devices": roof_devices}  # fmt: skip
+    return {"config": config, "summary": seed_report.summarize(scenarios, bounds), "rooflines": bounds,
+            "ceilings": ceilings, "model": model, "scenarios": scenarios, "published": seed_report.PUBLISHED}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -244,21 +267,8 @@ def main(argv: list[str] | None = None) -> dict:
     ceilings = in_child(measure_ceilings, args.device, args.dtype, args.num_shard, isolate=isolate)
     print(f"[ceilings] {ceilings}", flush=True)
     scenarios, startup_s = serve_and_run(args)
-    cost = ModelCost.of(gpu_model.SHAPES[args.shape], _torch_dtype(args.dtype).itemsize)
-    ceil = Ceilings(ceilings["copy_bytes_per_s"], ceilings["matmul_flops_per_s"])
-    # CPU shards share one memory bus and the same cores: TP adds no bandwidth or FLOPs there.
-    roof_devices = 1 if args.device == "cpu" else args.num_shard
-    bounds = seed_report.rooflines(cost, ceil, roof_devices, scenarios)
-    validation = args.device == "cpu" or args.shape == "tiny"
-    label = ("Harness validation on the CPU with a tiny model: checks that the harness runs end to end, "
-             "not a performance result." if validation else
-             "Performance run: our hardware and dtype differ from the published setup; compare with care.")  # fmt: skip
-    config = {"shape": args.shape, "num_shard": args.num_shard, "device": args.device, "dtype": args.dtype,
-              "device_name": ceilings["device_name"], "scale": args.scale, "label": label,
-              "sizes": asdict(args.sizes), "startup_s": startup_s, "roofline_devices": roof_devices}  # fmt: skip
-    report = {"config": config, "summary": seed_report.summarize(scenarios, bounds), "rooflines": bounds,
-              "ceilings": ceilings, "model": model, "scenarios": scenarios, "published": seed_report.PUBLISHED,
-              "command": "python bench/seed_benchmark.py " + " ".join(argv if argv is not None else sys.argv[1:])}  # fmt: skip
+    report = assemble(args, model, ceilings, scenarios, startup_s)
+    report["command"] = "python bench/seed_benchmark.py " + " ".join(argv if argv is not None else sys.argv[1:])
     (args.out / f"{args.name}.json").write_text(json.dumps(report, indent=1))
     text = seed_report.markdown(report)
     (args.out / f"{args.name}.md").write_text(text)

@@ -16,6 +16,16 @@ PUBLISHED = {
 FRAMEWORKS = ("TGI", "vLLM", "SGLang", "TensorRT-LLM")
 
 
+def label(device: str, shape: str, scale: float) -> str:
+    if device == "cpu" or shape == "tiny":
+        return (f"Harness validation ({device}, {shape} model, scale {scale}): checks that the harness runs "
+                "end to end, not a performance result.")  # fmt: skip
+    if scale < 1:
+        return (f"Shortened pass (scale {scale}): counts and lengths below the published workloads; "
+                "not comparable with the published figures.")  # fmt: skip
+    return "Performance run: our hardware and dtype differ from the published setup (see below)."
+
+
 def rooflines(cost: roof.ModelCost, ceil: roof.Ceilings, tp: int, scenarios: dict) -> dict:
     """The bound of each scenario that ran, for the workload it actually sent."""
     out = {}

@@ -179,8 +179,11 @@ def test_harness_end_to_end_on_the_cpu(tmp_path, tokenizer_dir):
     assert "not a performance result" in text
 
 
-@pytest.mark.parametrize("flags", [["--scale", "0"], ["--scale", "1.5"], ["--num-shard", "0"], ["--ttft-rate", "0"],
-                                   ["--spill-dir", "/tmp/x"], ["--shape", "405b"]])  # fmt: skip
+BAD_FLAGS = [["--scale", "0"], ["--scale", "1.5"], ["--num-shard", "0"], ["--ttft-rate", "0"], ["--spill-dir", "/tmp/x"],
+             ["--shape", "405b"], ["--scenarios", "single_decode,nope"]]  # fmt: skip
+
+
+@pytest.mark.parametrize("flags", BAD_FLAGS)
 def test_bad_flags_are_usage_errors(flags, capsys):
     from bench import seed_benchmark
 
