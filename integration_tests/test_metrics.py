@@ -213,7 +213,7 @@ def test_histograms_are_consistent_and_saw_the_traffic(traffic, server):
 
 def test_gauges_are_within_bounds_when_idle(traffic):
     _, after, _ = traffic
-    total = after.value("textgen_kv_blocks_total")
+    total = after.value("textgen_kv_blocks_capacity")
     used = after.value("textgen_kv_blocks_used")
     cached = after.value("textgen_prefix_cache_blocks")
     assert total > 0
@@ -236,7 +236,7 @@ def test_kv_gauges_while_a_request_runs(server):
     assert during.value("textgen_running_requests") >= 1
     used = during.value("textgen_kv_blocks_used")
     assert 0 < used
-    assert used + during.value("textgen_prefix_cache_blocks") <= during.value("textgen_kv_blocks_total")
+    assert used + during.value("textgen_prefix_cache_blocks") <= during.value("textgen_kv_blocks_capacity")
 
 
 def test_prefix_cache_counters_are_ordered(traffic):

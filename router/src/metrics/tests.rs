@@ -77,3 +77,22 @@ fn docs_metrics_md_documents_exactly_the_catalog() {
         .collect();
     assert_eq!(documented, catalog);
 }
+
+#[test]
+fn names_follow_prometheus_conventions() {
+    for metric in CATALOG {
+        assert!(metric.name.starts_with("textgen_"), "{}", metric.name);
+        assert_eq!(
+            metric.name.ends_with("_total"),
+            metric.kind == Kind::Counter,
+            "{}: `_total` is for counters, and only for them",
+            metric.name
+        );
+        assert_eq!(
+            metric.name.ends_with("_seconds"),
+            metric.unit == Some(metrics::Unit::Seconds),
+            "{}: durations are in seconds and say so",
+            metric.name
+        );
+    }
+}

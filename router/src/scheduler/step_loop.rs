@@ -8,7 +8,7 @@ use tokio::sync::mpsc::UnboundedReceiver;
 use super::api::{SequenceEvent, StepExecutor, Submission};
 use super::state::SchedulerState;
 use crate::metrics::names::{
-    KV_BLOCKS_TOTAL, KV_BLOCKS_USED, PREFIX_CACHE_BLOCKS, RUNNING_REQUESTS, STEP_BATCH_SIZE,
+    KV_BLOCKS_CAPACITY, KV_BLOCKS_USED, PREFIX_CACHE_BLOCKS, RUNNING_REQUESTS, STEP_BATCH_SIZE,
     STEP_DURATION, STEP_TOKENS, WAITING_REQUESTS,
 };
 
@@ -46,8 +46,13 @@ pub async fn run<E: StepExecutor>(
         };
         state.deliver(planned.events);
         record_queue_gauges(&state);
-        metrics::histogram!(STEP_BATCH_SIZE).record(planned.request.sequences.len() as f64);
-        metrics::histogram!(STEP_TOKENS).record(f64::from(planned.num_tokens));
+        // A step that only releases sequences computes nothing: it would skew the step
+        // histograms towards zero.
+        let computes = !planned.request.sequences.is_empty();
+        if computes {
+            metrics::histogram!(STEP_BATCH_SIZE).record(planned.request.sequences.len() as f64);
+            metrics::histogram!(STEP_TOKENS).record(f64::from(planned.num_tokens));
+        }
 
         let started = Instant::now();
         let deliveries = match executor.step(planned.request).await {
@@ -57,7 +62,9 @@ pub async fn run<E: StepExecutor>(
                 state.fail_all(&error.to_string())
             }
         };
-        metrics::histogram!(STEP_DURATION).record(started.elapsed().as_secs_f64());
+        if computes {
+            metrics::histogram!(STEP_DURATION).record(started.elapsed().as_secs_f64());
+        }
         state.deliver(deliveries);
         record_gauges(&state);
     }
@@ -73,7 +80,7 @@ pub async fn refuse_all(message: String, mut submissions: UnboundedReceiver<Subm
 }
 
 fn record_pool_size(state: &SchedulerState) {
-    metrics::gauge!(KV_BLOCKS_TOTAL).set(f64::from(state.allocator().total()));
+    metrics::gauge!(KV_BLOCKS_CAPACITY).set(f64::from(state.allocator().total()));
     record_gauges(state);
 }
 
