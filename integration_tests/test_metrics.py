@@ -229,7 +229,8 @@ def test_kv_gauges_while_a_request_runs(server):
         "POST", server.url + "/generate_stream",
         json={"inputs": PROMPT, "parameters": {"max_new_tokens": 400}}, timeout=300,
     ) as stream:
-        for line in stream.iter_lines():
+        lines = stream.iter_lines()  # held, so that leaving the loop keeps the stream open
+        for line in lines:
             if line.startswith("data:"):
                 break
         during = scrape(server.url)

@@ -133,7 +133,10 @@ def test_disconnect_frees_kv_blocks(server):
         json={"inputs": "1, 2, 3, 4, 5,", "parameters": {"max_new_tokens": 1500}}, timeout=60,
     ) as response:
         seen = 0
-        for line in response.iter_lines():
+        # Held in a name: leaving the loop must not close the iterator (and with it the
+        # connection) before we look.
+        lines = response.iter_lines()
+        for line in lines:
             if line.startswith("data:"):
                 seen += 1
                 if seen == 3:
