@@ -1,5 +1,5 @@
-"""The live `/metrics` of the real stack after known traffic (generate, generate_stream, a
-validation error, an OpenAI chat call): every metric of docs/metrics.md is there with its
+"""The live `/metrics` of the real stack after known traffic (generate, generate_stream,
+validation errors, OpenAI chat and batched completions calls): every metric of docs/metrics.md is there with its
 documented type and values that follow from the traffic, nothing undocumented carries the
 `textgen_` prefix, and the exposition passes `promtool check metrics`."""
 from __future__ import annotations
@@ -108,6 +108,14 @@ def send_traffic(url: str) -> dict[str, int]:
     )
     tokens["prompt"] += chat.usage.prompt_tokens
     tokens["generated"] += chat.usage.completion_tokens
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(
+            model="any", messages=[{"role": "user", "content": "hi"}], max_tokens=NEW_TOKENS, temperature=5.0
+        )
+    # Two prompts, one request.
+    batch = client.completions.create(model="any", prompt=[PROMPT, "Count: 1, 2,"], max_tokens=NEW_TOKENS)
+    tokens["prompt"] += batch.usage.prompt_tokens
+    tokens["generated"] += batch.usage.completion_tokens
     return tokens
 
 
@@ -167,7 +175,9 @@ def test_requests_are_counted_by_route_and_outcome(traffic):
     assert delta("generate_stream", "success") == 1
     assert delta("chat_completions", "success") == 1
     assert delta("generate", "validation") == 2, "a bad parameter and a malformed body"
-    for route, outcome in [("generate", "generation"), ("generate", "cancelled"), ("completions", "success")]:
+    assert delta("chat_completions", "validation") == 1
+    assert delta("completions", "success") == 1, "a batch of prompts is one request"
+    for route, outcome in [("generate", "generation"), ("generate", "cancelled"), ("completions", "cancelled")]:
         assert delta(route, outcome) == 0
 
 
