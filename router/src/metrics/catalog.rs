@@ -130,7 +130,12 @@ pub const CATALOG: &[MetricSpec] = &[
         COUNT,
         "KV blocks held by at least one sequence",
     ),
-    spec(KV_BLOCKS_CAPACITY, Kind::Gauge, COUNT, "KV blocks in the pool"),
+    spec(
+        KV_BLOCKS_CAPACITY,
+        Kind::Gauge,
+        COUNT,
+        "KV blocks in the pool",
+    ),
     spec(
         PREFIX_CACHE_BLOCKS,
         Kind::Gauge,
