@@ -151,7 +151,7 @@ def phase_textgen(args) -> dict:
                              "tokens_per_s": tokens / wall, "errors": errors[:5], "error_count": len(errors)}  # fmt: skip
         result["metrics_excerpt"] = [
             line for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines()
-            if line.startswith(("textgen_batch", "textgen_kv", "textgen_step"))
+            if line.startswith(("textgen_kv", "textgen_step"))
         ][:60]  # fmt: skip
     finally:
         process.terminate()

@@ -6,6 +6,7 @@
 //! latches the failure: later steps fail at once and `Health` reports it (`/health` 503)
 //! until the launcher restarts everything.
 mod fanout;
+pub(crate) mod timings;
 
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -14,6 +15,7 @@ use futures::future::join_all;
 use tonic::transport::{Channel, Endpoint};
 
 use fanout::{on_every_rank, FanOutError};
+use timings::ShardTimings;
 
 use crate::pb;
 use crate::pb::text_generation_shard_client::TextGenerationShardClient;
@@ -78,6 +80,7 @@ pub struct ShardSet {
     step_timeout: Duration,
     /// The first step failure; once set, the set is unusable.
     failure: Arc<OnceLock<String>>,
+    timings: ShardTimings,
 }
 
 fn socket_path(base: &str, rank: usize) -> String {
@@ -131,6 +134,7 @@ impl ShardSet {
             clients,
             step_timeout: DEFAULT_STEP_TIMEOUT,
             failure: Arc::default(),
+            timings: ShardTimings::new(num_shard),
         })
     }
 
@@ -249,7 +253,12 @@ impl ShardSet {
             })
             .await;
         let error = match result {
-            Ok(answers) => return answers.into_iter().next().ok_or(ShardError::NoShards),
+            Ok(answers) => {
+                if !request.sequences.is_empty() {
+                    self.timings.record(&answers);
+                }
+                return answers.into_iter().next().ok_or(ShardError::NoShards);
+            }
             Err(ShardError::TimedOut {
                 call,
                 pending,

@@ -91,7 +91,8 @@ fn model_info(args: &Args, limits: &Limits, shard: &pb::InfoResponse) -> Info {
         validation_workers: args.validation_workers,
         router: env!("CARGO_PKG_NAME"),
         version: env!("CARGO_PKG_VERSION"),
-        sha: None,
+        sha: (crate::metrics::BUILD.git_sha != "unknown")
+            .then(|| crate::metrics::BUILD.git_sha.to_owned()),
         docker_label: None,
     }
 }

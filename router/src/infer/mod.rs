@@ -101,14 +101,15 @@ impl Infer {
         })
     }
 
-    /// Runs one sequence per seed to its end; only the first feeds the token timings.
+    /// Runs one sequence per seed to its end; only the first feeds the token timings
+    /// (of `meter`, when given).
     pub async fn run_all(
         &self,
         valid: &ValidRequest,
         seeds: &[u64],
-        meter: &mut RequestMeter,
+        meter: Option<&mut RequestMeter>,
     ) -> Result<Vec<FinishedSequence>, InferError> {
-        let mut timing_meter = Some(meter);
+        let mut timing_meter = meter;
         let mut runs = Vec::with_capacity(seeds.len());
         for &seed in seeds {
             let events = self.submit(valid, seed)?;
@@ -179,7 +180,7 @@ impl Infer {
         let validated_at = Instant::now();
         let seeds = best_of::seeds(&valid);
         // Only the first sequence feeds token timings, so best_of does not skew them.
-        let finished = self.run_all(&valid, &seeds, meter).await?;
+        let finished = self.run_all(&valid, &seeds, Some(&mut *meter)).await?;
         let inference_end = Instant::now();
         let (best, others) = best_of::pick(finished, &seeds);
         let input_length = valid.input_ids.len() as u32;

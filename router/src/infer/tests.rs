@@ -5,6 +5,7 @@ use std::time::Duration;
 use futures::StreamExt;
 
 use super::*;
+use crate::metrics::Route;
 use crate::schema::FinishReason;
 use crate::test_support::{byte_level_tokenizer, fake_scheduler, FakeStats, Script};
 use crate::validation::ValidationLimits;
@@ -50,7 +51,7 @@ fn request(json: &str) -> GenerateRequest {
 
 async fn generate(infer: &Infer, json: &str) -> Result<GenerateOutput, InferError> {
     infer
-        .generate(request(json), &mut RequestMeter::start("test"))
+        .generate(request(json), &mut RequestMeter::start(Route::Generate))
         .await
 }
 
@@ -202,7 +203,7 @@ async fn a_stream_that_stops_early_is_incomplete() {
 
 async fn collect_stream(infer: &Infer, json: &str) -> Vec<StreamItem> {
     let (_, stream) = infer
-        .generate_stream(request(json), RequestMeter::start("test"))
+        .generate_stream(request(json), RequestMeter::start(Route::Generate))
         .await
         .unwrap();
     stream.collect().await
@@ -247,7 +248,10 @@ async fn stream_errors_arrive_as_items() {
 async fn dropping_a_stream_cancels_and_frees_its_slot() {
     let (infer, stats) = infer_with(1, says("a long answer that goes on"));
     let (_, stream) = infer
-        .generate_stream(request(r#"{"inputs":"x"}"#), RequestMeter::start("t"))
+        .generate_stream(
+            request(r#"{"inputs":"x"}"#),
+            RequestMeter::start(Route::Generate),
+        )
         .await
         .unwrap();
     let mut stream = Box::pin(stream);
@@ -270,7 +274,7 @@ async fn streaming_refuses_best_of() {
     let result = infer
         .generate_stream(
             request(r#"{"inputs":"x","parameters":{"best_of":2,"do_sample":true}}"#),
-            RequestMeter::start("t"),
+            RequestMeter::start(Route::Generate),
         )
         .await;
     assert!(matches!(

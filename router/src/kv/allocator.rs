@@ -104,6 +104,15 @@ impl BlockAllocator {
         ids.iter().any(|&id| pool.ref_counts[id as usize] > 1)
     }
 
+    /// How many of `ids` have exactly one holder, in one lock (the radix cache asks which
+    /// of its blocks nobody else holds).
+    pub fn count_sole_held<'a>(&self, ids: impl IntoIterator<Item = &'a u32>) -> usize {
+        let pool = self.lock();
+        ids.into_iter()
+            .filter(|&&id| pool.ref_counts[id as usize] == 1)
+            .count()
+    }
+
     /// A new holder of blocks someone already holds (a cached prefix gathered from
     /// several radix nodes), in one lock. Panics on a free block: sharing one would
     /// hand out memory the pool may give to someone else.

@@ -91,6 +91,17 @@ impl RadixCache {
         self.cached_blocks
     }
 
+    /// Blocks only the tree holds (no sequence uses them): evictable at once.
+    /// Walks every cached block, so call it once per step, not per sequence.
+    pub fn sole_held_blocks(&self) -> usize {
+        let ids = self
+            .nodes
+            .iter()
+            .flatten()
+            .flat_map(|node| node.blocks.ids());
+        self.allocator.count_sole_held(ids)
+    }
+
     fn node(&self, id: NodeId) -> &Node {
         self.nodes[id].as_ref().expect("live node id")
     }

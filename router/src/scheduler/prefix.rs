@@ -118,4 +118,11 @@ impl SchedulerState {
             .as_ref()
             .map_or(0, RadixCache::cached_blocks)
     }
+
+    /// Blocks held only by the prefix cache (evictable); 0 without prefix caching.
+    pub fn cache_only_blocks(&self) -> usize {
+        self.prefix_cache
+            .as_ref()
+            .map_or(0, RadixCache::sole_held_blocks)
+    }
 }

@@ -7,6 +7,10 @@ use tokio::sync::mpsc::UnboundedReceiver;
 
 use super::api::{SequenceEvent, StepExecutor, Submission};
 use super::state::SchedulerState;
+use crate::metrics::names::{
+    KV_BLOCKS_CAPACITY, KV_BLOCKS_USED, PREFIX_CACHE_BLOCKS, RUNNING_REQUESTS, STEP_BATCH_SIZE,
+    STEP_DURATION, STEP_TOKENS, WAITING_REQUESTS,
+};
 
 pub async fn run<E: StepExecutor>(
     mut state: SchedulerState,
@@ -41,9 +45,14 @@ pub async fn run<E: StepExecutor>(
             continue;
         };
         state.deliver(planned.events);
-        record_gauges(&state);
-        metrics::histogram!("textgen_batch_size").record(planned.request.sequences.len() as f64);
-        metrics::histogram!("textgen_step_tokens").record(f64::from(planned.num_tokens));
+        record_queue_gauges(&state);
+        // A step that only releases sequences computes nothing: it would skew the step
+        // histograms towards zero.
+        let computes = !planned.request.sequences.is_empty();
+        if computes {
+            metrics::histogram!(STEP_BATCH_SIZE).record(planned.request.sequences.len() as f64);
+            metrics::histogram!(STEP_TOKENS).record(f64::from(planned.num_tokens));
+        }
 
         let started = Instant::now();
         let deliveries = match executor.step(planned.request).await {
@@ -53,8 +62,9 @@ pub async fn run<E: StepExecutor>(
                 state.fail_all(&error.to_string())
             }
         };
-        metrics::histogram!("textgen_step_duration_seconds")
-            .record(started.elapsed().as_secs_f64());
+        if computes {
+            metrics::histogram!(STEP_DURATION).record(started.elapsed().as_secs_f64());
+        }
         state.deliver(deliveries);
         record_gauges(&state);
     }
@@ -70,13 +80,35 @@ pub async fn refuse_all(message: String, mut submissions: UnboundedReceiver<Subm
 }
 
 fn record_pool_size(state: &SchedulerState) {
-    metrics::gauge!("textgen_kv_blocks_total").set(f64::from(state.allocator().total()));
+    metrics::gauge!(KV_BLOCKS_CAPACITY).set(f64::from(state.allocator().total()));
     record_gauges(state);
 }
 
 fn record_gauges(state: &SchedulerState) {
-    metrics::gauge!("textgen_waiting_requests").set(state.waiting_len() as f64);
-    metrics::gauge!("textgen_running_requests").set(state.running_len() as f64);
-    metrics::gauge!("textgen_kv_blocks_used").set(f64::from(state.allocator().used()));
-    metrics::gauge!("textgen_prefix_cache_blocks").set(state.cached_blocks() as f64);
+    record_queue_gauges(state);
+    let blocks = kv_usage(state);
+    metrics::gauge!(KV_BLOCKS_USED).set(f64::from(blocks.used));
+    metrics::gauge!(PREFIX_CACHE_BLOCKS).set(f64::from(blocks.cache_only));
+}
+
+fn record_queue_gauges(state: &SchedulerState) {
+    metrics::gauge!(WAITING_REQUESTS).set(state.waiting_len() as f64);
+    metrics::gauge!(RUNNING_REQUESTS).set(state.running_len() as f64);
+}
+
+/// The pool split three ways: held by sequences, held only by the prefix cache
+/// (evictable), free. `used + cache_only + free == total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct KvUsage {
+    pub used: u32,
+    pub cache_only: u32,
+}
+
+pub(super) fn kv_usage(state: &SchedulerState) -> KvUsage {
+    let allocator = state.allocator();
+    let cache_only = state.cache_only_blocks() as u32;
+    KvUsage {
+        used: allocator.used().saturating_sub(cache_only),
+        cache_only,
+    }
 }

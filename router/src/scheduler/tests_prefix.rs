@@ -247,3 +247,37 @@ fn a_failed_step_empties_the_cache() {
     assert_eq!(h.state.cached_blocks(), 0);
     assert_eq!(h.state.allocator().used(), 0);
 }
+
+#[test]
+fn kv_usage_splits_the_pool_into_sequence_held_cache_only_and_free() {
+    use super::step_loop::kv_usage;
+    let mut h = Harness::new(cached_config(4, 64, 64));
+    let total = h.state.allocator().total();
+    let system: Vec<u32> = (100..120).collect();
+    h.submit(prompt(system.clone(), 3));
+    h.run_to_idle(10);
+    // Finished: its blocks stay only in the cache.
+    let idle = kv_usage(&h.state);
+    assert_eq!(idle.used, 0);
+    assert!(idle.cache_only >= 5, "{idle:?}");
+    assert_eq!(
+        idle.cache_only + h.state.allocator().free(),
+        total,
+        "nothing else holds blocks"
+    );
+    // A running sequence sharing the cached prefix: those blocks count as used now.
+    let mut question = system;
+    question.extend([7, 8, 9, 10, 11]);
+    h.submit(prompt(question, 3));
+    h.step().unwrap();
+    let running = kv_usage(&h.state);
+    assert!(
+        running.used >= 7,
+        "5 shared + the question's own: {running:?}"
+    );
+    assert!(running.cache_only < idle.cache_only, "{running:?}");
+    assert_eq!(
+        running.used + running.cache_only + h.state.allocator().free(),
+        total
+    );
+}

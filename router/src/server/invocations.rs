@@ -6,8 +6,9 @@ use axum::response::{IntoResponse, Response};
 use serde_json::Value;
 
 use super::openai::errors::{OpenAiError, OpenAiJson};
-use super::{openai, tgi, ApiJson, AppState};
+use super::{counted, openai, tgi, ApiJson, AppState};
 use crate::errors::ApiError;
+use crate::metrics::Route;
 
 fn parse<T: serde::de::DeserializeOwned>(body: Value) -> Result<T, ApiError> {
     serde_json::from_value(body).map_err(|err| {
@@ -34,28 +35,26 @@ fn parse<T: serde::de::DeserializeOwned>(body: Value) -> Result<T, ApiError> {
         (status = 500, description = "Generation failed", body = Object),
     )
 )]
-pub async fn invocations(State(state): State<AppState>, ApiJson(body): ApiJson<Value>) -> Response {
+pub async fn invocations(
+    State(state): State<AppState>,
+    body: Result<ApiJson<Value>, ApiError>,
+) -> Response {
+    let ApiJson(body) = match counted(body, Route::Invocations) {
+        Ok(body) => body,
+        Err(err) => return err.into_response(),
+    };
     let state = State(state);
     if body.get("messages").is_some() {
-        return match parse(body) {
-            Ok(request) => openai::chat_completions(state, OpenAiJson(request))
-                .await
-                .into_response(),
-            Err(err) => OpenAiError::from(err).into_response(),
-        };
+        let request = parse(body).map(OpenAiJson).map_err(OpenAiError::from);
+        return openai::chat_completions(state, request)
+            .await
+            .into_response();
     }
     if body.get("prompt").is_some() {
-        return match parse(body) {
-            Ok(request) => openai::completions(state, OpenAiJson(request))
-                .await
-                .into_response(),
-            Err(err) => OpenAiError::from(err).into_response(),
-        };
+        let request = parse(body).map(OpenAiJson).map_err(OpenAiError::from);
+        return openai::completions(state, request).await.into_response();
     }
-    match parse(body) {
-        Ok(request) => tgi::compat_generate(state, ApiJson(request))
-            .await
-            .into_response(),
-        Err(err) => err.into_response(),
-    }
+    tgi::compat_generate(state, parse(body).map(ApiJson))
+        .await
+        .into_response()
 }

@@ -22,6 +22,7 @@ use tower_http::cors::{AllowOrigin, CorsLayer};
 
 use crate::errors::ApiError;
 use crate::infer::Infer;
+use crate::metrics::{count_request, Outcome, Route};
 
 pub use openai::OpenAiContext;
 pub use ops::Info;
@@ -75,6 +76,12 @@ where
             ApiError::invalid_body(format!("Failed to deserialize the JSON body: {e}"))
         })
     }
+}
+
+/// A request whose body the extractor rejected (malformed JSON, wrong content type, over
+/// the payload limit) still counts as a request of its route, ended by validation.
+fn counted<T, E>(body: Result<T, E>, route: Route) -> Result<T, E> {
+    body.inspect_err(|_| count_request(route, Outcome::Validation))
 }
 
 pub fn router(state: AppState, options: &HttpOptions) -> Router {

@@ -5,10 +5,10 @@ use axum::http::{HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 
-use super::{sse_response, ApiJson, AppState};
+use super::{counted, sse_response, ApiJson, AppState};
 use crate::errors::ApiError;
 use crate::infer::{outcome_of, GenerateOutput};
-use crate::metrics::RequestMeter;
+use crate::metrics::{RequestMeter, Route};
 use crate::schema::{
     ChatTokenizeResponse, CompatGenerateRequest, ErrorBody, GenerateRequest, GenerateResponse,
     SimpleToken,
@@ -32,10 +32,11 @@ use super::openai::types::ChatCompletionRequest;
 )]
 pub async fn generate(
     State(state): State<AppState>,
-    ApiJson(request): ApiJson<GenerateRequest>,
+    body: Result<ApiJson<GenerateRequest>, ApiError>,
 ) -> Result<Response, ApiError> {
+    let ApiJson(request) = counted(body, Route::Generate)?;
     let characters = request.inputs.chars().count();
-    let output = run_generate(&state, request, "generate").await?;
+    let output = run_generate(&state, request, Route::Generate).await?;
     let headers = generate_headers(&output, &state.info.model_device_type, characters);
     Ok((headers, Json(output.response)).into_response())
 }
@@ -54,9 +55,10 @@ pub async fn generate(
 )]
 pub async fn generate_stream(
     State(state): State<AppState>,
-    ApiJson(request): ApiJson<GenerateRequest>,
+    body: Result<ApiJson<GenerateRequest>, ApiError>,
 ) -> Result<Response, ApiError> {
-    run_stream(&state, request, "generate_stream").await
+    let ApiJson(request) = counted(body, Route::GenerateStream)?;
+    run_stream(&state, request, Route::GenerateStream).await
 }
 
 /// `POST /`: `stream` picks SSE; otherwise a one-element array, as the old Inference API
@@ -78,16 +80,17 @@ pub async fn generate_stream(
 )]
 pub async fn compat_generate(
     State(state): State<AppState>,
-    ApiJson(request): ApiJson<CompatGenerateRequest>,
+    body: Result<ApiJson<CompatGenerateRequest>, ApiError>,
 ) -> Result<Response, ApiError> {
+    let ApiJson(request) = counted(body, Route::Compat)?;
     let stream = request.stream;
     let mut request = GenerateRequest::from(request);
     request.parameters.return_full_text.get_or_insert(true);
     if stream {
-        return run_stream(&state, request, "compat_stream").await;
+        return run_stream(&state, request, Route::CompatStream).await;
     }
     let characters = request.inputs.chars().count();
-    let output = run_generate(&state, request, "compat").await?;
+    let output = run_generate(&state, request, Route::Compat).await?;
     let headers = generate_headers(&output, &state.info.model_device_type, characters);
     Ok((headers, Json([output.response])).into_response())
 }
@@ -138,7 +141,7 @@ pub async fn chat_tokenize(
 async fn run_generate(
     state: &AppState,
     request: GenerateRequest,
-    route: &'static str,
+    route: Route,
 ) -> Result<GenerateOutput, ApiError> {
     let mut meter = RequestMeter::start(route);
     match state.infer.generate(request, &mut meter).await {
@@ -156,7 +159,7 @@ async fn run_generate(
 async fn run_stream(
     state: &AppState,
     request: GenerateRequest,
-    route: &'static str,
+    route: Route,
 ) -> Result<Response, ApiError> {
     let characters = request.inputs.chars().count();
     match state

@@ -18,7 +18,7 @@ use super::AppState;
 use crate::chat_template::{ChatTemplate, ChatTemplateError};
 use crate::errors::InferError;
 use crate::infer::{outcome_of, FinishedSequence};
-use crate::metrics::RequestMeter;
+use crate::metrics::{RequestMeter, Route};
 use crate::validation::{GenerationInput, ValidRequest};
 use choices::finish_reason;
 use errors::{OpenAiError, OpenAiErrorBody, OpenAiJson};
@@ -85,36 +85,21 @@ fn mean_logprob(sequence: &FinishedSequence) -> f32 {
     tokens.iter().map(|t| t.logprob).sum::<f32>() / tokens.len() as f32
 }
 
+/// Runs one prompt's choices; `timing` (the first prompt's) feeds the token timings.
 async fn run_prompt(
     state: &AppState,
     plan: &Plan,
     input: GenerationInput,
-    route: &'static str,
-) -> Result<PromptResult, OpenAiError> {
-    let mut meter = RequestMeter::start(route);
-    let outcome = async {
-        let admitted = state.infer.admit_valid(input, false).await?;
-        let drawn = admitted.valid.params.sampling.seed;
-        let seeds: Vec<u64> = (0..plan.runs).map(|run| plan.seed_of(drawn, run)).collect();
-        let finished = state
-            .infer
-            .run_all(&admitted.valid, &seeds, &mut meter)
-            .await?;
-        Ok::<_, InferError>((admitted, finished))
-    }
-    .await;
-    let (admitted, mut finished) = match outcome {
-        Ok(done) => done,
-        Err(err) => {
-            meter.finish(outcome_of(&err));
-            return Err(err.into());
-        }
-    };
+    timing: Option<&mut RequestMeter>,
+) -> Result<PromptResult, InferError> {
+    let admitted = state.infer.admit_valid(input, false).await?;
+    let drawn = admitted.valid.params.sampling.seed;
+    let seeds: Vec<u64> = (0..plan.runs).map(|run| plan.seed_of(drawn, run)).collect();
+    let mut finished = state.infer.run_all(&admitted.valid, &seeds, timing).await?;
     let generated: u32 = finished
         .iter()
         .map(|f| f.decoder.record().tokens.len() as u32)
         .sum();
-    meter.succeed(admitted.valid.input_ids.len() as u32, generated);
     if plan.runs > plan.n {
         finished.sort_by(|a, b| mean_logprob(b).total_cmp(&mean_logprob(a)));
         finished.truncate(plan.n as usize);
@@ -126,17 +111,31 @@ async fn run_prompt(
     })
 }
 
+/// Runs every prompt of the request concurrently; the request counts once in the
+/// metrics, however many prompts it has.
 async fn run_plan(
     state: &AppState,
     plan: &Plan,
-    route: &'static str,
+    route: Route,
 ) -> Result<Vec<PromptResult>, OpenAiError> {
+    let mut meter = RequestMeter::start(route);
+    let mut timing = Some(&mut meter);
     let runs = plan
         .inputs
         .iter()
         .cloned()
-        .map(|input| run_prompt(state, plan, input, route));
-    futures::future::try_join_all(runs).await
+        .map(|input| run_prompt(state, plan, input, timing.take()));
+    match futures::future::try_join_all(runs).await {
+        Ok(results) => {
+            let usage = usage(&results);
+            meter.succeed(usage.prompt_tokens, usage.completion_tokens);
+            Ok(results)
+        }
+        Err(err) => {
+            meter.finish(outcome_of(&err));
+            Err(err.into())
+        }
+    }
 }
 
 fn usage(results: &[PromptResult]) -> Usage {
@@ -164,15 +163,18 @@ fn usage(results: &[PromptResult]) -> Usage {
 )]
 pub async fn chat_completions(
     State(state): State<AppState>,
-    OpenAiJson(request): OpenAiJson<ChatCompletionRequest>,
+    body: Result<OpenAiJson<ChatCompletionRequest>, OpenAiError>,
 ) -> Result<Response, OpenAiError> {
+    let OpenAiJson(request) = super::counted(body, Route::ChatCompletions)?;
+    let route = Route::openai(true, request.stream.unwrap_or(false));
     let context = &state.openai;
-    let prompt = mapping::render_chat(context.chat_template.as_ref(), &request.messages)?;
-    let plan = mapping::chat_plan(&request, prompt)?;
+    let plan = mapping::render_chat(context.chat_template.as_ref(), &request.messages)
+        .and_then(|prompt| mapping::chat_plan(&request, prompt));
+    let plan = super::counted(plan, route)?;
     if plan.stream {
         return stream::respond(&state, plan, stream::Format::Chat).await;
     }
-    let results = run_plan(&state, &plan, "chat_completions").await?;
+    let results = run_plan(&state, &plan, route).await?;
     let usage = usage(&results);
     let tokenizer = state.infer.tokenizer().clone();
     let choices = results
@@ -252,13 +254,15 @@ fn completion_choice(
 )]
 pub async fn completions(
     State(state): State<AppState>,
-    OpenAiJson(request): OpenAiJson<CompletionRequest>,
+    body: Result<OpenAiJson<CompletionRequest>, OpenAiError>,
 ) -> Result<Response, OpenAiError> {
-    let plan = mapping::completion_plan(&request)?;
+    let OpenAiJson(request) = super::counted(body, Route::Completions)?;
+    let route = Route::openai(false, request.stream.unwrap_or(false));
+    let plan = super::counted(mapping::completion_plan(&request), route)?;
     if plan.stream {
         return stream::respond(&state, plan, stream::Format::Completion).await;
     }
-    let results = run_plan(&state, &plan, "completions").await?;
+    let results = run_plan(&state, &plan, route).await?;
     let usage = usage(&results);
     let tokenizer = state.infer.tokenizer().clone();
     let mut choices = Vec::new();

@@ -20,7 +20,7 @@ use super::types::{
 use super::{fingerprint, response_id, unix_now, AppState};
 use crate::errors::InferError;
 use crate::infer::{outcome_of, Admitted};
-use crate::metrics::RequestMeter;
+use crate::metrics::{RequestMeter, Route};
 use crate::scheduler::SequenceStream;
 use crate::tokenizer::TextTokenizer;
 
@@ -196,10 +196,7 @@ pub async fn respond(
     plan: Plan,
     format: Format,
 ) -> Result<Response, OpenAiError> {
-    let route = match format {
-        Format::Chat => "chat_completions_stream",
-        Format::Completion => "completions_stream",
-    };
+    let route = Route::openai(format == Format::Chat, true);
     let mut meter = RequestMeter::start(route);
     let mut admitted: Vec<Admitted> = Vec::with_capacity(plan.inputs.len());
     let mut followers = Vec::new();

@@ -1,0 +1,76 @@
+//! The shards' own timings of each step (forward pass, sampling), taken from every rank's
+//! Step reply: the router's step duration includes gRPC and queuing; these do not.
+use std::time::Duration;
+
+use metrics::{histogram, Histogram};
+
+use crate::metrics::names::{SHARD_FORWARD_DURATION, SHARD_SAMPLING_DURATION};
+use crate::pb;
+
+#[derive(Debug, Clone)]
+struct RankHistograms {
+    forward: Histogram,
+    sampling: Histogram,
+}
+
+/// One pair of histograms per rank, created (and so listed at zero) up front.
+#[derive(Debug, Clone)]
+pub struct ShardTimings {
+    ranks: Vec<RankHistograms>,
+}
+
+impl ShardTimings {
+    pub fn new(num_shard: usize) -> Self {
+        let ranks = (0..num_shard)
+            .map(|rank| {
+                let rank = rank.to_string();
+                RankHistograms {
+                    forward: histogram!(SHARD_FORWARD_DURATION, "rank" => rank.clone()),
+                    sampling: histogram!(SHARD_SAMPLING_DURATION, "rank" => rank),
+                }
+            })
+            .collect();
+        Self { ranks }
+    }
+
+    /// Records each rank's reply (in rank order) to a step that computed something;
+    /// a step that only released sequences measures nothing.
+    pub fn record(&self, replies: &[pb::StepResponse]) {
+        for (rank, reply) in self.ranks.iter().zip(replies) {
+            rank.forward.record(Duration::from_nanos(reply.forward_ns));
+            rank.sampling.record(Duration::from_nanos(reply.sample_ns));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_rank_is_listed_before_any_step_and_records_its_own_times() {
+        let recorder = crate::metrics::builder().unwrap().build_recorder();
+        let handle = recorder.handle();
+        metrics::with_local_recorder(&recorder, || {
+            let timings = ShardTimings::new(2);
+            let reply = |forward_ms: u64, sample_us: u64| pb::StepResponse {
+                forward_ns: forward_ms * 1_000_000,
+                sample_ns: sample_us * 1_000,
+                ..Default::default()
+            };
+            timings.record(&[reply(3, 200), reply(7, 50)]);
+        });
+        let text = handle.render();
+        for line in [
+            r#"textgen_shard_forward_duration_seconds_bucket{rank="0",le="0.004"} 1"#,
+            r#"textgen_shard_forward_duration_seconds_bucket{rank="0",le="0.002"} 0"#,
+            r#"textgen_shard_forward_duration_seconds_bucket{rank="1",le="0.008"} 1"#,
+            r#"textgen_shard_forward_duration_seconds_bucket{rank="1",le="0.006"} 0"#,
+            r#"textgen_shard_sampling_duration_seconds_bucket{rank="0",le="0.00025"} 1"#,
+            r#"textgen_shard_sampling_duration_seconds_bucket{rank="1",le="0.0001"} 1"#,
+            r#"textgen_shard_sampling_duration_seconds_count{rank="1"} 1"#,
+        ] {
+            assert!(text.contains(line), "missing {line} in\n{text}");
+        }
+    }
+}
