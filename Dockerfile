@@ -69,9 +69,11 @@ COPY --from=builder /opt/textgen /opt/textgen
 
 # TGI's conventions: every launcher flag also reads its SCREAMING_SNAKE env twin (MODEL_ID,
 # NUM_SHARD, MAX_TOTAL_TOKENS, ...), HF_TOKEN authenticates Hub downloads, the Hub cache
-# lives in the /data volume and the server listens on port 80.
+# lives in the /data volume and the server listens on port 80. Docker sets HOSTNAME (the
+# --hostname env twin) to the container id unless the image sets it: listen everywhere.
 ENV PATH=/opt/textgen/bin:$PATH \
     HF_HOME=/data \
+    HOSTNAME=0.0.0.0 \
     PORT=80 \
     PYTHONUNBUFFERED=1 \
     TRITON_CACHE_DIR=/data/triton

@@ -12,7 +12,7 @@ import yaml
 from kube_schemas import KUBERNETES_VERSION, write_standalone_schemas
 from launcher.settings import parse_settings
 from metrics_doc import documented_metrics
-from tools import REPO_ROOT, check_tool, run_tool
+from deploy_tools import REPO_ROOT, check_tool, run_tool
 
 CHART = REPO_ROOT / "deploy" / "helm" / "textgen"
 ALL_ON = Path(__file__).parent / "helm-values-all-on.yaml"
