@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from launcher.options import OPTIONS
 from deploy_tools import REPO_ROOT, check_tool, run_tool
 
 DEPLOY = REPO_ROOT / "deploy"
@@ -113,3 +114,9 @@ def test_collector_pipeline_is_complete_and_textgen_exports_to_it(compose):
     endpoint = compose["services"]["textgen"]["environment"]["OTLP_ENDPOINT"]
     assert endpoint == f"http://otel-collector:{grpc_port}"
 
+
+
+def test_textgen_environment_in_compose_is_read_by_the_launcher(compose):
+    env_twins = {name for option in OPTIONS for name in option.envs}
+    environment = set(compose["services"]["textgen"]["environment"]) - {"HF_TOKEN"}
+    assert environment and environment <= env_twins, sorted(environment - env_twins)

@@ -138,6 +138,13 @@ def test_panels_are_well_formed():
         assert len(ref_ids) == len(set(ref_ids)), panel["title"]
         grid = panel["gridPos"]
         assert 0 <= grid["x"] and grid["x"] + grid["w"] <= 24, panel["title"]
+    occupied: dict[tuple[int, int], str] = {}
+    for panel in panels:
+        grid = panel["gridPos"]
+        for cell in ((x, y) for x in range(grid["x"], grid["x"] + grid["w"])
+                     for y in range(grid["y"], grid["y"] + grid["h"])):
+            assert cell not in occupied, f"{panel['title']} overlaps {occupied[cell]}"
+            occupied[cell] = panel["title"]
     assert dashboard["uid"] and dashboard["title"] == "textgen"
 
 

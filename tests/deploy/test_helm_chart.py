@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from kube_schemas import KUBERNETES_VERSION, write_standalone_schemas
+from launcher.options import OPTIONS
 from launcher.settings import parse_settings
 from metrics_doc import documented_metrics
 from deploy_tools import REPO_ROOT, check_tool, run_tool
@@ -174,6 +175,19 @@ def test_launcher_accepts_the_chart_environment(rendered, name):
     grace = deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
     assert grace > settings.graceful_termination_timeout + float(pre_stop[1]), (
         "Kubernetes would kill the pod before the router finishes draining")
+
+
+def test_every_variable_the_chart_sets_is_read_by_the_launcher(rendered):
+    """A renamed flag would leave the chart setting a variable nobody reads."""
+    env_twins = {name for option in OPTIONS for name in option.envs}
+    container = _container(objects(rendered["all-on"])["Deployment"])
+    user_supplied = {"POD_NAME"}  # from helm-values-all-on.yaml's extraEnv
+    hub_variables = {"HF_TOKEN"}  # read by the launcher's Hub access, not a flag
+    chart_set = set(_env(container)) - user_supplied - hub_variables
+    assert chart_set - {"MAX_TOTAL_TOKENS", "MAX_CONCURRENT_REQUESTS"} >= {
+        "MODEL_ID", "NUM_SHARD", "PORT", "HOSTNAME", "GRACEFUL_TERMINATION_TIMEOUT",
+        "OTLP_ENDPOINT"}
+    assert chart_set <= env_twins, f"not launcher env twins: {sorted(chart_set - env_twins)}"
 
 
 def test_hf_token_comes_from_the_chart_secret(rendered):
