@@ -1,7 +1,7 @@
 # syntax=docker/dockerfile:1
 # textgen: the Rust router, the torch shards and the launcher in one CUDA image.
 #
-#   docker build -t textgen .
+#   docker build --build-arg TEXTGEN_GIT_SHA=$(git rev-parse HEAD) -t textgen .
 #   docker run --gpus all --shm-size 1g -p 8080:80 -v $PWD/data:/data textgen --model-id X
 #
 # Stages: `builder` compiles the router's Rust dependencies from the lock file alone (a layer
@@ -50,8 +50,11 @@ RUN make venv VENV=/opt/textgen \
     && python3 scripts/list-dependencies.py pyproject.toml > /tmp/requirements.txt \
     && /opt/textgen/bin/pip install --no-cache-dir -r /tmp/requirements.txt
 
-# 3. textgen itself: the README's install command, into the same virtual environment.
+# 3. textgen itself: the README's install command, into the same virtual environment. The
+#    context has no .git, so the commit for textgen_build_info comes as a build argument:
+#    docker build --build-arg TEXTGEN_GIT_SHA=$(git rev-parse HEAD) ...
 COPY . .
+ARG TEXTGEN_GIT_SHA=unknown
 RUN make install VENV=/opt/textgen
 
 FROM ${CUDA_RUNTIME_IMAGE} AS runtime
