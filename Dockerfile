@@ -65,7 +65,9 @@ ENV DEBIAN_FRONTEND=noninteractive
 RUN apt-get update \
     && apt-get install -y --no-install-recommends ca-certificates gcc libc6-dev python3 python3-dev \
     && rm -rf /var/lib/apt/lists/*
-RUN useradd --create-home --uid 1000 --user-group textgen \
+# Ubuntu 24.04 images ship a user `ubuntu` with uid 1000: textgen takes that uid instead.
+RUN if id ubuntu >/dev/null 2>&1; then userdel --remove ubuntu; fi \
+    && useradd --create-home --uid 1000 --user-group textgen \
     && mkdir -p /data \
     && chown textgen:textgen /data
 COPY --from=builder /opt/textgen /opt/textgen
