@@ -19,7 +19,7 @@ REQUIRED_METRICS = {
     "textgen_inter_token_latency_seconds", "textgen_request_duration_seconds",
     "textgen_queue_duration_seconds", "textgen_generated_tokens_total",
     "textgen_waiting_requests", "textgen_running_requests", "textgen_kv_blocks_used",
-    "textgen_kv_blocks_total", "textgen_step_batch_size", "textgen_preemptions_total",
+    "textgen_kv_blocks_capacity", "textgen_step_batch_size", "textgen_preemptions_total",
     "textgen_shard_forward_duration_seconds",
 }
 
