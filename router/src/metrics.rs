@@ -5,6 +5,8 @@ use std::time::{Duration, Instant};
 use metrics::{counter, describe_counter, describe_gauge, describe_histogram, histogram, Unit};
 use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder, PrometheusHandle};
 
+use crate::telemetry::request_span::RequestTrace;
+
 pub const REQUESTS_TOTAL: &str = "textgen_requests_total";
 pub const TIME_TO_FIRST_TOKEN: &str = "textgen_time_to_first_token_seconds";
 pub const INTER_TOKEN_LATENCY: &str = "textgen_inter_token_latency_seconds";
@@ -124,13 +126,15 @@ impl Outcome {
 }
 
 /// Follows one request: token timings while it runs, its outcome once. Dropped without
-/// `finish` (client disconnect), it counts as cancelled.
+/// `finish` (client disconnect), it counts as cancelled. It also carries the request's
+/// trace span, which sees the same events.
 #[derive(Debug)]
 pub struct RequestMeter {
     route: &'static str,
     arrived: Instant,
     last_token: Option<Instant>,
     finished: bool,
+    trace: RequestTrace,
 }
 
 impl RequestMeter {
@@ -140,7 +144,12 @@ impl RequestMeter {
             arrived: Instant::now(),
             last_token: None,
             finished: false,
+            trace: RequestTrace::start(route),
         }
+    }
+
+    pub fn trace(&mut self) -> &mut RequestTrace {
+        &mut self.trace
     }
 
     pub fn arrived(&self) -> Instant {
@@ -154,12 +163,14 @@ impl RequestMeter {
             Some(previous) => histogram!(INTER_TOKEN_LATENCY).record(now - previous),
         }
         self.last_token = Some(now);
+        self.trace.on_chunk();
     }
 
     pub fn succeed(&mut self, prompt_tokens: u32, generated_tokens: u32) {
         counter!(PROMPT_TOKENS_TOTAL).increment(u64::from(prompt_tokens));
         counter!(GENERATED_TOKENS_TOTAL).increment(u64::from(generated_tokens));
         histogram!(REQUEST_DURATION).record(self.arrived.elapsed());
+        self.trace.succeed(prompt_tokens, generated_tokens);
         self.finish(Outcome::Success);
     }
 
@@ -168,6 +179,9 @@ impl RequestMeter {
             return;
         }
         self.finished = true;
+        if outcome != Outcome::Success {
+            self.trace.fail(outcome.label());
+        }
         counter!(REQUESTS_TOTAL, "route" => self.route, "outcome" => outcome.label()).increment(1);
     }
 }

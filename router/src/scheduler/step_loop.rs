@@ -2,6 +2,8 @@
 //! runs it through the executor and delivers the results, one step at a time.
 use std::time::Instant;
 
+use opentelemetry::context::FutureExt as _;
+
 use tokio::sync::mpsc::error::TryRecvError;
 use tokio::sync::mpsc::UnboundedReceiver;
 
@@ -40,13 +42,23 @@ pub async fn run<E: StepExecutor>(
             record_gauges(&state);
             continue;
         };
+        let trace = state.trace_step(&planned);
         state.deliver(planned.events);
         record_gauges(&state);
         metrics::histogram!("textgen_batch_size").record(planned.request.sequences.len() as f64);
         metrics::histogram!("textgen_step_tokens").record(f64::from(planned.num_tokens));
 
         let started = Instant::now();
-        let deliveries = match executor.step(planned.request).await {
+        let step = executor.step(planned.request);
+        // The shard client propagates the step span from the current OTel context.
+        let result = match &trace {
+            Some(trace) => step.with_context(trace.context().clone()).await,
+            None => step.await,
+        };
+        if let Some(trace) = trace {
+            trace.end(result.as_ref().map_err(|error| error.0.as_str()));
+        }
+        let deliveries = match result {
             Ok(response) => state.apply(response),
             Err(error) => {
                 tracing::error!(%error, "step failed; failing every running sequence");

@@ -22,6 +22,7 @@ use tower_http::cors::{AllowOrigin, CorsLayer};
 
 use crate::errors::ApiError;
 use crate::infer::Infer;
+use crate::telemetry::http_span::trace_http;
 
 pub use openai::OpenAiContext;
 pub use ops::Info;
@@ -88,7 +89,8 @@ pub fn router(state: AppState, options: &HttpOptions) -> Router {
         .route_layer(middleware::from_fn_with_state(
             options.api_key.clone(),
             require_api_key,
-        ));
+        ))
+        .route_layer(middleware::from_fn(trace_http));
     let openai_routes = Router::new()
         .route("/v1/chat/completions", post(openai::chat_completions))
         .route("/v1/completions", post(openai::completions))
@@ -98,7 +100,8 @@ pub fn router(state: AppState, options: &HttpOptions) -> Router {
         .route_layer(middleware::from_fn_with_state(
             options.api_key.clone(),
             require_openai_api_key,
-        ));
+        ))
+        .route_layer(middleware::from_fn(trace_http));
     let operations = Router::new()
         .route("/", get(ops::health))
         .route("/health", get(ops::health))

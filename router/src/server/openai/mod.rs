@@ -94,6 +94,9 @@ async fn run_prompt(
     let mut meter = RequestMeter::start(route);
     let outcome = async {
         let admitted = state.infer.admit_valid(input, false).await?;
+        meter
+            .trace()
+            .on_validated(crate::infer::request_shape(&admitted.valid));
         let drawn = admitted.valid.params.sampling.seed;
         let seeds: Vec<u64> = (0..plan.runs).map(|run| plan.seed_of(drawn, run)).collect();
         let finished = state
@@ -114,11 +117,16 @@ async fn run_prompt(
         .iter()
         .map(|f| f.decoder.record().tokens.len() as u32)
         .sum();
-    meter.succeed(admitted.valid.input_ids.len() as u32, generated);
     if plan.runs > plan.n {
         finished.sort_by(|a, b| mean_logprob(b).total_cmp(&mean_logprob(a)));
         finished.truncate(plan.n as usize);
     }
+    for choice in &finished {
+        meter
+            .trace()
+            .add_finish_reason(finish_reason(choice.finish));
+    }
+    meter.succeed(admitted.valid.input_ids.len() as u32, generated);
     Ok(PromptResult {
         valid: admitted.valid,
         choices: finished,
