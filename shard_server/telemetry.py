@@ -122,7 +122,8 @@ class StepTiming:
 class StepTracer:
     """Records the shard's spans of traced steps and exports them in the background."""
 
-    def __init__(self, settings: TraceSettings, rank: int, world_size: int):
+    def __init__(self, settings: TraceSettings, rank: int, world_size: int, exporter=None):
+        """`exporter` replaces the OTLP exporter (tests use an in-memory one)."""
         from opentelemetry.propagators.textmap import DefaultGetter
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
@@ -142,7 +143,7 @@ class StepTracer:
         )
         # Spans only ever continue a router step, so the router's sampling decision rules.
         self._provider = TracerProvider(resource=resource, sampler=ParentBased(ALWAYS_ON))
-        self._provider.add_span_processor(BatchSpanProcessor(_exporter(settings)))
+        self._provider.add_span_processor(BatchSpanProcessor(exporter or _exporter(settings)))
         self._tracer = self._provider.get_tracer("textgen-shard")
         self._propagator = TraceContextTextMapPropagator()
         self._getter = DefaultGetter()
@@ -188,6 +189,9 @@ class StepTracer:
             sampling = self._tracer.start_span("sampling", context=inside, start_time=sampled_at)
             sampling.end(end_time=timing.done_ns)
         step.end(end_time=end_ns)
+
+    def flush(self) -> None:
+        self._provider.force_flush()
 
     def shutdown(self) -> None:
         """Flushes the spans still buffered."""
