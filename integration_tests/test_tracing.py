@@ -186,12 +186,15 @@ def test_a_request_without_traceparent_starts_its_own_trace(grpc_stack):
                         timeout=120)
     assert answer.status_code == 200
 
-    def new_trace_with_shard_spans(spans):
-        fresh = {s.trace_id for s in spans if s.trace_id not in before and s.name == "forward"}
-        return bool(fresh)
+    def fresh_generate_traces() -> set[str]:
+        return {s.trace_id for s in receiver.store.spans()
+                if s.trace_id not in before and s.name == "forward"}
 
-    receiver.store.wait_for(lambda _: new_trace_with_shard_spans(receiver.store.spans()), trace_id=None)
-    fresh = [s for s in receiver.store.spans() if s.trace_id not in before]
-    http = [s for s in fresh if s.kind == SERVER_KIND and s.component == "router"]
-    assert len(http) == 1 and http[0].parent_span_id == "", "a root span"
-    assert {s.trace_id for s in fresh} == {http[0].trace_id}
+    receiver.store.wait_for(lambda _: bool(fresh_generate_traces()), trace_id=None)
+    (trace_id,) = fresh_generate_traces()
+    spans = receiver.store.wait_for(trace_complete(2), trace_id)
+    spans = receiver.store.wait_for(
+        lambda found: any(s.kind == SERVER_KIND and s.component == "router" for s in found), trace_id)
+    http = one(spans, "router", lambda s: s.kind == SERVER_KIND)
+    assert http.parent_span_id == "", "a root span"
+    assert http.attributes["http.route"] == "/generate"

@@ -15,7 +15,7 @@ use crate::errors::InferError;
 use crate::metrics::{Outcome, RequestMeter};
 use crate::scheduler::{SchedulerHandle, SequenceRequest, SequenceStream};
 use crate::schema::{Details, GenerateRequest, GenerateResponse, StreamResponse};
-use crate::telemetry::request_span::RequestShape;
+pub use crate::telemetry::request_span::RequestShape;
 use crate::tokenizer::TextTokenizer;
 use crate::validation::{GenerationInput, ValidRequest, Validation};
 

@@ -1,5 +1,7 @@
 //! Which requests in a planned step are traced: their queue spans, and the step span.
 //! Skipped entirely when no traces are exported.
+use std::collections::HashSet;
+
 use opentelemetry::trace::SpanContext;
 
 use super::api::SequenceEvent;
@@ -29,10 +31,15 @@ impl SchedulerState {
             .iter()
             .filter_map(|s| self.trace_of(s.id).map(|trace| (s.id, trace)))
             .collect();
-        // Ids grow with submission order: the oldest request becomes the parent.
+        // Ids grow with submission order: the oldest request becomes the parent. The
+        // sequences of one request (best_of, n) share its span: keep it once.
         traced.sort_unstable_by_key(|(id, _)| *id);
-        traced.dedup_by(|a, b| a.1.span_id() == b.1.span_id());
-        let contexts: Vec<SpanContext> = traced.into_iter().map(|(_, c)| c.clone()).collect();
+        let mut seen = HashSet::with_capacity(traced.len());
+        let contexts: Vec<SpanContext> = traced
+            .into_iter()
+            .filter(|(_, context)| seen.insert(context.span_id()))
+            .map(|(_, context)| context.clone())
+            .collect();
         let shape = StepShape {
             step_id: planned.request.step_id,
             sequences: planned.request.sequences.len(),

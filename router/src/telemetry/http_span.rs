@@ -1,5 +1,7 @@
 //! The HTTP server span of a generation request, a child of the caller's `traceparent`
 //! when it sent one. For an SSE answer the span lasts until the last event is sent.
+use std::task::Poll;
+
 use axum::body::Body;
 use axum::extract::{MatchedPath, Request};
 use axum::http::header::CONTENT_TYPE;
@@ -53,13 +55,22 @@ fn is_event_stream(response: &Response) -> bool {
         .is_some_and(|value| value.starts_with("text/event-stream"))
 }
 
-/// The span ends when the body stream is dropped: after its last event, or when the
-/// client goes away.
+/// Keeps the span open while the body streams. tracing-opentelemetry ends a span at its
+/// last exit, so every poll runs inside the span, and the finished body (which owns the
+/// request span) is dropped inside it too: the HTTP span ends last.
 fn hold_until_sent(response: Response, span: tracing::Span) -> Response {
     let (parts, body) = response.into_parts();
-    let stream = body.into_data_stream().map(move |chunk| {
-        let _held = &span;
-        chunk
+    let mut body = Some(body.into_data_stream());
+    let stream = futures::stream::poll_fn(move |cx| {
+        let _entered = span.enter();
+        let Some(inner) = body.as_mut() else {
+            return Poll::Ready(None);
+        };
+        let polled = inner.poll_next_unpin(cx);
+        if matches!(polled, Poll::Ready(None)) {
+            body = None;
+        }
+        polled
     });
     Response::from_parts(parts, Body::from_stream(stream))
 }

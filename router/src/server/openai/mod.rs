@@ -94,9 +94,11 @@ async fn run_prompt(
     let mut meter = RequestMeter::start(route);
     let outcome = async {
         let admitted = state.infer.admit_valid(input, false).await?;
-        meter
-            .trace()
-            .on_validated(crate::infer::request_shape(&admitted.valid));
+        meter.trace().on_validated(crate::infer::RequestShape {
+            // The OpenAI routes keep the client's seed in the plan.
+            seed: plan.seed,
+            ..crate::infer::request_shape(&admitted.valid)
+        });
         let drawn = admitted.valid.params.sampling.seed;
         let seeds: Vec<u64> = (0..plan.runs).map(|run| plan.seed_of(drawn, run)).collect();
         let finished = state

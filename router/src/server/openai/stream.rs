@@ -207,9 +207,11 @@ pub async fn respond(
     let submitted = async {
         for input in plan.inputs.iter().cloned() {
             let prompt = state.infer.admit_valid(input, true).await?;
-            meter
-                .trace()
-                .on_validated(crate::infer::request_shape(&prompt.valid));
+            meter.trace().on_validated(crate::infer::RequestShape {
+                // The OpenAI routes keep the client's seed in the plan.
+                seed: plan.seed,
+                ..crate::infer::request_shape(&prompt.valid)
+            });
             let trace = meter.trace().span_context();
             for run in 0..plan.runs {
                 let index = followers.len() as u32;
