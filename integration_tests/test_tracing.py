@@ -198,3 +198,41 @@ def test_a_request_without_traceparent_starts_its_own_trace(grpc_stack):
     http = one(spans, "router", lambda s: s.kind == SERVER_KIND)
     assert http.parent_span_id == "", "a root span"
     assert http.attributes["http.route"] == "/generate"
+
+
+def test_a_shared_step_is_a_child_of_the_oldest_request_and_links_the_others(grpc_stack):
+    server, receiver = grpc_stack
+    (old_parent, old_trace, _), (new_parent, new_trace, _) = new_traceparent(), new_traceparent()
+
+    def stream(traceparent: str, max_new_tokens: int):
+        body = {"inputs": "Count slowly: one, two,", "parameters": {"max_new_tokens": max_new_tokens,
+                                                                    "stop": [], "seed": 1}}
+        return httpx.stream("POST", server.url + "/generate_stream", json=body,
+                            headers={"traceparent": traceparent}, timeout=120)
+
+    # The older request is generating when the newer one arrives, so they share steps.
+    with stream(old_parent, 24) as older:
+        lines = older.iter_lines()
+        next(line for line in lines if line.startswith("data:"))
+        with stream(new_parent, 3) as newer:
+            assert newer.status_code == 200 and sum(1 for _ in newer.iter_lines()) > 0
+        assert sum(1 for _ in lines) > 0
+    def has_request_span(spans):
+        return any(s.attributes.get("gen_ai.operation.name") for s in spans)
+
+    new_spans = receiver.store.wait_for(
+        lambda spans: has_request_span(spans) and bool(by_name(spans, "queue", "router")), new_trace)
+    new_request = one(new_spans, "router", lambda s: s.attributes.get("gen_ai.operation.name") is not None)
+
+    def linked_steps(spans):
+        return [s for s in by_name(spans, "step", "router") if (new_trace, new_request.span_id) in s.links]
+
+    old_spans = receiver.store.wait_for(
+        lambda spans: has_request_span(spans) and bool(linked_steps(spans)), old_trace)
+    old_request = one(old_spans, "router", lambda s: s.attributes.get("gen_ai.operation.name") is not None)
+    shared = linked_steps(old_spans)
+    assert all(step.parent_span_id == old_request.span_id for step in shared)
+    assert all(step.attributes["textgen.step.traced_requests"] >= 2 for step in shared)
+    # The newer request's own trace still has its queue span and its GenAI attributes.
+    (queue,) = by_name(new_spans, "queue", "router")
+    assert queue.parent_span_id == new_request.span_id
