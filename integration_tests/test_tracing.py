@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import time
 
 import httpx
 import pytest
@@ -236,3 +237,20 @@ def test_a_shared_step_is_a_child_of_the_oldest_request_and_links_the_others(grp
     # The newer request's own trace still has its queue span and its GenAI attributes.
     (queue,) = by_name(new_spans, "queue", "router")
     assert queue.parent_span_id == new_request.span_id
+
+
+def test_an_unreachable_collector_never_affects_serving():
+    from server import free_port
+
+    dead = f"http://127.0.0.1:{free_port()}"
+    server = Server("--otlp-endpoint", dead, env=FAST_EXPORT)
+    try:
+        traceparent, _, _ = new_traceparent()
+        answer = httpx.post(server.url + "/generate", json={"inputs": "Hi", "parameters": {"max_new_tokens": 3}},
+                            headers={"traceparent": traceparent}, timeout=120)
+        assert answer.status_code == 200, answer.text
+    finally:
+        started = time.monotonic()
+        code = server.stop()
+    assert code == 0, server.log()
+    assert time.monotonic() - started < 30, "flushing to a dead collector is bounded"

@@ -73,11 +73,10 @@ impl Telemetry {
         let Some(provider) = self.provider else {
             return;
         };
-        let flushed = tokio::task::spawn_blocking(move || {
-            provider.force_flush()?;
-            provider.shutdown_with_timeout(FLUSH_TIMEOUT)
-        })
-        .await;
+        // Shutting down flushes the batch first; a dead collector costs FLUSH_TIMEOUT at most.
+        let flushed =
+            tokio::task::spawn_blocking(move || provider.shutdown_with_timeout(FLUSH_TIMEOUT))
+                .await;
         match flushed {
             Ok(Ok(())) => {}
             Ok(Err(err)) => eprintln!("textgen-router: flushing traces failed: {err}"),
