@@ -3,7 +3,6 @@
 use std::time::Instant;
 
 use opentelemetry::context::FutureExt as _;
-
 use tokio::sync::mpsc::error::TryRecvError;
 use tokio::sync::mpsc::UnboundedReceiver;
 

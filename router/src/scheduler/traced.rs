@@ -17,11 +17,11 @@ impl SchedulerState {
     /// Records the queue spans of the sequences this step starts and opens the step's
     /// span. Call before the step's events are delivered.
     pub fn trace_step(&self, planned: &PlannedStep) -> Option<StepTrace> {
-        crate::telemetry::tracer()?;
+        let tracer = crate::telemetry::tracer()?;
         for delivery in &planned.events {
             if let SequenceEvent::Started { queue_time } = &delivery.event {
                 if let Some(parent) = self.trace_of(delivery.id) {
-                    step_span::record_queue(parent, *queue_time);
+                    step_span::record_queue(tracer, parent, *queue_time);
                 }
             }
         }
@@ -45,6 +45,6 @@ impl SchedulerState {
             sequences: planned.request.sequences.len(),
             tokens: planned.num_tokens,
         };
-        StepTrace::begin(shape, &contexts)
+        StepTrace::begin(tracer, shape, &contexts)
     }
 }

@@ -12,7 +12,7 @@ use std::time::{Duration, SystemTime};
 use opentelemetry::trace::Span as _;
 use opentelemetry::trace::{Link, SpanContext, SpanKind, Status, TraceContextExt, Tracer};
 use opentelemetry::{Context, KeyValue};
-use opentelemetry_sdk::trace::Span as SdkSpan;
+use opentelemetry_sdk::trace::{SdkTracer, Span as SdkSpan};
 
 use crate::pb;
 
@@ -24,10 +24,7 @@ fn parent_context(parent: &SpanContext) -> Context {
 }
 
 /// Records the time a request waited before its first step, ending now.
-pub fn record_queue(parent: &SpanContext, waited: Duration) {
-    let Some(tracer) = super::tracer() else {
-        return;
-    };
+pub fn record_queue(tracer: &SdkTracer, parent: &SpanContext, waited: Duration) {
     let now = SystemTime::now();
     let mut span = tracer
         .span_builder("queue")
@@ -56,10 +53,9 @@ pub struct StepTrace {
 }
 
 impl StepTrace {
-    /// Opens the step span under `requests[0]`, linked to the others. `None` when
-    /// nothing is exported or no request in the step is traced.
-    pub fn begin(shape: StepShape, requests: &[SpanContext]) -> Option<Self> {
-        let tracer = super::tracer()?;
+    /// Opens the step span under `requests[0]`, linked to the others. `None` when no
+    /// request in the step is traced.
+    pub fn begin(tracer: &SdkTracer, shape: StepShape, requests: &[SpanContext]) -> Option<Self> {
         let (first, others) = requests.split_first()?;
         let links: Vec<Link> = others
             .iter()
@@ -103,3 +99,7 @@ impl StepTrace {
         self.span.end();
     }
 }
+
+#[cfg(test)]
+#[path = "step_span_tests.rs"]
+mod tests;
