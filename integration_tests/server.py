@@ -10,6 +10,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Mapping
 
 import httpx
 
@@ -36,9 +37,11 @@ def launcher_command() -> list[str]:
 
 
 class Server:
-    """One launcher process and everything it spawns, on a free port."""
+    """One launcher process and everything it spawns, on a free port. `env` is added to
+    this process's environment for the launcher (and, through it, its children)."""
 
-    def __init__(self, *flags: str, startup_timeout: float = 600.0, env: dict[str, str] | None = None):
+    def __init__(self, *flags: str, startup_timeout: float = 600.0,
+                 env: Mapping[str, str] | None = None):
         self.port = free_port()
         self.workdir = Path(tempfile.mkdtemp(prefix="textgen-it-"))
         self.log_path = self.workdir / "launcher.log"
@@ -50,7 +53,8 @@ class Server:
         ]
         self._log = open(self.log_path, "wb")
         self.process = subprocess.Popen(
-            command, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True, env=env
+            command, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
+            env={**os.environ, **(env or {})},
         )
         self.url = f"http://127.0.0.1:{self.port}"
         self._wait_ready(startup_timeout)

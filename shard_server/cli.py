@@ -1,7 +1,7 @@
 """`textgen-shard serve ...`: loads the model, binds `unix://{uds_path}-{rank}`, serves gRPC.
 
-Every setting comes from the command line (docs/processes.md); nothing is read from the
-environment. The socket appears only once the model is loaded, so its existence means the
+Every setting comes from the command line (docs/processes.md); the only exception is the
+standard OTEL_* tracing variables, read once in `main` (shard_server/telemetry.py). The socket appears only once the model is loaded, so its existence means the
 shard is ready for Health.
 """
 
@@ -30,6 +30,7 @@ from .models.sharding import check_shardable, shard_heads
 from .pb import generate_pb2_grpc as pb_grpc
 from .runner import ModelRunner
 from .service import ShardIdentity, ShardService
+from .telemetry import TraceSettings, TraceSettingsError, build_tracer
 from .warmup import PoolSizing
 from .weights import WeightStore, read_config
 
@@ -56,6 +57,7 @@ class ServeConfig:
     block_size: int = 16
     json_output: bool = False
     otlp_endpoint: str | None = None
+    otlp_service_name: str | None = None
 
     @property
     def socket_path(self) -> str:
@@ -106,7 +108,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--block-size", type=int, default=d.block_size, help="tokens per KV block")
     serve.add_argument("--json-output", action="store_true")
     serve.add_argument(
-        "--otlp-endpoint", default=None, help="accepted; tracing export is not implemented yet"
+        "--otlp-endpoint",
+        default=None,
+        help="OTLP collector for traces; default OTEL_EXPORTER_OTLP_TRACES_ENDPOINT / OTEL_EXPORTER_OTLP_ENDPOINT",
+    )
+    serve.add_argument(
+        "--otlp-service-name", default=None, help="service name of the spans; default OTEL_SERVICE_NAME, else textgen-shard"
     )
     return parser
 
@@ -147,9 +154,11 @@ def setup_logging(json_output: bool, rank: int) -> None:
     fmt = f"%(asctime)s %(levelname)s shard-{rank} %(name)s: %(message)s"
     handler.setFormatter(_JsonFormatter() if json_output else logging.Formatter(fmt))
     logging.basicConfig(level=logging.INFO, handlers=[handler], force=True)
+    # Python warnings go through the same handler, so --json-output covers them too.
+    logging.captureWarnings(True)
 
 
-def load_service(config: ServeConfig) -> ShardService:
+def load_service(config: ServeConfig, trace: TraceSettings | None = None) -> ShardService:
     device = config.torch_device()
     dtype = config.torch_dtype(device)
     torch.set_num_threads(len(os.sched_getaffinity(0)))
@@ -175,11 +184,12 @@ def load_service(config: ServeConfig) -> ShardService:
     identity = ShardIdentity(model_config.model_type, parallel, attention)
     sizing = PoolSizing(config.kv_cache_tokens, config.cuda_memory_fraction, parse_sizes(config.cuda_graphs))
     log.info("loaded %s (%s, %s) from %s", model_config.model_type, dtype, device, config.model_path)
-    return ShardService(runner, identity, sizing)
+    tracer = build_tracer(trace, config.rank, config.world_size)
+    return ShardService(runner, identity, sizing, tracer)
 
 
-async def serve(config: ServeConfig) -> None:
-    service = load_service(config)
+async def serve(config: ServeConfig, trace: TraceSettings | None = None) -> None:
+    service = load_service(config, trace)
     server = grpc.aio.server(
         options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
@@ -207,7 +217,13 @@ def main(argv: list[str] | None = None) -> int:
     config = parse_config(argv)
     setup_logging(config.json_output, config.rank)
     try:
-        asyncio.run(serve(config))
+        # The OTEL_* variables are read here, once, into typed settings.
+        trace = TraceSettings.resolve(config.otlp_endpoint, config.otlp_service_name, os.environ)
+    except TraceSettingsError as exc:
+        log.error("%s", exc)
+        return 2
+    try:
+        asyncio.run(serve(config, trace))
     except Exception:
         log.exception("shard failed")
         return 1

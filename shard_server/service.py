@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -21,6 +22,7 @@ from .pb import generate_pb2 as pb
 from .pb import generate_pb2_grpc as pb_grpc
 from .requests import InvalidStepError
 from .runner import ModelRunner, NotWarmedUpError
+from .telemetry import StepTiming, StepTracer
 from .warmup import PoolSizing, warmup
 
 log = logging.getLogger(__name__)
@@ -41,10 +43,13 @@ def _select_device(device: torch.device) -> None:
 
 
 class ShardService(pb_grpc.TextGenerationShardServicer):
-    def __init__(self, runner: ModelRunner, identity: ShardIdentity, sizing: PoolSizing):
+    def __init__(
+        self, runner: ModelRunner, identity: ShardIdentity, sizing: PoolSizing, tracer: StepTracer | None = None
+    ):
         self.runner = runner
         self.identity = identity
         self.sizing = sizing
+        self.tracer = tracer
         # The current CUDA device is per thread: the worker must select this rank's GPU itself,
         # or graph capture and Triton launches on rank > 0 would go to GPU 0's stream.
         self._worker = ThreadPoolExecutor(
@@ -119,7 +124,31 @@ class ShardService(pb_grpc.TextGenerationShardServicer):
         return pb.ClearCacheResponse()
 
     async def Step(self, request, context):
-        return await self._run(context, f"Step {request.step_id}", self.runner.step, request)
+        parent = self.tracer.parent_of(context.invocation_metadata()) if self.tracer else None
+        if parent is None:
+            return await self._run(context, f"Step {request.step_id}", self.runner.step, request)
+        return await self._traced_step(request, context, parent)
+
+    async def _traced_step(self, request, context, parent):
+        """A step the router traces: the same work, then the shard's spans."""
+
+        def step_and_clock():
+            response = self.runner.step(request)
+            return response, time.time_ns()
+
+        received_ns = time.time_ns()
+        timing, error = None, None
+        try:
+            response, done_ns = await self._run(context, f"Step {request.step_id}", step_and_clock)
+            timing = StepTiming(received_ns, done_ns, response.forward_ns, response.sample_ns)
+            return response
+        except BaseException as exc:
+            error = f"{type(exc).__name__}: {exc}"
+            raise
+        finally:
+            self.tracer.record_step(parent, request.step_id, len(request.sequences), timing, error)
 
     def close(self) -> None:
         self._worker.shutdown(wait=False, cancel_futures=True)
+        if self.tracer is not None:
+            self.tracer.shutdown()

@@ -105,10 +105,25 @@ pub struct Args {
     pub log_level: String,
     #[arg(long, env = "JSON_OUTPUT")]
     pub json_output: bool,
-    /// OpenTelemetry collector; accepted for TGI compatibility, export is not built in yet
-    /// (the router logs a warning when it is set).
+    /// OpenTelemetry collector to export traces to (e.g. `http://collector:4317`). Without
+    /// it, `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` / `OTEL_EXPORTER_OTLP_ENDPOINT` are used;
+    /// `OTEL_EXPORTER_OTLP_PROTOCOL` picks `grpc` (default) or `http/protobuf`.
     #[arg(long, env = "OTLP_ENDPOINT")]
     pub otlp_endpoint: Option<String>,
+    /// Service name of the exported spans; default `OTEL_SERVICE_NAME`, else
+    /// `textgen-router`.
+    #[arg(long, env = "OTLP_SERVICE_NAME")]
+    pub otlp_service_name: Option<String>,
+}
+
+impl Args {
+    /// The tracing flags, for [`crate::telemetry::TraceSettings::resolve`].
+    pub fn trace_flags(&self) -> crate::telemetry::TraceFlags {
+        crate::telemetry::TraceFlags {
+            otlp_endpoint: self.otlp_endpoint.clone(),
+            otlp_service_name: self.otlp_service_name.clone(),
+        }
+    }
 }
 
 /// What the shards reported at startup.

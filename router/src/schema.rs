@@ -103,6 +103,17 @@ pub enum FinishReason {
     StopSequence,
 }
 
+impl FinishReason {
+    /// The name TGI's API uses for it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Length => "length",
+            Self::EosToken => "eos_token",
+            Self::StopSequence => "stop_sequence",
+        }
+    }
+}
+
 /// A generated token as TGI reports it.
 #[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
 pub struct Token {

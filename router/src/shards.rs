@@ -246,10 +246,13 @@ impl ShardSet {
         if let Some(reason) = self.failure() {
             return Err(ShardError::Failed(reason.to_owned()));
         }
+        // The step span, when the step loop traces this step (W3C traceparent metadata).
+        let trace = opentelemetry::Context::current();
         let result = self
             .on_all("Step", Some(self.step_timeout), |mut c| {
-                let request = request.clone();
-                async move { c.step(request).await }
+                let mut call = tonic::Request::new(request.clone());
+                crate::telemetry::propagation::inject(&trace, call.metadata_mut());
+                async move { c.step(call).await }
             })
             .await;
         let error = match result {

@@ -144,9 +144,7 @@ pub async fn shutdown_signal() {
 
 /// Runs the router until a signal has drained it.
 pub async fn run(args: Args) -> anyhow::Result<()> {
-    if args.otlp_endpoint.is_some() {
-        tracing::warn!("--otlp-endpoint is set, but this router build exports no traces yet");
-    }
+    crate::telemetry::set_served_model(&args.model_id);
     if args.validation_workers == 0 {
         anyhow::bail!("--validation-workers must be > 0");
     }

@@ -8,12 +8,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::Stream;
+use opentelemetry::trace::SpanContext;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::errors::InferError;
 use crate::metrics::{Outcome, RequestMeter};
 use crate::scheduler::{SchedulerHandle, SequenceRequest, SequenceStream};
 use crate::schema::{Details, GenerateRequest, GenerateResponse, StreamResponse};
+pub use crate::telemetry::request_span::RequestShape;
 use crate::tokenizer::TextTokenizer;
 use crate::validation::{GenerationInput, ValidRequest, Validation};
 
@@ -54,6 +56,16 @@ pub struct StreamStart {
 }
 
 pub type StreamItem = Result<StreamResponse, InferError>;
+
+/// What the request span reports about a validated request.
+pub fn request_shape(valid: &ValidRequest) -> RequestShape<'_> {
+    RequestShape {
+        input_tokens: valid.input_ids.len() as u32,
+        max_new_tokens: valid.max_new_tokens,
+        sampling: &valid.params.sampling,
+        seed: valid.params.seed,
+    }
+}
 
 /// The metric outcome of a failed request.
 pub fn outcome_of(err: &InferError) -> Outcome {
@@ -102,17 +114,18 @@ impl Infer {
     }
 
     /// Runs one sequence per seed to its end; only the first feeds the token timings
-    /// (of `meter`, when given).
+    /// (of `meter`, when given). `trace` is the request's span, when traced.
     pub async fn run_all(
         &self,
         valid: &ValidRequest,
         seeds: &[u64],
         meter: Option<&mut RequestMeter>,
+        trace: Option<SpanContext>,
     ) -> Result<Vec<FinishedSequence>, InferError> {
         let mut timing_meter = meter;
         let mut runs = Vec::with_capacity(seeds.len());
         for &seed in seeds {
-            let events = self.submit(valid, seed)?;
+            let events = self.submit(valid, seed, trace.clone())?;
             let meter = timing_meter.take();
             runs.push(run_to_end(
                 self.tokenizer.clone(),
@@ -125,13 +138,14 @@ impl Infer {
     }
 
     /// Submits one sequence for streaming: its decoder and its events. Dropping the
-    /// events cancels it.
+    /// events cancels it. `trace` is the request's span, when traced.
     pub fn start(
         &self,
         valid: &ValidRequest,
         seed: u64,
+        trace: Option<SpanContext>,
     ) -> Result<(SequenceDecoder, SequenceStream), InferError> {
-        let events = self.submit(valid, seed)?;
+        let events = self.submit(valid, seed, trace)?;
         let decoder = SequenceDecoder::new(self.tokenizer.clone(), self.spec(valid));
         Ok((decoder, events))
     }
@@ -153,7 +167,12 @@ impl Infer {
         }
     }
 
-    fn submit(&self, valid: &ValidRequest, seed: u64) -> Result<SequenceStream, InferError> {
+    fn submit(
+        &self,
+        valid: &ValidRequest,
+        seed: u64,
+        trace: Option<SpanContext>,
+    ) -> Result<SequenceStream, InferError> {
         let mut sampling = valid.params.sampling.clone();
         sampling.seed = seed;
         let request = SequenceRequest {
@@ -163,6 +182,7 @@ impl Infer {
             stop_token_ids: self.stop_token_ids.clone(),
             prefill_logprobs: valid.params.decoder_input_details,
             top_n_tokens: valid.params.top_n_tokens,
+            trace,
         };
         self.scheduler
             .submit(request)
@@ -177,12 +197,17 @@ impl Infer {
     ) -> Result<GenerateOutput, InferError> {
         let _permit = self.admit()?;
         let valid = self.validation.validate(request, false).await?;
+        meter.trace().on_validated(request_shape(&valid));
         let validated_at = Instant::now();
         let seeds = best_of::seeds(&valid);
         // Only the first sequence feeds token timings, so best_of does not skew them.
-        let finished = self.run_all(&valid, &seeds, Some(&mut *meter)).await?;
+        let trace = meter.trace().span_context();
+        let finished = self
+            .run_all(&valid, &seeds, Some(&mut *meter), trace)
+            .await?;
         let inference_end = Instant::now();
         let (best, others) = best_of::pick(finished, &seeds);
+        meter.trace().add_finish_reason(best.finish.as_str());
         let input_length = valid.input_ids.len() as u32;
         let generated_tokens = best.decoder.record().tokens.len() as u32;
         let queue = best.decoder.record().queue_time;
@@ -233,7 +258,9 @@ impl Infer {
         let admitted = async {
             let permit = self.admit()?;
             let valid = self.validation.validate(request, true).await?;
-            let events = self.submit(&valid, valid.params.sampling.seed)?;
+            meter.trace().on_validated(request_shape(&valid));
+            let trace = meter.trace().span_context();
+            let events = self.submit(&valid, valid.params.sampling.seed, trace)?;
             Ok::<_, InferError>((permit, valid, events))
         };
         let (permit, valid, mut events) = match admitted.await {

@@ -80,6 +80,7 @@ impl StreamBuilder {
         if let Some(prefix) = &self.full_text_prefix {
             text.insert_str(0, prefix);
         }
+        self.meter.trace().add_finish_reason(finish_reason.as_str());
         self.meter.succeed(self.input_length, generated_tokens);
         Step::Last(Ok(StreamResponse {
             index: self.index,

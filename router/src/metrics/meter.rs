@@ -4,6 +4,8 @@ use std::time::Instant;
 
 use metrics::{counter, histogram};
 
+use crate::telemetry::request_span::RequestTrace;
+
 use super::names::{
     GENERATED_TOKENS_TOTAL, INTER_TOKEN_LATENCY, PROMPT_TOKENS_TOTAL, REQUESTS_TOTAL,
     REQUEST_DURATION, TIME_TO_FIRST_TOKEN,
@@ -108,13 +110,15 @@ pub fn count_request(route: Route, outcome: Outcome) {
 }
 
 /// Follows one HTTP request: token timings while it runs, its outcome once. Dropped
-/// without `finish` (client disconnect), it counts as cancelled.
+/// without `finish` (client disconnect), it counts as cancelled. It also carries the
+/// request's trace span, which sees the same events.
 #[derive(Debug)]
 pub struct RequestMeter {
     route: Route,
     arrived: Instant,
     last_token: Option<Instant>,
     finished: bool,
+    trace: RequestTrace,
 }
 
 impl RequestMeter {
@@ -124,7 +128,12 @@ impl RequestMeter {
             arrived: Instant::now(),
             last_token: None,
             finished: false,
+            trace: RequestTrace::start(route.label()),
         }
+    }
+
+    pub fn trace(&mut self) -> &mut RequestTrace {
+        &mut self.trace
     }
 
     pub fn arrived(&self) -> Instant {
@@ -138,6 +147,7 @@ impl RequestMeter {
             Some(previous) => histogram!(INTER_TOKEN_LATENCY).record(now - previous),
         }
         self.last_token = Some(now);
+        self.trace.on_chunk();
     }
 
     pub fn succeed(&mut self, prompt_tokens: u32, generated_tokens: u32) {
@@ -147,6 +157,7 @@ impl RequestMeter {
         counter!(PROMPT_TOKENS_TOTAL).increment(u64::from(prompt_tokens));
         counter!(GENERATED_TOKENS_TOTAL).increment(u64::from(generated_tokens));
         histogram!(REQUEST_DURATION).record(self.arrived.elapsed());
+        self.trace.succeed(prompt_tokens, generated_tokens);
         self.finish(Outcome::Success);
     }
 
@@ -155,6 +166,9 @@ impl RequestMeter {
             return;
         }
         self.finished = true;
+        if outcome != Outcome::Success {
+            self.trace.fail(outcome.label());
+        }
         count_request(self.route, outcome);
     }
 }

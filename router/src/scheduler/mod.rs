@@ -15,6 +15,7 @@ pub mod queue;
 mod sequence;
 mod state;
 mod step_loop;
+mod traced;
 
 #[cfg(test)]
 mod test_harness;

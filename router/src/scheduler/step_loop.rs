@@ -2,6 +2,7 @@
 //! runs it through the executor and delivers the results, one step at a time.
 use std::time::Instant;
 
+use opentelemetry::context::FutureExt as _;
 use tokio::sync::mpsc::error::TryRecvError;
 use tokio::sync::mpsc::UnboundedReceiver;
 
@@ -44,6 +45,7 @@ pub async fn run<E: StepExecutor>(
             record_gauges(&state);
             continue;
         };
+        let trace = state.trace_step(&planned);
         state.deliver(planned.events);
         record_queue_gauges(&state);
         // A step that only releases sequences computes nothing: it would skew the step
@@ -55,7 +57,16 @@ pub async fn run<E: StepExecutor>(
         }
 
         let started = Instant::now();
-        let deliveries = match executor.step(planned.request).await {
+        let step = executor.step(planned.request);
+        // The shard client propagates the step span from the current OTel context.
+        let result = match &trace {
+            Some(trace) => step.with_context(trace.context().clone()).await,
+            None => step.await,
+        };
+        if let Some(trace) = trace {
+            trace.end(result.as_ref().map_err(|error| error.0.as_str()));
+        }
+        let deliveries = match result {
             Ok(response) => state.apply(response),
             Err(error) => {
                 tracing::error!(%error, "step failed; failing every running sequence");

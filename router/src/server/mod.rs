@@ -23,6 +23,7 @@ use tower_http::cors::{AllowOrigin, CorsLayer};
 use crate::errors::ApiError;
 use crate::infer::Infer;
 use crate::metrics::{count_request, Outcome, Route};
+use crate::telemetry::http_span::trace_http;
 
 pub use openai::OpenAiContext;
 pub use ops::Info;
@@ -95,7 +96,8 @@ pub fn router(state: AppState, options: &HttpOptions) -> Router {
         .route_layer(middleware::from_fn_with_state(
             options.api_key.clone(),
             require_api_key,
-        ));
+        ))
+        .route_layer(middleware::from_fn(trace_http));
     let openai_routes = Router::new()
         .route("/v1/chat/completions", post(openai::chat_completions))
         .route("/v1/completions", post(openai::completions))
@@ -105,7 +107,8 @@ pub fn router(state: AppState, options: &HttpOptions) -> Router {
         .route_layer(middleware::from_fn_with_state(
             options.api_key.clone(),
             require_openai_api_key,
-        ));
+        ))
+        .route_layer(middleware::from_fn(trace_http));
     let operations = Router::new()
         .route("/", get(ops::health))
         .route("/health", get(ops::health))

@@ -23,6 +23,7 @@ use crate::validation::{GenerationInput, ValidRequest};
 use choices::finish_reason;
 use errors::{OpenAiError, OpenAiErrorBody, OpenAiJson};
 use mapping::Plan;
+use opentelemetry::trace::SpanContext;
 use types::{
     AssistantMessage, ChatChoice, ChatCompletion, ChatCompletionRequest, Completion,
     CompletionChoice, CompletionRequest, Model, ModelList, Usage,
@@ -85,17 +86,29 @@ fn mean_logprob(sequence: &FinishedSequence) -> f32 {
     tokens.iter().map(|t| t.logprob).sum::<f32>() / tokens.len() as f32
 }
 
-/// Runs one prompt's choices; `timing` (the first prompt's) feeds the token timings.
+/// Runs one prompt's choices; `timing` (the first prompt's) feeds the token timings and
+/// tells the request's trace its shape; `trace` parents every prompt's sequences.
 async fn run_prompt(
     state: &AppState,
     plan: &Plan,
     input: GenerationInput,
-    timing: Option<&mut RequestMeter>,
+    mut timing: Option<&mut RequestMeter>,
+    trace: Option<SpanContext>,
 ) -> Result<PromptResult, InferError> {
     let admitted = state.infer.admit_valid(input, false).await?;
+    if let Some(meter) = timing.as_deref_mut() {
+        meter.trace().on_validated(crate::infer::RequestShape {
+            // The OpenAI routes keep the client's seed in the plan.
+            seed: plan.seed,
+            ..crate::infer::request_shape(&admitted.valid)
+        });
+    }
     let drawn = admitted.valid.params.sampling.seed;
     let seeds: Vec<u64> = (0..plan.runs).map(|run| plan.seed_of(drawn, run)).collect();
-    let mut finished = state.infer.run_all(&admitted.valid, &seeds, timing).await?;
+    let mut finished = state
+        .infer
+        .run_all(&admitted.valid, &seeds, timing, trace)
+        .await?;
     let generated: u32 = finished
         .iter()
         .map(|f| f.decoder.record().tokens.len() as u32)
@@ -119,14 +132,20 @@ async fn run_plan(
     route: Route,
 ) -> Result<Vec<PromptResult>, OpenAiError> {
     let mut meter = RequestMeter::start(route);
+    let trace = meter.trace().span_context();
     let mut timing = Some(&mut meter);
     let runs = plan
         .inputs
         .iter()
         .cloned()
-        .map(|input| run_prompt(state, plan, input, timing.take()));
+        .map(|input| run_prompt(state, plan, input, timing.take(), trace.clone()));
     match futures::future::try_join_all(runs).await {
         Ok(results) => {
+            for choice in results.iter().flat_map(|r| &r.choices) {
+                meter
+                    .trace()
+                    .add_finish_reason(finish_reason(choice.finish));
+            }
             let usage = usage(&results);
             meter.succeed(usage.prompt_tokens, usage.completion_tokens);
             Ok(results)

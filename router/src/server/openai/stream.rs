@@ -204,10 +204,16 @@ pub async fn respond(
     let submitted = async {
         for input in plan.inputs.iter().cloned() {
             let prompt = state.infer.admit_valid(input, true).await?;
+            meter.trace().on_validated(crate::infer::RequestShape {
+                // The OpenAI routes keep the client's seed in the plan.
+                seed: plan.seed,
+                ..crate::infer::request_shape(&prompt.valid)
+            });
+            let trace = meter.trace().span_context();
             for run in 0..plan.runs {
                 let index = followers.len() as u32;
                 let seed = plan.seed_of(prompt.valid.params.sampling.seed, run);
-                let (decoder, events) = state.infer.start(&prompt.valid, seed)?;
+                let (decoder, events) = state.infer.start(&prompt.valid, seed, trace.clone())?;
                 let follower =
                     ChoiceFollower::new(index, decoder, prompt.valid.params.stop.clone());
                 followers.push(follow(follower, events));
@@ -258,6 +264,9 @@ pub async fn respond(
                 Ok(delta) => {
                     if delta.index == 0 && !delta.tokens.is_empty() {
                         meter.on_token();
+                    }
+                    if let Some(reason) = delta.finish {
+                        meter.trace().add_finish_reason(reason);
                     }
                     generated[delta.index as usize] = delta.generated;
                     let offset = &mut text_offsets[delta.index as usize];
