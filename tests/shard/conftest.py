@@ -1,14 +1,8 @@
 import logging
-import os
 from pathlib import Path
 
 import pytest
 import torch
-
-# Without a GPU the triton attention kernels run through Triton's interpreter, which Triton
-# switches on only if this is set before its first import.
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from .tiny_models import FAMILIES, make_tiny_model
 
