@@ -14,6 +14,7 @@ import logging
 import os
 import signal
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,7 +30,7 @@ from .models.registry import build_model
 from .models.sharding import check_shardable, shard_heads
 from .pb import generate_pb2_grpc as pb_grpc
 from .runner import ModelRunner
-from .service import ShardIdentity, ShardService
+from .service import ShardIdentity, ShardService, step_worker
 from .telemetry import TraceSettings, TraceSettingsError, build_tracer
 from .warmup import PoolSizing
 from .weights import WeightStore, read_config
@@ -158,7 +159,10 @@ def setup_logging(json_output: bool, rank: int) -> None:
     logging.captureWarnings(True)
 
 
-def load_service(config: ServeConfig, trace: TraceSettings | None = None) -> ShardService:
+def load_service(
+    config: ServeConfig, trace: TraceSettings | None = None, worker: ThreadPoolExecutor | None = None
+) -> ShardService:
+    """Builds the model and its service; call it on `worker`, the thread that will run the steps."""
     device = config.torch_device()
     dtype = config.torch_dtype(device)
     torch.set_num_threads(len(os.sched_getaffinity(0)))
@@ -185,11 +189,12 @@ def load_service(config: ServeConfig, trace: TraceSettings | None = None) -> Sha
     sizing = PoolSizing(config.kv_cache_tokens, config.cuda_memory_fraction, parse_sizes(config.cuda_graphs))
     log.info("loaded %s (%s, %s) from %s", model_config.model_type, dtype, device, config.model_path)
     tracer = build_tracer(trace, config.rank, config.world_size)
-    return ShardService(runner, identity, sizing, tracer)
+    return ShardService(runner, identity, sizing, tracer, worker)
 
 
 async def serve(config: ServeConfig, trace: TraceSettings | None = None) -> None:
-    service = load_service(config, trace)
+    worker = step_worker(config.torch_device())
+    service = await asyncio.get_running_loop().run_in_executor(worker, load_service, config, trace, worker)
     server = grpc.aio.server(
         options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),

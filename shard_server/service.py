@@ -42,19 +42,34 @@ def _select_device(device: torch.device) -> None:
         torch.cuda.set_device(device)
 
 
+def step_worker(device: torch.device) -> ThreadPoolExecutor:
+    """The one thread for every torch call of the shard: loading, warmup and steps.
+
+    One thread means one OpenMP team. Loading on the main thread made a second team, and
+    libgomp, once its threads outnumber the CPUs, stops spinning at barriers: every parallel
+    region then ended in a futex sleep (hundreds per step), ~15 % of a CPU step. The current
+    CUDA device is per thread too: the worker selects this rank's GPU itself, or graph
+    capture and Triton launches on rank > 0 would go to GPU 0's stream.
+    """
+    return ThreadPoolExecutor(
+        max_workers=1, thread_name_prefix="shard-step", initializer=_select_device, initargs=(device,)
+    )
+
+
 class ShardService(pb_grpc.TextGenerationShardServicer):
     def __init__(
-        self, runner: ModelRunner, identity: ShardIdentity, sizing: PoolSizing, tracer: StepTracer | None = None
+        self,
+        runner: ModelRunner,
+        identity: ShardIdentity,
+        sizing: PoolSizing,
+        tracer: StepTracer | None = None,
+        worker: ThreadPoolExecutor | None = None,
     ):
         self.runner = runner
         self.identity = identity
         self.sizing = sizing
         self.tracer = tracer
-        # The current CUDA device is per thread: the worker must select this rank's GPU itself,
-        # or graph capture and Triton launches on rank > 0 would go to GPU 0's stream.
-        self._worker = ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix="shard-step", initializer=_select_device, initargs=(runner.device,)
-        )
+        self._worker = worker or step_worker(runner.device)
         self._lock = asyncio.Lock()
 
     async def _run(self, context, what: str, fn, *args):
