@@ -154,23 +154,15 @@ impl RadixCache {
         let (mut node, mut pos, mut generated) = (ROOT, 0, 0);
         let mut ids = Vec::with_capacity(tokens.len() / bs);
         while tokens.len() - pos >= bs {
-            let Some(&child) = self.node(node).children.get(&tokens[pos..pos + bs]) else {
+            let Some((child, partial)) = self.descend(node, &tokens[pos..]) else {
                 break;
             };
-            let node_len = self.node(child).tokens.len();
-            let common = self.common_blocks(&self.node(child).tokens, &tokens[pos..]);
-            let child = if common * bs < node_len {
-                self.split(child, common)
-            } else {
-                child
-            };
-            self.touch(child);
             let matched = self.node(child);
             ids.extend_from_slice(matched.blocks.ids());
             generated += matched.tokens.len() - matched.generated_from;
             pos += matched.tokens.len();
             node = child;
-            if common * bs < node_len {
+            if partial {
                 break;
             }
         }
@@ -192,24 +184,35 @@ impl RadixCache {
         self.clock += 1;
         let (mut node, mut pos) = (ROOT, 0);
         while pos < tokens.len() {
-            let Some(&child) = self.node(node).children.get(&tokens[pos..pos + bs]) else {
+            let Some((child, _)) = self.descend(node, &tokens[pos..]) else {
                 let blocks = table.share_range(pos / bs, num_blocks);
                 let generated_from = prompt_len.saturating_sub(pos).min(tokens.len() - pos);
                 self.add_child(node, tokens[pos..].to_vec(), blocks, generated_from);
                 return num_blocks - pos / bs;
             };
-            let node_len = self.node(child).tokens.len();
-            let common = self.common_blocks(&self.node(child).tokens, &tokens[pos..]);
-            let child = if common * bs < node_len {
-                self.split(child, common)
-            } else {
-                child
-            };
-            self.touch(child);
-            pos += common * bs;
+            pos += self.node(child).tokens.len();
             node = child;
         }
         0
+    }
+
+    /// One step down from `node` along `rest` (at least one whole block): the child that
+    /// shares `rest`'s first block, split so that it holds only the shared whole blocks,
+    /// and marked most recently used; with whether it was split (the match ends there).
+    /// `None` when no child starts with that block.
+    fn descend(&mut self, node: NodeId, rest: &[u32]) -> Option<(NodeId, bool)> {
+        let bs = self.block_size;
+        let &child = self.node(node).children.get(&rest[..bs])?;
+        let node_len = self.node(child).tokens.len();
+        let common = self.common_blocks(&self.node(child).tokens, rest);
+        let partial = common * bs < node_len;
+        let child = if partial {
+            self.split(child, common)
+        } else {
+            child
+        };
+        self.touch(child);
+        Some((child, partial))
     }
 
     /// Frees at least `wanted` blocks if it can, dropping least recently used leaves
