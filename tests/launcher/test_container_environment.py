@@ -9,21 +9,13 @@ processes stand in for the real ones.
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
 
-RUN_LAUNCHER = Path(__file__).parent / "fakes" / "run_launcher.py"
-REPO_ROOT = Path(__file__).resolve().parents[2]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from fake_stack import REPO_ROOT, RUN_LAUNCHER, free_port
 
 
 def _model_dir(path: Path) -> Path:
@@ -70,7 +62,7 @@ def _stop(process: subprocess.Popen) -> int:
 
 def test_model_id_and_port_come_from_the_environment(tmp_path):
     repository = _model_dir(tmp_path / "repository")
-    port = _free_port()
+    port = free_port()
     process = _serve_from_environment(tmp_path, {
         "MODEL_ID": str(repository), "PORT": str(port), "HOSTNAME": "127.0.0.1",
         "SHARD_UDS_PATH": str(tmp_path / "shard"), "MAX_BATCH_SIZE": "8"})
@@ -88,7 +80,7 @@ def test_model_id_and_port_come_from_the_environment(tmp_path):
 def test_model_id_flag_after_the_image_name_beats_the_environment(tmp_path):
     from_env = _model_dir(tmp_path / "from-env")
     from_flag = _model_dir(tmp_path / "from-flag")
-    port = _free_port()
+    port = free_port()
     process = _serve_from_environment(
         tmp_path, {"MODEL_ID": str(from_env), "PORT": str(port), "HOSTNAME": "127.0.0.1",
                    "SHARD_UDS_PATH": str(tmp_path / "shard")},

@@ -3,7 +3,6 @@
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -12,14 +11,7 @@ from pathlib import Path
 
 import pytest
 
-RUN_LAUNCHER = Path(__file__).parent / "fakes" / "run_launcher.py"
-REPO_ROOT = Path(__file__).resolve().parents[2]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from fake_stack import REPO_ROOT, RUN_LAUNCHER, free_port
 
 
 @pytest.fixture
@@ -33,7 +25,7 @@ def model_dir(tmp_path):
 
 class Launcher:
     def __init__(self, tmp_path, model_dir, *flags, env=None):
-        self.port = _free_port()
+        self.port = free_port()
         self.uds = str(tmp_path / "uds" / "shard")
         (tmp_path / "uds").mkdir(exist_ok=True)
         self.argv_dir = tmp_path / "argv"
