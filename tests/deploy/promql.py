@@ -27,7 +27,7 @@ def _strip_strings_and_selectors(expr: str) -> str:
     """Blank out label matchers {...}, range/offset brackets [...] and quoted strings, keeping
     positions, so what remains are metric names, functions, numbers and operators."""
     out = list(expr)
-    depth_brace = depth_bracket = 0
+    depth = 0  # inside {...} or [...]: nested the same way in PromQL, so one count will do
     quote = None
     for index, char in enumerate(expr):
         if quote:
@@ -37,21 +37,13 @@ def _strip_strings_and_selectors(expr: str) -> str:
             continue
         if char in "\"'`":
             quote = char
-            out[index] = " "
-        elif char == "{":
-            depth_brace += 1
-            out[index] = " "
-        elif char == "}":
-            depth_brace -= 1
-            out[index] = " "
-        elif char == "[":
-            depth_bracket += 1
-            out[index] = " "
-        elif char == "]":
-            depth_bracket -= 1
-            out[index] = " "
-        elif depth_brace or depth_bracket:
-            out[index] = " "
+        elif char in "{[":
+            depth += 1
+        elif char in "}]":
+            depth -= 1
+        elif not depth:
+            continue
+        out[index] = " "
     return "".join(out)
 
 
