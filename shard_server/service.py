@@ -1,7 +1,9 @@
 """The `TextGenerationShard` gRPC servicer.
 
 Steps run one at a time on a dedicated worker thread, so the event loop keeps answering
-Health while a forward pass runs. Errors never take the process down: a bad request becomes
+Health while a forward pass runs. The router drives steps through `StepStream`: each step is
+queued on the worker the moment it arrives, so the worker goes from step N straight to step
+N+1 while N's answer travels back. Errors never take the process down: a bad request becomes
 INVALID_ARGUMENT, a Step before Warmup FAILED_PRECONDITION, anything else INTERNAL, each with
 a message that says what went wrong.
 """
@@ -11,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -75,12 +78,15 @@ class ShardService(pb_grpc.TextGenerationShardServicer):
     async def _run(self, context, what: str, fn, *args):
         """Runs fn on the step worker, one call at a time."""
         async with self._lock:
-            return await self._guarded(context, what, self._worker, fn, *args)
+            return await self._guarded(context, what, self._on_worker(fn, *args))
 
-    async def _guarded(self, context, what: str, executor, fn, *args):
-        """Runs fn off the event loop and maps its failures to gRPC status codes."""
+    def _on_worker(self, fn, *args) -> asyncio.Future:
+        return asyncio.get_running_loop().run_in_executor(self._worker, fn, *args)
+
+    async def _guarded(self, context, what: str, pending: Awaitable):
+        """Awaits work running off the event loop and maps its failures to gRPC status codes."""
         try:
-            return await asyncio.get_running_loop().run_in_executor(executor, fn, *args)
+            return await pending
         except InvalidStepError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{what}: {exc}")
         except NotWarmedUpError as exc:
@@ -109,7 +115,8 @@ class ShardService(pb_grpc.TextGenerationShardServicer):
             (torch.ones(1, device=self.runner.device) + 1).cpu()
 
         # Not behind the step lock: the default pool answers while a step runs.
-        await self._guarded(context, "Health", None, probe)
+        pending = asyncio.get_running_loop().run_in_executor(None, probe)
+        await self._guarded(context, "Health", pending)
         return pb.HealthResponse()
 
     async def Warmup(self, request, context):
@@ -139,29 +146,62 @@ class ShardService(pb_grpc.TextGenerationShardServicer):
         return pb.ClearCacheResponse()
 
     async def Step(self, request, context):
-        parent = self.tracer.parent_of(context.invocation_metadata()) if self.tracer else None
-        if parent is None:
-            return await self._run(context, f"Step {request.step_id}", self.runner.step, request)
-        return await self._traced_step(request, context, parent)
+        job = self._step_job(request, context.invocation_metadata())
+        return await self._run(context, f"Step {request.step_id}", job)
 
-    async def _traced_step(self, request, context, parent):
-        """A step the router traces: the same work, then the shard's spans."""
+    async def StepStream(self, request_iterator, context):
+        """Answers steps in the order they arrive. A step is queued on the worker as soon as it
+        is read, not when the previous answer has been sent, so the worker never waits for the
+        event loop between steps. A failed step ends the stream with its status."""
+        queued: asyncio.Queue = asyncio.Queue()
 
-        def step_and_clock():
-            response = self.runner.step(request)
-            return response, time.time_ns()
+        async def receive() -> None:
+            try:
+                async for request in request_iterator:
+                    job = self._step_job(request, context.invocation_metadata())
+                    queued.put_nowait((request.step_id, self._on_worker(job)))
+            finally:
+                queued.put_nowait(None)
 
-        received_ns = time.time_ns()
-        timing, error = None, None
+        receiver = asyncio.create_task(receive())
         try:
-            response, done_ns = await self._run(context, f"Step {request.step_id}", step_and_clock)
-            timing = StepTiming(received_ns, done_ns, response.forward_ns, response.sample_ns)
-            return response
-        except BaseException as exc:
-            error = f"{type(exc).__name__}: {exc}"
-            raise
+            while (item := await queued.get()) is not None:
+                step_id, pending = item
+                yield await self._guarded(context, f"Step {step_id}", pending)
         finally:
-            self.tracer.record_step(parent, request.step_id, len(request.sequences), timing, error)
+            receiver.cancel()
+            while not queued.empty():  # steps not started yet are dropped with the stream
+                if (item := queued.get_nowait()) is not None:
+                    item[1].cancel()
+
+    def _step_job(self, request, metadata) -> Callable[[], pb.StepResponse]:
+        """The worker-side call for one step; a step the router traces also records its spans."""
+        parent = self._trace_parent(request, metadata)
+        if parent is None:
+            return lambda: self.runner.step(request)
+        received_ns = time.time_ns()
+
+        def traced_step() -> pb.StepResponse:
+            timing, error = None, None
+            try:
+                response = self.runner.step(request)
+                timing = StepTiming(received_ns, time.time_ns(), response.forward_ns, response.sample_ns)
+                return response
+            except BaseException as exc:
+                error = f"{type(exc).__name__}: {exc}"
+                raise
+            finally:
+                self.tracer.record_step(parent, request.step_id, len(request.sequences), timing, error)
+
+        return traced_step
+
+    def _trace_parent(self, request, metadata):
+        """The router's step span: in the request (streamed steps) or in the call's metadata."""
+        if self.tracer is None:
+            return None
+        if request.trace_context:
+            return self.tracer.parent_of(request.trace_context.items())
+        return self.tracer.parent_of(metadata)
 
     def close(self) -> None:
         self._worker.shutdown(wait=False, cancel_futures=True)

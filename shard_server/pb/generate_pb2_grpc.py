@@ -59,6 +59,11 @@ class TextGenerationShardStub:
                 request_serializer=generate__pb2.StepRequest.SerializeToString,
                 response_deserializer=generate__pb2.StepResponse.FromString,
                 _registered_method=True)
+        self.StepStream = channel.stream_stream(
+                '/textgen.shard.v1.TextGenerationShard/StepStream',
+                request_serializer=generate__pb2.StepRequest.SerializeToString,
+                response_deserializer=generate__pb2.StepResponse.FromString,
+                _registered_method=True)
 
 
 class TextGenerationShardServicer:
@@ -99,6 +104,15 @@ class TextGenerationShardServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def StepStream(self, request_iterator, context):
+        """The router's step pipe: steps run in the order they are sent and are answered in
+        that order. The router sends step N+1 before step N's answer arrives, so the shard
+        starts it as soon as N is done, without waiting for a round trip.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TextGenerationShardServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -124,6 +138,11 @@ def add_TextGenerationShardServicer_to_server(servicer, server):
             ),
             'Step': grpc.unary_unary_rpc_method_handler(
                     servicer.Step,
+                    request_deserializer=generate__pb2.StepRequest.FromString,
+                    response_serializer=generate__pb2.StepResponse.SerializeToString,
+            ),
+            'StepStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.StepStream,
                     request_deserializer=generate__pb2.StepRequest.FromString,
                     response_serializer=generate__pb2.StepResponse.SerializeToString,
             ),
@@ -261,6 +280,33 @@ class TextGenerationShard:
             request,
             target,
             '/textgen.shard.v1.TextGenerationShard/Step',
+            generate__pb2.StepRequest.SerializeToString,
+            generate__pb2.StepResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StepStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/textgen.shard.v1.TextGenerationShard/StepStream',
             generate__pb2.StepRequest.SerializeToString,
             generate__pb2.StepResponse.FromString,
             options,

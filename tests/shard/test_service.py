@@ -288,6 +288,55 @@ def test_clear_cache_forgets_sequences(stub):
     assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
+def test_streamed_steps_run_in_order_and_each_decode_feeds_the_shards_own_token(stub):
+    stub.ClearCache(pb.ClearCacheRequest())
+    prompt = prompt_of(13, seed=8)
+    expected, _ = Router(stub).run(51, prompt, len(prompt), 6, chunk=13, sampling=SAMPLING)
+    stub.ClearCache(pb.ClearCacheRequest())
+    router = Router(stub)
+    new = pb.NewSequence(id=51, input_ids=prompt, prompt_len=len(prompt), sampling=SAMPLING)
+    requests = [
+        pb.StepRequest(
+            step_id=1,
+            new_sequences=[new],
+            sequences=[pb.ScheduledSequence(id=51, num_tokens=13, new_block_ids=router.grow(51, 13), sample=True)],
+        )
+    ]
+    for k in range(5):
+        blocks = router.grow(51, 14 + k)
+        requests.append(
+            pb.StepRequest(
+                step_id=2 + k,
+                sequences=[pb.ScheduledSequence(id=51, num_tokens=1, new_block_ids=blocks, sample=True)],
+            )
+        )
+    # Every request is written before any answer is read, as the router's pipeline does: a
+    # decode never waits for the router to have seen the token it continues from.
+    responses = list(stub.StepStream(iter(requests)))
+    assert [r.step_id for r in responses] == [1, 2, 3, 4, 5, 6]
+    assert [r.outputs[0].token.id for r in responses] == [t.id for t in expected]
+
+
+def test_a_bad_streamed_step_ends_the_stream_with_its_status_after_the_good_ones(stub):
+    stub.ClearCache(pb.ClearCacheRequest())
+    good = pb.StepRequest(
+        step_id=1,
+        new_sequences=[pb.NewSequence(id=61, input_ids=[1, 2, 3], prompt_len=3)],
+        sequences=[pb.ScheduledSequence(id=61, num_tokens=3, new_block_ids=[0], sample=True)],
+    )
+    bad = pb.StepRequest(step_id=2, sequences=[pb.ScheduledSequence(id=999, num_tokens=1)])
+    answers = []
+    with pytest.raises(grpc.RpcError) as error:
+        for response in stub.StepStream(iter([good, bad, good])):
+            answers.append(response.step_id)
+    assert answers == [1]
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "Step 2" in error.value.details() and "not known" in error.value.details()
+    stub.Health(pb.HealthRequest())
+    stub.ClearCache(pb.ClearCacheRequest())
+    assert [r.step_id for r in stub.StepStream(iter([good]))] == [1]
+
+
 def test_sigterm_stops_cleanly(shard):
     process, stub, socket = shard
     process.send_signal(signal.SIGTERM)
