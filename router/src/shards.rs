@@ -1,20 +1,24 @@
 //! gRPC clients of the shards (one per rank, over unix sockets) and the `StepExecutor`
-//! that fans each step out to all of them.
+//! that fans each step out to all of them, through one open step stream per rank
+//! (`pipe.rs`).
 //!
 //! A step that fails on any rank, or that outlasts the step timeout (a hung rank), leaves
 //! the ranks out of step with each other and with the router's block tables, so the set
 //! latches the failure: later steps fail at once and `Health` reports it (`/health` 503)
 //! until the launcher restarts everything.
 mod fanout;
+mod pipe;
 pub(crate) mod timings;
 
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use futures::future::join_all;
+use tokio::sync::oneshot;
 use tonic::transport::{Channel, Endpoint};
 
 use fanout::{on_every_rank, FanOutError};
+use pipe::{StepAnswer, StepPipe};
 use timings::ShardTimings;
 
 use crate::pb;
@@ -77,6 +81,8 @@ fn describe_timeout(
 #[derive(Debug, Clone)]
 pub struct ShardSet {
     clients: Vec<TextGenerationShardClient<Channel>>,
+    /// Each rank's step stream, in rank order.
+    pipes: Arc<Vec<StepPipe>>,
     step_timeout: Duration,
     /// The first step failure; once set, the set is unusable.
     failure: Arc<OnceLock<String>>,
@@ -130,8 +136,10 @@ impl ShardSet {
                     .max_encoding_message_size(MAX_MESSAGE_BYTES),
             );
         }
+        let pipes = clients.iter().cloned().map(StepPipe::open).collect();
         Ok(Self {
             clients,
+            pipes: Arc::new(pipes),
             step_timeout: DEFAULT_STEP_TIMEOUT,
             failure: Arc::default(),
             timings: ShardTimings::new(num_shard),
@@ -241,45 +249,60 @@ impl ShardSet {
         }
     }
 
-    /// Steps every shard; on failure latches the set as unusable.
-    async fn step_all(&self, request: pb::StepRequest) -> Result<pb::StepResponse, ShardError> {
+    /// Puts `request` on every rank's step stream now, without waiting for earlier answers.
+    fn send_step(
+        &self,
+        request: &pb::StepRequest,
+    ) -> Result<Vec<oneshot::Receiver<StepAnswer>>, ShardError> {
         if let Some(reason) = self.failure() {
             return Err(ShardError::Failed(reason.to_owned()));
         }
-        // The step span, when the step loop traces this step (W3C traceparent metadata).
-        let trace = opentelemetry::Context::current();
-        let result = self
-            .on_all("Step", Some(self.step_timeout), |mut c| {
-                let mut call = tonic::Request::new(request.clone());
-                crate::telemetry::propagation::inject(&trace, call.metadata_mut());
-                async move { c.step(call).await }
+        Ok(self
+            .pipes
+            .iter()
+            .map(|pipe| pipe.send(request.clone()))
+            .collect())
+    }
+
+    /// Waits for every rank's answer to a sent step; on failure latches the set as unusable.
+    async fn finish_step(
+        &self,
+        step_id: u64,
+        computes: bool,
+        answers: Vec<oneshot::Receiver<StepAnswer>>,
+    ) -> Result<pb::StepResponse, ShardError> {
+        let waits = answers
+            .into_iter()
+            .map(|answer| async move {
+                answer
+                    .await
+                    .unwrap_or_else(|_| Err(tonic::Status::unavailable("the step stream stopped")))
             })
-            .await;
-        let error = match result {
+            .collect();
+        let error = match on_every_rank(waits, Some(self.step_timeout)).await {
             Ok(answers) => {
-                if !request.sequences.is_empty() {
+                if computes {
                     self.timings.record(&answers);
                 }
                 return answers.into_iter().next().ok_or(ShardError::NoShards);
             }
-            Err(ShardError::TimedOut {
-                call,
-                pending,
-                waited,
-                ..
-            }) => {
+            Err(FanOutError::Failed { rank, error }) => ShardError::Call {
+                rank,
+                call: "Step",
+                status: error,
+            },
+            Err(FanOutError::TimedOut { pending, waited }) => {
                 // Ranks blocked in a collective still answer Health; the hung one does not.
                 let unresponsive = self.unresponsive_ranks(DIAGNOSE_TIMEOUT).await;
                 ShardError::TimedOut {
-                    call,
+                    call: "Step",
                     pending,
                     waited,
                     unresponsive,
                 }
             }
-            Err(other) => other,
         };
-        let reason = format!("step {}: {error}", request.step_id);
+        let reason = format!("step {step_id}: {error}");
         tracing::error!(%reason, "shard failure: failing in-flight requests, reporting unhealthy");
         let _ = self.failure.set(reason);
         Err(error)
@@ -288,9 +311,19 @@ impl ShardSet {
 
 impl StepExecutor for ShardSet {
     /// Every shard computes the same step (tensor parallelism); rank 0's tokens count.
-    async fn step(&self, request: pb::StepRequest) -> Result<pb::StepResponse, StepError> {
-        self.step_all(request)
-            .await
-            .map_err(|err| StepError(err.to_string()))
+    /// The step is on every rank's stream when this returns.
+    fn step(
+        &self,
+        request: pb::StepRequest,
+    ) -> impl std::future::Future<Output = Result<pb::StepResponse, StepError>> + Send {
+        let sent = self.send_step(&request);
+        let set = self.clone();
+        let (step_id, computes) = (request.step_id, !request.sequences.is_empty());
+        async move {
+            let answers = sent.map_err(|err| StepError(err.to_string()))?;
+            set.finish_step(step_id, computes, answers)
+                .await
+                .map_err(|err| StepError(err.to_string()))
+        }
     }
 }

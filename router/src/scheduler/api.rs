@@ -59,6 +59,11 @@ pub struct StepError(pub String);
 
 /// Runs one step on every shard and returns rank 0's answer.
 /// Implemented over gRPC by `shards.rs`, and by fakes in tests.
+///
+/// Steps must run in the order `step` is called, and the scheduler calls it for step N+1
+/// before step N's answer is in (pipelining). The gRPC implementation sends the request
+/// before `step` returns, so the shard can start N+1 the moment N ends; the future only
+/// waits for the answer.
 pub trait StepExecutor: Send + Sync + 'static {
     fn step(
         &self,

@@ -3,13 +3,14 @@
 use std::collections::HashMap;
 
 use super::api::{FinishReason, SequenceEvent};
-use super::state::{Delivery, SchedulerState};
+use super::state::{Delivery, ScheduledWork, SchedulerState};
 use crate::pb;
 
 impl SchedulerState {
-    /// Applies rank 0's answer to the step in flight and returns the events to deliver.
+    /// Applies rank 0's answer to the oldest step in flight and returns the events to
+    /// deliver.
     pub fn apply(&mut self, response: pb::StepResponse) -> Vec<Delivery> {
-        let Some(step) = self.in_flight.take() else {
+        let Some(step) = self.in_flight.pop_front() else {
             tracing::error!(step = response.step_id, "response without a step in flight");
             return Vec::new();
         };
@@ -26,27 +27,31 @@ impl SchedulerState {
             .map(|output| (output.id, output))
             .collect();
         let mut deliveries = Vec::new();
-        for (id, num_tokens, sample) in step.scheduled {
-            if num_tokens > 1 {
+        for work in step.scheduled {
+            if work.num_tokens > 1 {
                 // A prefill chunk is now in the KV: later admissions may share it.
-                self.cache_running(id);
+                self.cache_running(work.id);
             }
-            let output = outputs.remove(&id);
-            self.apply_output(id, sample, output, &mut deliveries);
+            let output = outputs.remove(&work.id);
+            self.apply_output(work, output, &mut deliveries);
         }
         deliveries
     }
 
     fn apply_output(
         &mut self,
-        id: u64,
-        sample: bool,
+        work: ScheduledWork,
         output: Option<pb::SequenceOutput>,
         deliveries: &mut Vec<Delivery>,
     ) {
+        let (id, sample) = (work.id, work.sample);
         let Some(sequence) = self.running.get_mut(&id) else {
-            return; // cancelled while the step ran
+            return; // cancelled or finished while the step ran
         };
+        if sequence.admission != work.admission {
+            return; // preempted since: it recomputes this token
+        }
+        sequence.pending_samples = sequence.pending_samples.saturating_sub(u32::from(sample));
         let (token, prefill_logprobs) = match output {
             Some(output) => (output.token, output.prefill_logprobs),
             None => (None, Vec::new()),

@@ -3,8 +3,9 @@
 //!
 //! Planning (`plan.rs`) and applying a response (`apply.rs`) are pure methods on
 //! [`SchedulerState`]; `step_loop.rs` is the thin async actor around them. The plan
-//! tracks positions scheduled, not tokens received, so a later change can plan step
-//! N+1 before step N's tokens arrive.
+//! tracks positions scheduled, not tokens received, so the loop plans and sends step
+//! N+1 before step N's tokens arrive (two steps in flight): the shard never waits for a
+//! round trip through the router between steps.
 pub mod admission;
 mod api;
 mod apply;
@@ -23,6 +24,8 @@ mod test_harness;
 mod test_support;
 #[cfg(test)]
 mod tests_actor;
+#[cfg(test)]
+mod tests_pipeline;
 #[cfg(test)]
 mod tests_plan;
 #[cfg(test)]

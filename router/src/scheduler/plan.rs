@@ -8,7 +8,7 @@ use super::admission::admission_order;
 use super::api::SequenceEvent;
 use super::budget::{blocks_for, max_running, StepBudget};
 use super::prefix::{self, CacheHit};
-use super::state::{Delivery, InFlightStep, SchedulerState};
+use super::state::{Delivery, InFlightStep, ScheduledWork, SchedulerState};
 use crate::pb;
 
 /// A step ready to send, with the events it caused (`Started`) and its shape.
@@ -47,13 +47,12 @@ struct StepBuilder {
 }
 
 impl SchedulerState {
-    /// Plans the next step, or `None` when there is nothing to send. Call
-    /// [`SchedulerState::apply`] with its response (or `fail_all`) before planning again.
+    /// Plans the next step, or `None` when there is nothing to send. Steps may be planned
+    /// while earlier ones are in flight: a decode then continues from a token the router
+    /// has not seen yet (the shard feeds its own), and a sequence whose remaining tokens
+    /// are all in flight sits the step out. Answers go to [`SchedulerState::apply`] in
+    /// planning order.
     pub fn plan_step(&mut self, now: Instant) -> Option<PlannedStep> {
-        assert!(
-            self.in_flight.is_none(),
-            "planning a step while one is in flight"
-        );
         let mut budget = StepBudget::for_config(&self.config);
         let mut step = StepBuilder::default();
 
@@ -75,13 +74,17 @@ impl SchedulerState {
         }
         let step_id = self.next_step_id;
         self.next_step_id += 1;
-        self.in_flight = Some(InFlightStep {
-            step_id,
-            scheduled: sequences
-                .iter()
-                .map(|s| (s.id, s.num_tokens, s.sample))
-                .collect(),
-        });
+        let scheduled = sequences
+            .iter()
+            .map(|s| ScheduledWork {
+                id: s.id,
+                admission: self.running[&s.id].admission,
+                num_tokens: s.num_tokens,
+                sample: s.sample,
+            })
+            .collect();
+        self.in_flight
+            .push_back(InFlightStep { step_id, scheduled });
         Some(PlannedStep {
             num_tokens: budget.tokens_used(),
             request: pb::StepRequest {
@@ -89,6 +92,7 @@ impl SchedulerState {
                 new_sequences: step.new_sequences,
                 sequences,
                 released_ids,
+                trace_context: Default::default(),
             },
             events: step.events,
         })
@@ -98,7 +102,7 @@ impl SchedulerState {
     /// anything was preempted.
     fn schedule_running(&mut self, budget: &mut StepBudget, step: &mut StepBuilder) -> bool {
         // Reserve every decode first so that prefill chunks only get what is left.
-        let decoding = self.running.values().filter(|s| !s.is_prefilling()).count();
+        let decoding = self.running.values().filter(|s| s.wants_decode()).count();
         for _ in 0..decoding {
             let reserved = budget.consume(1);
             debug_assert!(reserved, "running is capped so every decode fits");
@@ -110,6 +114,9 @@ impl SchedulerState {
                 continue; // preempted earlier in this pass
             };
             let decode = !sequence.is_prefilling();
+            if decode && !sequence.wants_decode() {
+                continue; // its last token is in flight
+            }
             let wanted = if decode {
                 1
             } else {
@@ -175,7 +182,7 @@ impl SchedulerState {
             let youngest = *self.running.keys().next_back().expect("`id` is running");
             // Younger sequences are planned after this one, so preempting them cannot
             // take back anything already put in this step; give back their decode seat.
-            let youngest_decodes = !self.running[&youngest].is_prefilling();
+            let youngest_decodes = self.running[&youngest].wants_decode();
             self.preempt(youngest);
             *preempted = true;
             if youngest == id {

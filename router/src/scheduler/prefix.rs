@@ -1,9 +1,10 @@
 //! The scheduler's use of the radix prefix cache: looking a waiting sequence up,
 //! caching what a sequence computed, and evicting when the free pool runs short.
 //!
-//! Only KV that a completed step wrote is cached: the scheduler caches after applying a
-//! step's response, or between steps (preemption, cancellation), never while a step
-//! that writes those positions is in flight.
+//! Cached KV may still be being written by a step in flight: the shards run steps in
+//! the order they were sent, so any step that reads it comes later. Only known tokens
+//! are cached (a pipelined decode computes a position whose token the router has not
+//! seen yet), and a failed step clears the whole cache.
 use super::admission::Candidate;
 use super::sequence::Sequence;
 use super::state::SchedulerState;

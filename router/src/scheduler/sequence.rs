@@ -35,6 +35,12 @@ pub struct Sequence {
     pub prefill_logprobs: Vec<f32>,
     /// The first token was delivered (so `Prefill`, if any, went out before it).
     pub first_token_sent: bool,
+    /// Tokens that steps in flight will sample for this admission: pipelined steps are
+    /// planned before earlier steps' tokens arrive.
+    pub pending_samples: u32,
+    /// Counts admissions, so an answer meant for an earlier admission (before a
+    /// preemption) is never applied to a later one.
+    pub admission: u32,
 }
 
 impl Sequence {
@@ -54,6 +60,8 @@ impl Sequence {
             started: false,
             prefill_logprobs: Vec::new(),
             first_token_sent: false,
+            pending_samples: 0,
+            admission: 0,
         }
     }
 
@@ -79,6 +87,14 @@ impl Sequence {
 
     pub fn is_prefilling(&self) -> bool {
         self.computed < self.prefill_len
+    }
+
+    /// Decoding, with tokens left to ask for: the ones in flight do not reach
+    /// `max_new_tokens` yet.
+    pub fn wants_decode(&self) -> bool {
+        !self.is_prefilling()
+            && (self.generated.len() as u32).saturating_add(self.pending_samples)
+                < self.request.max_new_tokens
     }
 
     pub fn prefill_remaining(&self) -> u32 {
@@ -110,6 +126,8 @@ impl Sequence {
         // The cached blocks travel in the `NewSequence`, the rest with the chunks.
         self.blocks_sent = cached_blocks;
         self.announced = false;
+        self.pending_samples = 0;
+        self.admission += 1;
     }
 
     /// Frees the KV blocks and forgets shard-side progress; generated tokens stay.
@@ -121,6 +139,7 @@ impl Sequence {
         self.cached_len = 0;
         self.cached_blocks = 0;
         self.announced = false;
+        self.pending_samples = 0;
         if !self.first_token_sent {
             self.prefill_logprobs.clear();
         }
@@ -145,6 +164,7 @@ impl Sequence {
     pub fn schedule(&mut self, num_tokens: u32) -> pb::ScheduledSequence {
         let sample = !self.is_prefilling() || self.computed + num_tokens == self.prefill_len;
         self.computed += num_tokens;
+        self.pending_samples += u32::from(sample);
         let new_block_ids = self.blocks.ids()[self.blocks_sent..].to_vec();
         self.blocks_sent = self.blocks.len();
         pb::ScheduledSequence {

@@ -1,7 +1,7 @@
 //! The scheduler's state, owned by the step loop: waiting queue, running set, KV pool
 //! and the event channels. Planning (`plan.rs`) and applying results (`apply.rs`) are
 //! pure methods on it, testable without tokio.
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::Instant;
 
 use tokio::sync::mpsc::UnboundedSender;
@@ -25,12 +25,22 @@ impl Delivery {
     }
 }
 
+/// What one sequence does in a step in flight.
+#[derive(Debug, Clone, Copy)]
+pub struct ScheduledWork {
+    pub id: u64,
+    /// The sequence's admission the step was planned for (see `Sequence::admission`).
+    pub admission: u32,
+    pub num_tokens: u32,
+    pub sample: bool,
+}
+
 /// A step that was planned and not yet applied: what each sequence in it does.
 #[derive(Debug, Clone)]
 pub struct InFlightStep {
     pub step_id: u64,
-    /// (sequence id, tokens scheduled, samples) in batch order.
-    pub scheduled: Vec<(u64, u32, bool)>,
+    /// In batch order.
+    pub scheduled: Vec<ScheduledWork>,
 }
 
 #[derive(Debug)]
@@ -45,7 +55,8 @@ pub struct SchedulerState {
     pub(super) subscribers: HashMap<u64, UnboundedSender<SequenceEvent>>,
     /// Ids the shards must drop at the start of the next step.
     pub(super) pending_releases: Vec<u64>,
-    pub(super) in_flight: Option<InFlightStep>,
+    /// Steps sent and not yet applied, oldest first (at most the pipeline depth).
+    pub(super) in_flight: VecDeque<InFlightStep>,
     next_sequence_id: u64,
     pub(super) next_step_id: u64,
 }
@@ -65,7 +76,7 @@ impl SchedulerState {
             running: BTreeMap::new(),
             subscribers: HashMap::new(),
             pending_releases: Vec::new(),
-            in_flight: None,
+            in_flight: VecDeque::new(),
             next_sequence_id: 0,
             next_step_id: 0,
         }
@@ -81,6 +92,11 @@ impl SchedulerState {
 
     pub fn running_len(&self) -> usize {
         self.running.len()
+    }
+
+    /// Steps planned whose answers have not been applied yet.
+    pub fn steps_in_flight(&self) -> usize {
+        self.in_flight.len()
     }
 
     /// Nothing to schedule and nothing for the shards to drop.
@@ -138,7 +154,8 @@ impl SchedulerState {
         for &id in &cancelled {
             self.subscribers.remove(&id);
             if let Some(sequence) = self.running.remove(&id) {
-                // What it computed stays valid (no step is in flight): keep it cached.
+                // What it computed stays valid (steps in flight write it before any later
+                // step can read it): keep it cached.
                 self.cache_computed(&sequence);
                 self.release_on_shards(&sequence);
             }
@@ -174,7 +191,7 @@ impl SchedulerState {
     /// A step failed: every running sequence gets the error and is dropped. Waiting
     /// sequences never reached the shards and keep their place.
     pub fn fail_all(&mut self, message: &str) -> Vec<Delivery> {
-        self.in_flight = None;
+        self.in_flight.clear();
         // The failed step may have written into cached blocks' neighbours, and a shard
         // that failed may come back empty: trust no cached KV.
         if let Some(cache) = self.prefix_cache.as_mut() {

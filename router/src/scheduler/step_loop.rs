@@ -1,17 +1,38 @@
-//! The scheduler actor: takes submissions, drops cancelled sequences, plans a step,
-//! runs it through the executor and delivers the results, one step at a time.
+//! The scheduler actor: takes submissions, drops cancelled sequences, plans steps and
+//! keeps up to [`PIPELINE_DEPTH`] of them in flight, applying their answers in order.
+use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
 use std::time::Instant;
 
-use opentelemetry::context::FutureExt as _;
 use tokio::sync::mpsc::error::TryRecvError;
 use tokio::sync::mpsc::UnboundedReceiver;
 
-use super::api::{SequenceEvent, StepExecutor, Submission};
+use super::api::{SequenceEvent, StepError, StepExecutor, Submission};
+use super::plan::PlannedStep;
 use super::state::SchedulerState;
 use crate::metrics::names::{
     KV_BLOCKS_CAPACITY, KV_BLOCKS_USED, PREFIX_CACHE_BLOCKS, RUNNING_REQUESTS, STEP_BATCH_SIZE,
     STEP_DURATION, STEP_TOKENS, WAITING_REQUESTS,
 };
+use crate::pb;
+use crate::telemetry::step_span::StepTrace;
+
+/// Steps in flight at once: one running on the shards and the next queued behind it, so
+/// the shards go from one step to the next without waiting for the router.
+pub const PIPELINE_DEPTH: usize = 2;
+
+type StepAnswer<'a> =
+    Pin<Box<dyn Future<Output = Result<pb::StepResponse, StepError>> + Send + 'a>>;
+
+/// A step handed to the executor, waiting for its answer.
+struct Launched<'a> {
+    answer: StepAnswer<'a>,
+    trace: Option<StepTrace>,
+    sent_at: Instant,
+    /// False for a step that only releases sequences.
+    computes: bool,
+}
 
 pub async fn run<E: StepExecutor>(
     mut state: SchedulerState,
@@ -20,8 +41,11 @@ pub async fn run<E: StepExecutor>(
 ) {
     record_pool_size(&state);
     let mut accepting = true;
+    let mut in_flight: VecDeque<Launched<'_>> = VecDeque::with_capacity(PIPELINE_DEPTH);
+    // When the shards last finished a step: a queued step's duration starts there.
+    let mut last_answer = Instant::now();
     loop {
-        if state.is_idle() {
+        if state.is_idle() && in_flight.is_empty() {
             // Block only when there is nothing else to do.
             match submissions.recv().await {
                 Some(submission) => {
@@ -41,43 +65,66 @@ pub async fn run<E: StepExecutor>(
             }
         }
         state.drop_cancelled();
-        let Some(planned) = state.plan_step(Instant::now()) else {
+        if in_flight.len() < PIPELINE_DEPTH {
+            if let Some(planned) = state.plan_step(Instant::now()) {
+                in_flight.push_back(launch(&mut state, &executor, planned));
+                continue; // fill the pipeline before waiting
+            }
+        }
+        let Some(step) = in_flight.pop_front() else {
             record_gauges(&state);
             continue;
         };
-        let trace = state.trace_step(&planned);
-        state.deliver(planned.events);
-        record_queue_gauges(&state);
-        // A step that only releases sequences computes nothing: it would skew the step
-        // histograms towards zero.
-        let computes = !planned.request.sequences.is_empty();
-        if computes {
-            metrics::histogram!(STEP_BATCH_SIZE).record(planned.request.sequences.len() as f64);
-            metrics::histogram!(STEP_TOKENS).record(f64::from(planned.num_tokens));
-        }
-
-        let started = Instant::now();
-        let step = executor.step(planned.request);
-        // The shard client propagates the step span from the current OTel context.
-        let result = match &trace {
-            Some(trace) => step.with_context(trace.context().clone()).await,
-            None => step.await,
-        };
-        if let Some(trace) = trace {
+        let result = step.answer.await;
+        let answered_at = Instant::now();
+        if let Some(trace) = step.trace {
             trace.end(result.as_ref().map_err(|error| error.0.as_str()));
         }
+        if step.computes {
+            let ran_for = answered_at.saturating_duration_since(step.sent_at.max(last_answer));
+            metrics::histogram!(STEP_DURATION).record(ran_for.as_secs_f64());
+        }
+        last_answer = answered_at;
         let deliveries = match result {
             Ok(response) => state.apply(response),
             Err(error) => {
                 tracing::error!(%error, "step failed; failing every running sequence");
+                // Later steps were planned on top of this one: they are void too.
+                in_flight.clear();
                 state.fail_all(&error.to_string())
             }
         };
-        if computes {
-            metrics::histogram!(STEP_DURATION).record(started.elapsed().as_secs_f64());
-        }
         state.deliver(deliveries);
         record_gauges(&state);
+    }
+}
+
+/// Hands a planned step to the executor (it is on its way to the shards when this
+/// returns) after delivering its `Started` events and opening its trace.
+fn launch<'a, E: StepExecutor>(
+    state: &mut SchedulerState,
+    executor: &'a E,
+    mut planned: PlannedStep,
+) -> Launched<'a> {
+    let trace = state.trace_step(&planned);
+    if let Some(trace) = &trace {
+        crate::telemetry::propagation::inject_into_map(
+            trace.context(),
+            &mut planned.request.trace_context,
+        );
+    }
+    state.deliver(planned.events);
+    record_queue_gauges(state);
+    let computes = !planned.request.sequences.is_empty();
+    if computes {
+        metrics::histogram!(STEP_BATCH_SIZE).record(planned.request.sequences.len() as f64);
+        metrics::histogram!(STEP_TOKENS).record(f64::from(planned.num_tokens));
+    }
+    Launched {
+        answer: Box::pin(executor.step(planned.request)),
+        trace,
+        sent_at: Instant::now(),
+        computes,
     }
 }
 

@@ -1,6 +1,6 @@
 //! Drives `SchedulerState` step by step against the protocol-checking `ShardSim`,
 //! without tokio, collecting every event per sequence.
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::Instant;
 
 use tokio::sync::mpsc;
@@ -17,6 +17,8 @@ pub struct Harness {
     /// Every event received so far, per sequence.
     seen: HashMap<u64, Vec<SequenceEvent>>,
     submitted: u64,
+    /// Answers of steps sent in pipelined mode and not applied yet, oldest first.
+    unapplied: VecDeque<pb::StepResponse>,
 }
 
 impl Harness {
@@ -28,6 +30,7 @@ impl Harness {
             streams: HashMap::new(),
             seen: HashMap::new(),
             submitted: 0,
+            unapplied: VecDeque::new(),
         }
     }
 
@@ -58,6 +61,40 @@ impl Harness {
         self.check_pool_accounting();
         self.collect();
         Some(planned.request)
+    }
+
+    /// One iteration of the real step loop: plans and sends until `depth` steps are in
+    /// flight (the simulated shard runs each as it is sent, as the real one does), then
+    /// applies the oldest answer. Returns the steps sent; false once idle.
+    pub fn pipelined_step(&mut self, depth: usize, sent: &mut Vec<pb::StepRequest>) -> bool {
+        self.state.drop_cancelled();
+        while self.unapplied.len() < depth {
+            let Some(planned) = self.state.plan_step(Instant::now()) else {
+                break;
+            };
+            self.state.deliver(planned.events);
+            self.unapplied.push_back(self.sim.step(&planned.request));
+            sent.push(planned.request);
+        }
+        let Some(response) = self.unapplied.pop_front() else {
+            return false;
+        };
+        let deliveries = self.state.apply(response);
+        self.state.deliver(deliveries);
+        self.check_pool_accounting();
+        self.collect();
+        true
+    }
+
+    /// Runs pipelined iterations until idle; returns every step sent.
+    pub fn run_pipelined(&mut self, depth: usize, max_steps: usize) -> Vec<pb::StepRequest> {
+        let mut sent = Vec::new();
+        for _ in 0..max_steps {
+            if !self.pipelined_step(depth, &mut sent) {
+                return sent;
+            }
+        }
+        panic!("not idle after {max_steps} pipelined iterations");
     }
 
     pub fn run_to_idle(&mut self, max_steps: usize) -> usize {

@@ -1,5 +1,6 @@
 //! The real step loop end to end, driven by a fake executor around the simulated shard.
 use std::collections::HashSet;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -17,21 +18,50 @@ use crate::pb;
 struct FakeExecutor {
     sim: Arc<Mutex<ShardSim>>,
     fail_steps: Arc<HashSet<u64>>,
+    /// Steps sent and not yet answered, and the most there ever were.
+    in_flight: Arc<AtomicUsize>,
+    peak_in_flight: Arc<AtomicUsize>,
+}
+
+impl FakeExecutor {
+    fn new(sim: Arc<Mutex<ShardSim>>, fail_steps: &[u64]) -> Self {
+        Self {
+            sim,
+            fail_steps: Arc::new(fail_steps.iter().copied().collect()),
+            in_flight: Arc::default(),
+            peak_in_flight: Arc::default(),
+        }
+    }
 }
 
 impl StepExecutor for FakeExecutor {
-    async fn step(&self, request: pb::StepRequest) -> Result<pb::StepResponse, StepError> {
-        // Let clients run between steps, so cancellations land mid-generation.
-        tokio::task::yield_now().await;
-        let mut sim = self.sim.lock().unwrap();
-        if self.fail_steps.contains(&request.step_id) {
-            sim.lose_step();
-            return Err(StepError(format!(
-                "shard 0 failed step {}",
-                request.step_id
-            )));
+    /// Runs the step on the simulated shard at once, as the gRPC executor sends it at once:
+    /// pipelined steps reach the shard in the order they were planned.
+    fn step(
+        &self,
+        request: pb::StepRequest,
+    ) -> impl std::future::Future<Output = Result<pb::StepResponse, StepError>> + Send {
+        let answer = {
+            let mut sim = self.sim.lock().unwrap();
+            if self.fail_steps.contains(&request.step_id) {
+                sim.lose_step();
+                Err(StepError(format!(
+                    "shard 0 failed step {}",
+                    request.step_id
+                )))
+            } else {
+                Ok(sim.step(&request))
+            }
+        };
+        let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        self.peak_in_flight.fetch_max(now, Ordering::SeqCst);
+        let in_flight = self.in_flight.clone();
+        async move {
+            // Let clients run between steps, so cancellations land mid-generation.
+            tokio::task::yield_now().await;
+            in_flight.fetch_sub(1, Ordering::SeqCst);
+            answer
         }
-        Ok(sim.step(&request))
     }
 }
 
@@ -39,6 +69,7 @@ struct Fixture {
     handle: SchedulerHandle,
     sim: Arc<Mutex<ShardSim>>,
     pool: BlockAllocator,
+    peak_in_flight: Arc<AtomicUsize>,
 }
 
 fn start(config: SchedulerConfig, fail_steps: &[u64]) -> Fixture {
@@ -48,14 +79,13 @@ fn start(config: SchedulerConfig, fail_steps: &[u64]) -> Fixture {
     )));
     let state = SchedulerState::new(config);
     let pool = state.allocator().clone();
-    let executor = FakeExecutor {
-        sim: sim.clone(),
-        fail_steps: Arc::new(fail_steps.iter().copied().collect()),
-    };
+    let executor = FakeExecutor::new(sim.clone(), fail_steps);
+    let peak_in_flight = executor.peak_in_flight.clone();
     Fixture {
         handle: super::start(state, executor),
         sim,
         pool,
+        peak_in_flight,
     }
 }
 
@@ -232,6 +262,32 @@ async fn a_failed_step_errors_the_batch_and_later_requests_succeed() {
 }
 
 #[tokio::test]
+async fn the_loop_keeps_the_next_step_queued_behind_the_running_one() {
+    let fixture = start(config(4, 32, 8), &[]);
+    let mut req = request(5, 12);
+    req.sampling.seed = 9;
+    let mut stream = fixture.handle.submit(req).unwrap();
+    let mut tokens = Vec::new();
+    while let Some(event) = with_deadline(stream.recv()).await {
+        match event {
+            SequenceEvent::Token(token) => tokens.push(token.id),
+            SequenceEvent::Finished { reason, .. } => {
+                assert_eq!(reason, FinishReason::Length);
+                break;
+            }
+            SequenceEvent::Error(message) => panic!("{message}"),
+            _ => {}
+        }
+    }
+    assert_eq!(tokens, expected(9, 5, 12));
+    assert_eq!(
+        fixture.peak_in_flight.load(Ordering::SeqCst),
+        super::step_loop::PIPELINE_DEPTH
+    );
+    fixture.wait_drained().await;
+}
+
+#[tokio::test]
 async fn queued_work_finishes_after_every_handle_is_dropped() {
     let fixture = start(config(4, 32, 8), &[]);
     let mut req = request(9, 5);
@@ -251,10 +307,7 @@ async fn queued_work_finishes_after_every_handle_is_dropped() {
 async fn an_invalid_config_answers_every_request_with_its_reason() {
     let mut bad = config(4, 0, 8);
     bad.max_batch_size = Some(4);
-    let executor = FakeExecutor {
-        sim: Arc::new(Mutex::new(ShardSim::new(4, 1))),
-        fail_steps: Arc::new(HashSet::new()),
-    };
+    let executor = FakeExecutor::new(Arc::new(Mutex::new(ShardSim::new(4, 1))), &[]);
     let handle = super::spawn(bad, executor);
     let mut stream = handle.submit(request(3, 3)).unwrap();
     match with_deadline(stream.recv()).await {

@@ -1,5 +1,5 @@
 //! W3C trace context (`traceparent`, `tracestate`) in and out: read from the HTTP request
-//! headers, written into the Step call's gRPC metadata.
+//! headers, written into gRPC metadata or into a step's `trace_context` map.
 use axum::http::HeaderMap;
 use opentelemetry::propagation::{Extractor, Injector, TextMapPropagator};
 use opentelemetry::trace::TraceContextExt;
@@ -27,6 +27,14 @@ impl Injector for MetadataWriter<'_> {
         if let (Ok(key), Ok(value)) = (key, value) {
             self.0.insert(key, value);
         }
+    }
+}
+
+/// Writes `context`'s span into `carrier` (a StepRequest's `trace_context`) when it is a
+/// valid span.
+pub fn inject_into_map(context: &Context, carrier: &mut std::collections::HashMap<String, String>) {
+    if context.span().span_context().is_valid() {
+        TraceContextPropagator::new().inject_context(context, carrier);
     }
 }
 
