@@ -26,6 +26,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import gpu_report  # noqa: E402
+from bench.gpu_busy import GpuBusySampler, scrape_steps, step_stats  # noqa: E402
 from bench.gpu_http_load import percentile, streams  # noqa: E402
 
 PHASES = ("ceilings", "model", "parity", "textgen", "transformers", "report")
@@ -130,8 +131,10 @@ def phase_textgen(args) -> dict:
     result = {"startup_s": startup_s}
     try:
         streams(url, [(prompts.text(16), 8)] * 4)  # warm the HTTP path
-        single, _ = streams(url, [(prompts.text(128), 257)])
+        with GpuBusySampler() as busy:
+            single, _ = streams(url, [(prompts.text(128), 513)])
         result["a_batch1_decode_tok_s"] = 1 / single[0].tpot
+        result["a_gpu_busy"] = busy.summary()
         ttfts = []
         for _ in range(5):
             res, _ = streams(url, [(prompts.text(2048), 1)])
@@ -144,7 +147,13 @@ def phase_textgen(args) -> dict:
         result["d_tpot_p50_s"], result["d_tpot_p99_s"] = percentile(tpots, 0.5), percentile(tpots, 0.99)
         result["d_itl_p50_s"], result["d_itl_p99_s"] = percentile(gaps, 0.5), percentile(gaps, 0.99)
         requests = [(prompts.text(n_in), n_out) for n_in, n_out in MIX]
-        res, wall = streams(url, requests)
+        before, client_cpu = scrape_steps(url), time.process_time()
+        with GpuBusySampler() as busy:
+            res, wall = streams(url, requests)
+        client_cpu = time.process_time() - client_cpu
+        result["b_server_steps"] = step_stats(before, scrape_steps(url), wall)
+        result["b_gpu_busy"] = busy.summary()
+        result["b_client_cpu_s"] = client_cpu
         errors = [r.error for r in res if r.error]
         tokens = sum(len(r.token_times) for r in res)
         result["b_mixed"] = {"requests": len(requests), "output_tokens": tokens, "wall_s": wall,
