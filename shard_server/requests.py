@@ -109,6 +109,9 @@ class SequenceState:
     sampling: SamplingParams
     prefill_logprobs: bool = False
     top_n_tokens: int = 0
+    # The next token is the plain argmax of the raw logits (greedy, no processor, no top-n):
+    # the CUDA graph's argmax can be used as is. Fixed for the sequence's life, so decided once.
+    plain_argmax: bool = False
 
     @property
     def generated_ids(self) -> list[int]:

@@ -16,7 +16,7 @@ from .cuda_graphs import DecodeGraphs, DecodeOutputs
 from .kv_cache import KVCache, KVSpec
 from .pb import generate_pb2 as pb
 from .requests import InvalidStepError, SequenceTable
-from .sampling import SampledTokens, Sampler, SamplingRows, argmax_suffices
+from .sampling import SampledTokens, Sampler, SamplingRows
 from .step_plan import PoolLimits, ScheduledWork, apply_plan, plan_step
 
 PREFILL_LOGPROB_ROWS = 512  # logits rows materialised at once for prefill logprobs
@@ -158,9 +158,7 @@ class ModelRunner:
     def _sample(self, decoded: DecodeOutputs, work: list[ScheduledWork]) -> SampledTokens:
         states = [item.state for item in work]
         params = [s.sampling for s in states]
-        if decoded.greedy_ids is not None and all(
-            argmax_suffices(p) and not s.top_n_tokens for p, s in zip(params, states)
-        ):
+        if decoded.greedy_ids is not None and all(s.plain_argmax for s in states):
             return SampledTokens(decoded.greedy_ids, decoded.greedy_logprobs, None, None)
         rows = SamplingRows(
             params=params,

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .requests import InvalidStepError, SamplingParams, SequenceState, SequenceTable
+from .sampling import argmax_suffices
 
 
 @dataclass
@@ -85,6 +86,7 @@ def new_sequence_state(msg, limits: PoolLimits) -> SequenceState:
         sampling=sampling,
         prefill_logprobs=msg.prefill_logprobs,
         top_n_tokens=msg.top_n_tokens,
+        plain_argmax=argmax_suffices(sampling) and not msg.top_n_tokens,
     )
 
 
