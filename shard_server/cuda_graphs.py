@@ -14,6 +14,7 @@ buffers. They hold the KV pool's addresses: capture after the final pool is allo
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -126,13 +127,24 @@ class DecodeGraphs:
     def size_for_batch(self, batch: int) -> int | None:
         return next((size for size in self.sizes if size >= batch), None)
 
-    def run(self, size: int, input_ids: list[int], positions: list[int], layout: StepLayout) -> DecodeOutputs:
+    def run(
+        self,
+        size: int,
+        input_ids: list[int],
+        positions: list[int],
+        layout: StepLayout,
+        fill: Callable[[torch.Tensor], None] | None = None,
+    ) -> DecodeOutputs:
+        """Replays the graph of `size` on these inputs; `fill` may then write input ids that are
+        still on the device (tokens the previous step sampled) into the static input buffer."""
         step = self.steps[size]
         batch = len(input_ids)
         padding = [0] * (size - batch)
         host = torch.tensor([input_ids + padding, positions + padding], dtype=torch.long)
         step.input_ids.copy_(host[0], non_blocking=True)
         step.positions.copy_(host[1], non_blocking=True)
+        if fill is not None:
+            fill(step.input_ids)
         self.backend.refill(step.metadata, layout)
         step.graph.replay()
         return step.outputs.rows(batch)

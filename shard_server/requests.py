@@ -88,6 +88,11 @@ class SamplingParams:
     def needs_generated_counts(self) -> bool:
         return self.frequency_penalty != 0.0 or self.presence_penalty != 0.0
 
+    @property
+    def needs_history(self) -> bool:
+        """Choosing the next token reads earlier tokens on the host (penalties, watermark)."""
+        return self.needs_all_tokens or self.needs_generated_counts or self.watermark
+
     def check_vocab(self, vocab_size: int) -> None:
         """Token ids in logit_bias must index the model's vocabulary."""
         for token_id, _ in self.logit_bias:
@@ -112,6 +117,14 @@ class SequenceState:
     # The next token is the plain argmax of the raw logits (greedy, no processor, no top-n):
     # the CUDA graph's argmax can be used as is. Fixed for the sequence's life, so decided once.
     plain_argmax: bool = False
+    # Tokens sampled by launched steps whose results have not reached the host yet, oldest
+    # first (see runner.PendingToken). The newest is the next decode's input.
+    pending: list = field(default_factory=list)
+
+    @property
+    def known_len(self) -> int:
+        """Tokens so far, counting those still on the device."""
+        return len(self.token_ids) + len(self.pending)
 
     @property
     def generated_ids(self) -> list[int]:

@@ -1,13 +1,18 @@
 """Executes steps: one batched forward pass over prefill chunks and decodes, then sampling.
 
-The runner owns the model, the KV pool and the sequence table. `step` takes a StepRequest
-and returns a StepResponse (protobuf messages), validating everything before touching state.
+The runner owns the model, the KV pool and the sequence table. A step is launched, then
+completed: `launch` validates the StepRequest before touching state, prepares the inputs and
+queues the forward pass and sampling on the device; `complete` waits for the results and
+writes the StepResponse. Between the two, the next step can be launched (step_pipeline.py):
+a decode whose input token is still on the device reads it there, so the GPU goes from one
+step to the next without waiting for the host. `step` does both at once.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 
@@ -26,12 +31,36 @@ class NotWarmedUpError(RuntimeError):
     pass
 
 
+@dataclass(frozen=True, eq=False)
+class PendingToken:
+    """A token a launched step sampled that has not reached the host: `ids[row]` on the device."""
+
+    ids: torch.Tensor
+    row: int
+
+
 @dataclass
 class StepInputs:
     input_ids: list[int]
     positions: list[int]
     layout: StepLayout
     query_starts: list[int]
+    # (input row, token) for inputs still on the device; `input_ids` holds 0 there.
+    on_device: list[tuple[int, PendingToken]] = field(default_factory=list)
+
+
+@dataclass
+class LaunchedStep:
+    """A step whose device work is queued; `ModelRunner.complete` turns it into its response."""
+
+    response: pb.StepResponse
+    work: list[ScheduledWork] = field(default_factory=list)
+    samplers: list[int] = field(default_factory=list)  # indices into work that sampled
+    prefill: dict[int, list[float]] = field(default_factory=dict)
+    sampled: list[PendingToken] = field(default_factory=list)  # one per sampler, in order
+    host: list[torch.Tensor] = field(default_factory=list)  # ids, logprobs[, top ids, top logprobs]
+    done: torch.cuda.Event | None = None  # on a GPU: recorded after the step's work and copies
+    started_ns: int = 0
 
 
 class ModelRunner:
@@ -68,16 +97,23 @@ class ModelRunner:
         )
 
     # -- one step ----------------------------------------------------------------------
-    @torch.inference_mode()
     def step(self, request) -> pb.StepResponse:
+        return self.complete(self.launch(request))
+
+    @torch.inference_mode()
+    def launch(self, request, settle: Callable[[], None] | None = None) -> LaunchedStep:
+        """Validates and queues one step. `settle` completes the step launched before, if any:
+        it is called first when this one needs that step's tokens on the host."""
         if self.kv_cache is None:
             raise NotWarmedUpError("Warmup must run before the first Step")
         plan = plan_step(request, self.table, self.limits())
+        if settle is not None and any(_needs_host_tokens(item) for item in plan.work):
+            settle()
         apply_plan(plan, self.table)
-        response = pb.StepResponse(step_id=request.step_id)
+        launched = LaunchedStep(pb.StepResponse(step_id=request.step_id), plan.work)
         if not plan.work:
-            return response
-        started = time.perf_counter_ns()
+            return launched
+        launched.started_ns = time.perf_counter_ns()
         tensors = self._prepare(plan.work)
         needs_hidden = any(self._wants_prefill_logprobs(item) for item in plan.work)
         hidden, decoded = self._forward(tensors, needs_hidden)
@@ -90,19 +126,47 @@ class ModelRunner:
                 [tensors.query_starts[i] + plan.work[i].num_tokens - 1 for i in samplers], device=self.device
             )
             decoded = DecodeOutputs(self.model.compute_logits(hidden.index_select(0, rows)), None, None)
-        prefill = {
+        launched.prefill = {
             i: self._prefill_logprobs(hidden, tensors.query_starts[i], item)
             for i, item in enumerate(plan.work)
             if self._wants_prefill_logprobs(item)
         }
+        if samplers:
+            tokens = self._sample(decoded, [plan.work[i] for i in samplers])
+            launched.samplers = samplers
+            launched.sampled = [PendingToken(tokens.ids, row) for row in range(len(samplers))]
+            for i, token in zip(samplers, launched.sampled):
+                plan.work[i].state.pending.append(token)
+            launched.host = self._to_host(tokens)
+        for item in plan.work:  # last: `item.end` is relative to computed_len
+            item.state.computed_len = item.end
         if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        sampled_at = time.perf_counter_ns()
-        tokens = self._sample(decoded, [plan.work[i] for i in samplers]) if samplers else None
-        response.forward_ns = sampled_at - started
-        self._finish(plan.work, samplers, tokens, prefill, response)
-        response.sample_ns = time.perf_counter_ns() - sampled_at
+            launched.done = torch.cuda.Event()
+            launched.done.record()
+        return launched
+
+    def complete(self, launched: LaunchedStep) -> pb.StepResponse:
+        """Waits for a launched step's results and writes its response."""
+        response = launched.response
+        if not launched.work:
+            return response
+        if launched.done is not None:
+            launched.done.synchronize()
+        results_at = time.perf_counter_ns()
+        # On a GPU the sampling kernels run inside this span; sample_ns is the host's share.
+        response.forward_ns = results_at - launched.started_ns
+        self._finish(launched)
+        response.sample_ns = max(1, time.perf_counter_ns() - results_at)
         return response
+
+    def _to_host(self, tokens: SampledTokens) -> list[torch.Tensor]:
+        """Starts copying the sampled tokens to the host (valid once the step's event is done)."""
+        tensors = [tokens.ids, tokens.logprobs]
+        if tokens.top_ids is not None:
+            tensors += [tokens.top_ids, tokens.top_logprobs]
+        if self.device.type != "cuda":
+            return tensors
+        return [t.to("cpu", non_blocking=True) for t in tensors]  # into pinned memory
 
     def _forward(
         self, inputs: StepInputs, needs_hidden: bool
@@ -111,20 +175,30 @@ class ModelRunner:
         sequence) from a CUDA graph when one fits the step and no hidden state is needed."""
         graphs = self.graphs if not needs_hidden else None
         size = graphs.size_for(inputs.layout) if graphs is not None else None
+        fill = (lambda ids: _fill_on_device(ids, inputs.on_device)) if inputs.on_device else None
         if size is not None:
-            return None, self.graphs.run(size, inputs.input_ids, inputs.positions, inputs.layout)
+            return None, self.graphs.run(size, inputs.input_ids, inputs.positions, inputs.layout, fill)
         metadata = self.backend.build_metadata(inputs.layout, self.device)
         input_ids = torch.tensor(inputs.input_ids, dtype=torch.long).to(self.device, non_blocking=True)
         positions = torch.tensor(inputs.positions, dtype=torch.long).to(self.device, non_blocking=True)
+        if fill is not None:
+            fill(input_ids)
         return self.model(input_ids, positions, self.kv_cache, metadata), None
 
     def _prepare(self, work: list[ScheduledWork]) -> StepInputs:
         ids: list[int] = []
         positions: list[int] = []
         starts: list[int] = []
+        on_device: list[tuple[int, PendingToken]] = []
         for item in work:
             starts.append(len(ids))
-            ids.extend(item.state.token_ids[item.start : item.end])
+            state = item.state
+            known = state.token_ids[item.start : item.end]
+            if len(known) < item.num_tokens:
+                # A decode of the token the previous step sampled: it is still on the device.
+                on_device.append((len(ids) + len(known), state.pending[item.end - 1 - len(state.token_ids)]))
+                known = [*known, 0]
+            ids.extend(known)
             positions.extend(range(item.start, item.end))
         layout = StepLayout(
             query_lens=[item.num_tokens for item in work],
@@ -132,12 +206,7 @@ class ModelRunner:
             block_tables=[item.state.block_table for item in work],
             block_size=self.block_size,
         )
-        return StepInputs(
-            input_ids=ids,
-            positions=positions,
-            layout=layout,
-            query_starts=starts,
-        )
+        return StepInputs(ids, positions, layout, starts, on_device)
 
     @staticmethod
     def _wants_prefill_logprobs(item: ScheduledWork) -> bool:
@@ -157,37 +226,39 @@ class ModelRunner:
 
     def _sample(self, decoded: DecodeOutputs, work: list[ScheduledWork]) -> SampledTokens:
         states = [item.state for item in work]
-        params = [s.sampling for s in states]
         if decoded.greedy_ids is not None and all(s.plain_argmax for s in states):
             return SampledTokens(decoded.greedy_ids, decoded.greedy_logprobs, None, None)
+        params = [s.sampling for s in states]
         rows = SamplingRows(
             params=params,
-            positions=[len(s.token_ids) for s in states],
+            positions=[item.end for item in work],
             all_tokens=[s.token_ids for s in states] if any(p.needs_all_tokens for p in params) else [],
             generated_tokens=[s.generated_ids for s in states]
             if any(p.needs_generated_counts for p in params)
             else [],
             top_n=[s.top_n_tokens for s in states],
-            previous_tokens=[s.token_ids[-1] for s in states],
+            previous_tokens=[s.token_ids[-1] for s in states] if any(p.watermark for p in params) else [],
         )
         return self.sampler(decoded.logits, rows)
 
-    def _finish(self, work, samplers, tokens: SampledTokens | None, prefill, response) -> None:
-        """Advances each sequence and writes its output straight into the response."""
-        row_of = {i: row for row, i in enumerate(samplers)}
+    def _finish(self, launched: LaunchedStep) -> None:
+        """Moves each sampled token to its sequence on the host and writes the outputs."""
+        response, work, prefill = launched.response, launched.work, launched.prefill
+        row_of = {i: row for row, i in enumerate(launched.samplers)}
         ids = logprobs = top_ids = top_lps = None
-        if tokens is not None:
-            ids, logprobs = tokens.ids.tolist(), tokens.logprobs.tolist()
-            if tokens.top_ids is not None:
-                top_ids, top_lps = tokens.top_ids.tolist(), tokens.top_logprobs.tolist()
+        if launched.host:
+            ids, logprobs = launched.host[0].tolist(), launched.host[1].tolist()
+            if len(launched.host) > 2:
+                top_ids, top_lps = launched.host[2].tolist(), launched.host[3].tolist()
         for i, item in enumerate(work):
             state = item.state
-            state.computed_len = item.end
             row = row_of.get(i)
             if row is None and i not in prefill:
                 continue
             output = response.outputs.add(id=state.id)
             if row is not None:
+                if state.pending and state.pending[0] is launched.sampled[row]:
+                    state.pending.pop(0)
                 state.token_ids.append(ids[row])
                 token = output.token
                 token.id, token.logprob = ids[row], logprobs[row]
@@ -197,6 +268,24 @@ class ModelRunner:
                     token.top_logprobs.extend(top_lps[row][:n])
             if i in prefill:
                 output.prefill_logprobs.extend(prefill[i])
+
+
+def _needs_host_tokens(item: ScheduledWork) -> bool:
+    """The step reads a token of this sequence that a launched step has not returned yet."""
+    return bool(item.state.pending) and item.state.sampling.needs_history
+
+
+def _fill_on_device(input_ids: torch.Tensor, on_device: list[tuple[int, PendingToken]]) -> None:
+    """Copies tokens sampled by the previous step into their input rows, on the device."""
+    by_source: dict[int, tuple[torch.Tensor, list[int], list[int]]] = {}
+    for row, token in on_device:
+        _, rows, sources = by_source.setdefault(id(token.ids), (token.ids, [], []))
+        rows.append(row)
+        sources.append(token.row)
+    for ids, rows, sources in by_source.values():
+        device = input_ids.device
+        picked = ids.index_select(0, torch.tensor(sources, device=device)).to(input_ids.dtype)
+        input_ids.index_copy_(0, torch.tensor(rows, device=device), picked)
 
 
 __all__ = ["ModelRunner", "NotWarmedUpError", "InvalidStepError"]

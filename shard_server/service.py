@@ -1,9 +1,9 @@
 """The `TextGenerationShard` gRPC servicer.
 
 Steps run one at a time on a dedicated worker thread, so the event loop keeps answering
-Health while a forward pass runs. The router drives steps through `StepStream`: each step is
-queued on the worker the moment it arrives, so the worker goes from step N straight to step
-N+1 while N's answer travels back. Errors never take the process down: a bad request becomes
+Health while a forward pass runs. The router drives steps through `StepStream`: each step goes
+to the step pipeline (step_pipeline.py) the moment it arrives, so the worker goes from step N
+straight to step N+1 while N's answer travels back. Errors never take the process down: a bad request becomes
 INVALID_ARGUMENT, a Step before Warmup FAILED_PRECONDITION, anything else INTERNAL, each with
 a message that says what went wrong.
 """
@@ -25,6 +25,7 @@ from .pb import generate_pb2 as pb
 from .pb import generate_pb2_grpc as pb_grpc
 from .requests import InvalidStepError
 from .runner import ModelRunner, NotWarmedUpError
+from .step_pipeline import StepPipeline, StreamedStep
 from .telemetry import StepTiming, StepTracer
 from .warmup import PoolSizing, warmup
 
@@ -74,6 +75,8 @@ class ShardService(pb_grpc.TextGenerationShardServicer):
         self.tracer = tracer
         self._worker = worker or step_worker(runner.device)
         self._lock = asyncio.Lock()
+        # Overlap only pays on a GPU: on the CPU a launch is the whole computation.
+        self._pipeline = StepPipeline(runner, self._worker, overlap=runner.device.type == "cuda")
 
     async def _run(self, context, what: str, fn, *args):
         """Runs fn on the step worker, one call at a time."""
@@ -146,54 +149,78 @@ class ShardService(pb_grpc.TextGenerationShardServicer):
         return pb.ClearCacheResponse()
 
     async def Step(self, request, context):
-        job = self._step_job(request, context.invocation_metadata())
+        record = self._step_recorder(request, context.invocation_metadata())
+
+        def job() -> pb.StepResponse:
+            try:
+                response = self.runner.step(request)
+            except BaseException as exc:
+                if record is not None:
+                    record(None, exc)
+                raise
+            if record is not None:
+                record(response, None)
+            return response
+
         return await self._run(context, f"Step {request.step_id}", job)
 
     async def StepStream(self, request_iterator, context):
-        """Answers steps in the order they arrive. A step is queued on the worker as soon as it
-        is read, not when the previous answer has been sent, so the worker never waits for the
-        event loop between steps. A failed step ends the stream with its status."""
+        """Answers steps in the order they arrive. Each step goes to the step pipeline as soon
+        as it is read, not when the previous answer has been sent, so the worker always has
+        the next step at hand. A failed step ends the stream with its status."""
+        loop = asyncio.get_running_loop()
         queued: asyncio.Queue = asyncio.Queue()
 
         async def receive() -> None:
             try:
                 async for request in request_iterator:
-                    job = self._step_job(request, context.invocation_metadata())
-                    queued.put_nowait((request.step_id, self._on_worker(job)))
+                    answer = loop.create_future()
+                    queued.put_nowait((request.step_id, answer))
+                    self._pipeline.submit(self._streamed(request, context, loop, answer))
             finally:
                 queued.put_nowait(None)
 
         receiver = asyncio.create_task(receive())
         try:
             while (item := await queued.get()) is not None:
-                step_id, pending = item
-                yield await self._guarded(context, f"Step {step_id}", pending)
+                step_id, answer = item
+                yield await self._guarded(context, f"Step {step_id}", answer)
         finally:
             receiver.cancel()
-            while not queued.empty():  # steps not started yet are dropped with the stream
-                if (item := queued.get_nowait()) is not None:
-                    item[1].cancel()
 
-    def _step_job(self, request, metadata) -> Callable[[], pb.StepResponse]:
-        """The worker-side call for one step; a step the router traces also records its spans."""
+    def _streamed(self, request, context, loop, answer: asyncio.Future) -> StreamedStep:
+        record = self._step_recorder(request, context.invocation_metadata())
+
+        def resolve(response, error) -> None:
+            if answer.done():  # the stream is gone
+                return
+            if error is not None:
+                answer.set_exception(error)
+            else:
+                answer.set_result(response)
+
+        def on_done(response, error) -> None:  # on the worker thread
+            if record is not None:
+                record(response, error)
+            loop.call_soon_threadsafe(resolve, response, error)
+
+        return StreamedStep(request, on_done)
+
+    def _step_recorder(self, request, metadata) -> Callable | None:
+        """Records the shard's spans of a step the router traces; None when it is not traced."""
         parent = self._trace_parent(request, metadata)
         if parent is None:
-            return lambda: self.runner.step(request)
+            return None
         received_ns = time.time_ns()
 
-        def traced_step() -> pb.StepResponse:
-            timing, error = None, None
-            try:
-                response = self.runner.step(request)
+        def record(response, error) -> None:
+            timing = None
+            if response is not None:
                 timing = StepTiming(received_ns, time.time_ns(), response.forward_ns, response.sample_ns)
-                return response
-            except BaseException as exc:
-                error = f"{type(exc).__name__}: {exc}"
-                raise
-            finally:
-                self.tracer.record_step(parent, request.step_id, len(request.sequences), timing, error)
+            message = None if error is None else f"{type(error).__name__}: {error}"
+            self.tracer.record_step(parent, request.step_id, len(request.sequences), timing, message)
 
-        return traced_step
+        return record
 
     def _trace_parent(self, request, metadata):
         """The router's step span: in the request (streamed steps) or in the call's metadata."""

@@ -118,12 +118,12 @@ def _scheduled(msg, state: SequenceState, limits: PoolLimits) -> ScheduledWork:
     item = ScheduledWork(state, list(msg.new_block_ids), msg.num_tokens, msg.sample)
     if item.num_tokens < 1:
         raise InvalidStepError(f"sequence {state.id}: num_tokens must be >= 1")
-    if item.end > len(state.token_ids):
+    if item.end > state.known_len:
         raise InvalidStepError(
             f"sequence {state.id}: computing up to position {item.end} but only "
-            f"{len(state.token_ids)} tokens are known (computed {state.computed_len})"
+            f"{state.known_len} tokens are known (computed {state.computed_len})"
         )
-    if item.sample and item.end != len(state.token_ids):
+    if item.sample and item.end != state.known_len:
         raise InvalidStepError(f"sequence {state.id}: sample requested before the last known token")
     if item.end > limits.max_positions:
         raise InvalidStepError(

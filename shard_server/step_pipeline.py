@@ -1,0 +1,104 @@
+"""Runs the router's streamed steps on the step worker, overlapping host work with the GPU.
+
+The router keeps the next step queued on the shard (StepStream). When step N+1 is already
+here while N runs on the GPU, the worker launches N+1 first — its inputs are prepared on the
+host and its kernels queued behind N's — and only then waits for N's results and answers N.
+The GPU goes from N to N+1 without waiting for the host. Without overlap (the CPU, where a
+launch computes everything itself) each step is launched and completed in turn.
+
+Steps are answered in the order they were submitted; a step that fails is answered with its
+exception, after the step launched before it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from .pb import generate_pb2 as pb
+from .runner import LaunchedStep, ModelRunner
+
+log = logging.getLogger(__name__)
+
+StepCallback = Callable[[pb.StepResponse | None, BaseException | None], None]
+
+
+@dataclass
+class StreamedStep:
+    request: pb.StepRequest
+    # Called on the worker thread with the response or the exception, once.
+    on_done: StepCallback
+
+
+class StepPipeline:
+    def __init__(self, runner: ModelRunner, worker: ThreadPoolExecutor, overlap: bool):
+        self._runner = runner
+        self._worker = worker
+        self._overlap = overlap
+        self._queue: deque[StreamedStep] = deque()
+        self._lock = threading.Lock()
+        self._draining = False  # a drain job is queued or running on the worker
+        # Worker thread only: the step launched and not yet answered.
+        self._launched: tuple[StreamedStep, LaunchedStep] | None = None
+
+    def submit(self, step: StreamedStep) -> None:
+        """Queues a step (from any thread); the worker runs it after those submitted before."""
+        with self._lock:
+            self._queue.append(step)
+            if self._draining:
+                return
+            self._draining = True
+        self._worker.submit(self._drain)
+
+    def _next(self) -> StreamedStep | None:
+        """The next queued step; None when there is none. Ends the drain when idle."""
+        with self._lock:
+            if self._queue:
+                return self._queue.popleft()
+            if self._launched is None:
+                self._draining = False
+            return None
+
+    def _drain(self) -> None:
+        """Worker thread: runs queued steps until the queue is empty and every step answered.
+        Other worker jobs (Warmup, ClearCache) run between drains, never inside one."""
+        try:
+            while True:
+                step = self._next()
+                if step is None:
+                    if self._launched is None:
+                        return
+                    self._settle()  # nothing to overlap with: answer what runs
+                    continue
+                if not self._overlap:
+                    self._settle()
+                try:
+                    launched = self._runner.launch(step.request, settle=self._settle)
+                except BaseException as exc:  # answered in order, after the step before it
+                    self._settle()
+                    step.on_done(None, exc)
+                    continue
+                self._settle()
+                self._launched = (step, launched)
+        except BaseException:  # a callback failed: never leave the pipeline stuck
+            log.exception("the step pipeline stopped")
+            with self._lock:
+                self._draining = False
+            raise
+
+    def _settle(self) -> None:
+        """Completes and answers the launched step, if any."""
+        if self._launched is None:
+            return
+        step, launched = self._launched
+        self._launched = None
+        try:
+            response = self._runner.complete(launched)
+        except BaseException as exc:
+            step.on_done(None, exc)
+            return
+        step.on_done(response, None)

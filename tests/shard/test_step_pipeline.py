@@ -1,0 +1,155 @@
+"""The step pipeline with overlap on, driven on the CPU: step N+1 is launched before step N
+completes, so decodes read their input token from the device-side results of step N."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+
+from shard_server.pb import generate_pb2 as pb
+from shard_server.requests import InvalidStepError
+from shard_server.step_pipeline import StepPipeline, StreamedStep
+
+from .helpers import BlockPool, load_runner
+
+GREEDY = pb.SamplingParameters()
+SEEDED = pb.SamplingParameters(do_sample=True, temperature=0.8, top_k=20, top_p=0.9, seed=5)
+PENALISED = pb.SamplingParameters(do_sample=True, repetition_penalty=1.3, seed=6)
+PROMPTS = {1: [5, 9, 14, 3, 22], 2: [7, 7, 30, 2, 11, 40, 41, 8, 1], 3: [60, 61]}
+
+
+@pytest.fixture()
+def runner(tiny_model_dirs):
+    return load_runner(tiny_model_dirs["llama"], block_size=4, num_blocks=64)
+
+
+def scripted_steps(sampling: dict[int, pb.SamplingParameters], decodes: int) -> list[pb.StepRequest]:
+    """Every step of a short run, written in advance as a router writes pipelined steps: prefill
+    all, then `decodes` decode steps that never name a token, then the releases."""
+    pool, held = BlockPool(64, seed=1), {}
+
+    def grow(seq_id: int, tokens: int) -> list[int]:
+        need = -(-tokens // 4) - held.get(seq_id, 0)
+        held[seq_id] = held.get(seq_id, 0) + need
+        return pool.take(need)
+
+    first = pb.StepRequest(step_id=1)
+    for seq_id, prompt in PROMPTS.items():
+        first.new_sequences.add(id=seq_id, input_ids=prompt, prompt_len=len(prompt), sampling=sampling[seq_id])
+        first.sequences.add(id=seq_id, num_tokens=len(prompt), new_block_ids=grow(seq_id, len(prompt)), sample=True)
+    steps = [first]
+    for k in range(1, decodes + 1):
+        step = pb.StepRequest(step_id=1 + k)
+        for seq_id, prompt in PROMPTS.items():
+            step.sequences.add(id=seq_id, num_tokens=1, new_block_ids=grow(seq_id, len(prompt) + k), sample=True)
+        steps.append(step)
+    steps.append(pb.StepRequest(step_id=decodes + 2, released_ids=list(PROMPTS)))
+    return steps
+
+
+def tokens_of(responses: list[pb.StepResponse]) -> dict[int, list[int]]:
+    out: dict[int, list[int]] = {}
+    for response in responses:
+        for output in response.outputs:
+            out.setdefault(output.id, []).append(output.token.id)
+    return out
+
+
+class Recorder:
+    """Collects the pipeline's answers in the order they are given."""
+
+    def __init__(self, expected: int):
+        self.answers: list[tuple[int, pb.StepResponse | None, BaseException | None]] = []
+        self._expected, self._done = expected, threading.Event()
+
+    def step(self, request: pb.StepRequest) -> StreamedStep:
+        def on_done(response, error):
+            self.answers.append((request.step_id, response, error))
+            if len(self.answers) == self._expected:
+                self._done.set()
+
+        return StreamedStep(request, on_done)
+
+    def wait(self) -> None:
+        assert self._done.wait(timeout=120), f"only {len(self.answers)} answers"
+
+
+def run_pipelined(runner, steps: list[pb.StepRequest], overlap: bool = True) -> Recorder:
+    order: list[str] = []
+    launch, complete, prepare = runner.launch, runner.complete, runner._prepare
+    runner._prepare = lambda work: (order.append("prepare"), prepare(work))[1]
+    runner.launch = lambda request, settle=None: (order.append(f"launch {request.step_id}"), launch(request, settle))[1]
+    runner.complete = lambda launched: (order.append(f"complete {launched.response.step_id}"), complete(launched))[1]
+    recorder = Recorder(len(steps))
+    with ThreadPoolExecutor(max_workers=1) as worker:
+        pipeline = StepPipeline(runner, worker, overlap=overlap)
+        for step in steps:
+            pipeline.submit(recorder.step(step))
+        recorder.wait()
+    recorder.order = order
+    return recorder
+
+
+@pytest.mark.parametrize("sampling", [{1: GREEDY, 2: SEEDED, 3: GREEDY}, {1: GREEDY, 2: PENALISED, 3: SEEDED}])
+def test_overlapped_steps_give_the_tokens_of_steps_run_one_by_one(tiny_model_dirs, runner, sampling):
+    steps = scripted_steps(sampling, decodes=6)
+    expected = tokens_of([runner.step(step) for step in steps])
+    fresh = load_runner(tiny_model_dirs["llama"], block_size=4, num_blocks=64)
+    recorder = run_pipelined(fresh, steps)
+    assert [step_id for step_id, _, _ in recorder.answers] == [s.step_id for s in steps]
+    assert all(error is None for _, _, error in recorder.answers)
+    assert tokens_of([response for _, response, _ in recorder.answers]) == expected
+    assert all(len(tokens) == 7 for tokens in expected.values())
+    assert len(fresh.table) == 0
+
+
+def test_the_next_step_is_launched_before_the_previous_completes(runner):
+    steps = scripted_steps({1: GREEDY, 2: SEEDED, 3: GREEDY}, decodes=3)
+    order = run_pipelined(runner, steps).order
+    assert order[:6] == ["launch 1", "prepare", "launch 2", "prepare", "complete 1", "launch 3"]
+
+
+def test_a_sequence_needing_its_tokens_on_the_host_settles_the_step_before(runner):
+    steps = scripted_steps({1: GREEDY, 2: PENALISED, 3: GREEDY}, decodes=2)
+    order = run_pipelined(runner, steps).order
+    # The repetition penalty reads every token: step 1 completes before step 2 is prepared.
+    assert order[:5] == ["launch 1", "prepare", "launch 2", "complete 1", "prepare"]
+
+
+def test_without_overlap_each_step_completes_before_the_next_launches(runner):
+    steps = scripted_steps({1: GREEDY, 2: SEEDED, 3: GREEDY}, decodes=2)
+    order = run_pipelined(runner, steps, overlap=False).order
+    assert order[:6] == ["launch 1", "prepare", "complete 1", "launch 2", "prepare", "complete 2"]
+
+
+def test_a_failed_step_is_answered_in_its_place(runner):
+    steps = scripted_steps({1: GREEDY, 2: SEEDED, 3: GREEDY}, decodes=1)
+    bad = pb.StepRequest(step_id=99, sequences=[pb.ScheduledSequence(id=1234, num_tokens=1, sample=True)])
+    recorder = run_pipelined(runner, [steps[0], bad, steps[1]])
+    assert [step_id for step_id, _, _ in recorder.answers] == [1, 99, 2]
+    assert isinstance(recorder.answers[1][2], InvalidStepError)
+    assert recorder.answers[0][2] is None and recorder.answers[2][2] is None
+    assert len(recorder.answers[2][1].outputs) == 3
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU: CUDA graphs, events, pinned copies")
+@pytest.mark.parametrize("sampling", [{1: GREEDY, 2: GREEDY, 3: GREEDY}, {1: GREEDY, 2: SEEDED, 3: PENALISED}])
+def test_on_a_gpu_overlapped_graph_steps_give_the_tokens_of_steps_run_one_by_one(tiny_model_dirs, sampling):
+    from shard_server.warmup import PoolSizing, warmup
+
+    from .test_triton_runner import make_runner
+
+    def graph_runner():
+        runner = make_runner(tiny_model_dirs["llama"], "triton", torch.device("cuda"))
+        warmup(runner, 64, 8, PoolSizing(1024, 0.05, (1, 2, 4)))
+        assert runner.graphs is not None
+        return runner
+
+    steps = scripted_steps(sampling, decodes=12)
+    expected = tokens_of([graph_runner().step(step) for step in steps])
+    recorder = run_pipelined(graph_runner(), steps)
+    assert all(error is None for _, _, error in recorder.answers)
+    assert tokens_of([response for _, response, _ in recorder.answers]) == expected
