@@ -92,7 +92,7 @@ def compare_backends(runner: ModelRunner, shape, text_vocab: int, prompts: int =
     }
 
 
-def parity_runner(model_dir, graph_sizes=(1, 2, 4, 8)) -> tuple[ModelRunner, object]:  # noqa: E501
+def parity_runner(model_dir, graph_sizes=(1, 2, 4, 8), memory_fraction: float = 0.4) -> tuple[ModelRunner, object]:  # noqa: E501
     from shard_server.distributed import ParallelContext
     from shard_server.kv_cache import KVSpec
     from shard_server.models.config import ModelConfig
@@ -106,5 +106,5 @@ def parity_runner(model_dir, graph_sizes=(1, 2, 4, 8)) -> tuple[ModelRunner, obj
         model = build_model(cfg, store, ctx, "triton", torch.bfloat16, device)
     spec = KVSpec(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, 16, torch.bfloat16)
     runner = ModelRunner(model, spec, device)
-    warmup(runner, 4096, max(graph_sizes), PoolSizing(0, 0.4, tuple(graph_sizes)))
+    warmup(runner, 4096, max(graph_sizes), PoolSizing(0, memory_fraction, tuple(graph_sizes)))
     return runner, attention_shape(cfg, ctx)

@@ -47,14 +47,21 @@ def _prefill(runner, lengths: list[int], first_id: int) -> float:
     return ms
 
 
+def _prefill_batch(runner, batch: int, context: int, blocks_each: int, step_tokens: int = 4096) -> None:
+    """Prefills sequences 0..batch-1 of `context` tokens, as many per step as fit `step_tokens`."""
+    per_step = max(1, step_tokens // context)
+    for first in range(0, batch, per_step):
+        request = pb.StepRequest(step_id=1)
+        for i in range(first, min(batch, first + per_step)):
+            request.new_sequences.add(id=i, input_ids=[100 + i] * context, prompt_len=context)
+            ids = range(i * blocks_each, (i + 1) * blocks_each)
+            request.sequences.add(id=i, num_tokens=context, new_block_ids=ids, sample=True)
+        runner.step(request)
+
+
 def _decode(runner, batch: int, context: int, steps: int) -> dict:
     blocks_each = -(-(context + steps + 2) // runner.block_size)
-    request = pb.StepRequest(step_id=1)
-    for i in range(batch):
-        request.new_sequences.add(id=i, input_ids=[100 + i] * context, prompt_len=context)
-        ids = range(i * blocks_each, (i + 1) * blocks_each)
-        request.sequences.add(id=i, num_tokens=context, new_block_ids=ids, sample=True)
-    runner.step(request)
+    _prefill_batch(runner, batch, context, blocks_each)
     decode = pb.StepRequest(step_id=2)
     for i in range(batch):
         decode.sequences.add(id=i, num_tokens=1, sample=True)
@@ -83,7 +90,69 @@ def profile(model_dir: Path, batches=(1, 8, 64, 256), context: int = 256, steps:
     return results
 
 
+def decode_grid(runner, batches, contexts, steps: int = 20) -> dict:
+    """Decode steps by batch and context length: replay (GPU) against the whole runner step."""
+    return {f"b{batch}_ctx{context}": _decode(runner, batch, context, steps) for batch in batches for context in contexts}
+
+
+def mixed_step_ms(runner, decodes: int, context: int, chunk: int) -> float:
+    """One eager step: `decodes` decodes at `context` plus one prefill chunk of `chunk` tokens."""
+    blocks_each = -(-(context + 4) // runner.block_size)
+    _prefill_batch(runner, decodes, context, blocks_each)
+    first = decodes * blocks_each
+    mixed = pb.StepRequest(step_id=2)
+    mixed.new_sequences.add(id=9999, input_ids=[7] * chunk, prompt_len=chunk)
+    for i in range(decodes):
+        mixed.sequences.add(id=i, num_tokens=1, sample=True)
+    mixed.sequences.add(id=9999, num_tokens=chunk, new_block_ids=range(first, first + -(-chunk // runner.block_size)), sample=True)
+    ms = _timed_ms(lambda: runner.step(mixed), 1)
+    runner.step(pb.StepRequest(step_id=3, released_ids=[*range(decodes), 9999]))
+    return ms
+
+
+def hot_functions(runner, batch: int, context: int, steps: int = 20, top: int = 25) -> str:
+    """cProfile of the runner's decode steps: where the host time goes."""
+    import cProfile
+    import io
+    import pstats
+
+    blocks_each = -(-(context + steps + 2) // runner.block_size)
+    _prefill_batch(runner, batch, context, blocks_each)
+    decode = pb.StepRequest(step_id=2)
+    for i in range(batch):
+        decode.sequences.add(id=i, num_tokens=1, sample=True)
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(steps):
+        runner.step(decode)
+    profiler.disable()
+    runner.step(pb.StepRequest(step_id=3, released_ids=list(range(batch))))
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(top)
+    return text.getvalue()
+
+
+def main() -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("model_dir", type=Path)
+    parser.add_argument("out", type=Path, nargs="?")
+    parser.add_argument("--grid", action="store_true", help="decode by batch x context, a mixed step, a host profile")
+    args = parser.parse_args()
+    if not args.grid:
+        data = profile(args.model_dir)
+    else:
+        batches, contexts = (1, 64, 256), (256, 1024)
+        runner, _ = parity_runner(args.model_dir, graph_sizes=batches, memory_fraction=0.85)
+        data = {"decode": decode_grid(runner, batches, contexts)}
+        print(json.dumps(data), flush=True)
+        data["mixed_200x1024_plus_2048_ms"] = [mixed_step_ms(runner, 200, 1024, 2048) for _ in range(2)]
+        data["host_profile_b256_ctx1024"] = hot_functions(runner, 256, 1024)
+        print(data["host_profile_b256_ctx1024"], flush=True)
+    if args.out:
+        args.out.write_text(json.dumps(data, indent=1))
+
+
 if __name__ == "__main__":
-    data = profile(Path(sys.argv[1]))
-    if len(sys.argv) > 2:
-        Path(sys.argv[2]).write_text(json.dumps(data, indent=1))
+    main()

@@ -149,7 +149,8 @@ def test_on_a_gpu_overlapped_graph_steps_give_the_tokens_of_steps_run_one_by_one
         return runner
 
     steps = scripted_steps(sampling, decodes=12)
-    expected = tokens_of([graph_runner().step(step) for step in steps])
+    sequential = graph_runner()
+    expected = tokens_of([sequential.step(step) for step in steps])
     recorder = run_pipelined(graph_runner(), steps)
     assert all(error is None for _, _, error in recorder.answers)
     assert tokens_of([response for _, response, _ in recorder.answers]) == expected
