@@ -130,7 +130,8 @@ class TritonPagedAttention(AttentionBackend):
         for config, seqs, firsts in self._tiles(q_padded):
             sections.append((config, len(seqs)))
             parts += [seqs, firsts]
-        return torch.from_numpy(np.concatenate(parts)), sections, width
+        packed = np.concatenate([np.pad(part, (0, _aligned(len(part)) - len(part))) for part in parts])
+        return torch.from_numpy(packed), sections, width
 
     def _tiles(self, q_lens: np.ndarray):
         """Per tile config: (config, sequence of each tile, first query offset of each tile)."""
@@ -153,12 +154,12 @@ class TritonPagedAttention(AttentionBackend):
         for name, size in sections:
             if isinstance(name, TileConfig):
                 seqs = packed[offset : offset + size]
-                firsts = packed[offset + size : offset + 2 * size]
+                offset += _aligned(size)
+                firsts = packed[offset : offset + size]
                 launches.append(TileLaunch(name, seqs, firsts))
-                offset += 2 * size
             else:
                 named[name] = packed[offset : offset + size]
-                offset += size
+            offset += _aligned(size)
         batch = named["starts"].shape[0]
         return TritonMetadata(
             packed=packed,
@@ -201,6 +202,13 @@ class TritonPagedAttention(AttentionBackend):
                 num_warps=config.num_warps, num_stages=config.num_stages,
             )  # fmt: skip
         return out
+
+
+def _aligned(count: int) -> int:
+    """`count` int32s rounded up to 16 bytes. Every section of the packed buffer starts 16-byte
+    aligned: Triton specialises a kernel on each pointer's 16-byte alignment, so sections at
+    offsets that follow the batch size would compile new variants mid-serving (~1 s each)."""
+    return -(-count // 4) * 4
 
 
 def _rows_contiguous(x: torch.Tensor) -> torch.Tensor:

@@ -164,3 +164,19 @@ def test_gpu_mixed_prefill_and_decodes_float32():
     rng = random.Random(3)
     specs = [(1, rng.randint(1, 3000)) for _ in range(64)] + [(2048, 2048), (300, 1000)]
     compare(specs, heads=32, kv_heads=8, dim=128, block=16, device="cuda", atol=1e-4)
+
+
+@pytest.mark.parametrize("query_lens", [[1], [1, 1, 1], [5, 1, 1], [3, 7], [1] * 9 + [130], [17, 2, 1, 1, 1]])
+def test_every_metadata_section_starts_16_byte_aligned(query_lens):
+    """Triton specialises kernels on pointer alignment: a section whose alignment followed the
+    batch shape would compile a new kernel variant for new batch shapes while serving."""
+    backend = TritonPagedAttention(AttentionShape(8, 2, 16, 0.25))
+    contexts = [n + 3 * i for i, n in enumerate(query_lens)]
+    tables = [list(range(10 * i, 10 * i + -(-c // 4))) for i, c in enumerate(contexts)]
+    for pad_to in (None, len(query_lens) + 3):
+        if pad_to is not None and any(n != 1 for n in query_lens):
+            continue  # padding is for decode graphs
+        metadata = backend.build_metadata(StepLayout(query_lens, contexts, tables, 4), torch.device("cpu"), pad_to=pad_to)
+        views = [metadata.slot_mapping, metadata.query_starts, metadata.query_lens, metadata.context_lens,
+                 metadata.block_tables] + [t for launch in metadata.launches for t in (launch.tile_seq, launch.tile_first)]  # fmt: skip
+        assert all(view.data_ptr() % 16 == 0 for view in views), [view.storage_offset() for view in views]
