@@ -105,8 +105,12 @@ def start_server(args, port: int, timeout_s: float = 400.0) -> tuple[subprocess.
     router.unlink(missing_ok=True)
     router.symlink_to(args.router_binary.resolve())
     env = dict(os.environ, PATH=f"{bindir}:{os.environ['PATH']}", PYTHONPATH=str(repo))
+    flags = [*SERVER_FLAGS, *args.server_flag]
+    if "--num-shard" not in flags:
+        # The launcher, like TGI, shards over every visible GPU by default; the bars are for one.
+        flags += ["--num-shard", "1"]
     command = [sys.executable, "-m", "launcher.cli", "--model-id", str(args.model_dir), "--port", str(port),
-               *SERVER_FLAGS, *args.server_flag]  # fmt: skip
+               *flags]  # fmt: skip
     log = open(args.out / "textgen.log", "w")
     started = time.perf_counter()
     process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=repo)
