@@ -1,8 +1,8 @@
 //! Two steps in flight: step N+1 is planned and sent before step N's tokens arrive, as
 //! the real step loop does. The simulated shard runs each step as it is sent.
-use super::api::{FinishReason, SequenceRequest};
+use super::api::FinishReason;
 use super::test_harness::{expected_tokens, Harness};
-use super::test_support::{cached_config, config, request, token_at};
+use super::test_support::{busy_prompt, cached_config, config, request, token_at};
 
 const DEPTH: usize = 2;
 
@@ -103,17 +103,6 @@ fn a_preemption_with_a_step_in_flight_drops_the_stale_answer_and_recomputes() {
     assert_eq!(h.sim.live_blocks(), 0);
 }
 
-fn shared_prompt(i: u32) -> SequenceRequest {
-    let mut tokens: Vec<u32> = (0..(3 + i % 4) * 2)
-        .map(|t| 100 + t + 50 * (i % 3))
-        .collect();
-    tokens.extend((0..i % 5).map(|t| 1_000 + t + i));
-    SequenceRequest {
-        input_ids: tokens,
-        ..request(1, 1 + (i * 7) % 9)
-    }
-}
-
 /// Sharing, eviction, preemption and cancellations on a tiny pool, pipelined: the
 /// simulated shard checks every cached position it is handed, and the pool ends exact.
 #[test]
@@ -128,7 +117,7 @@ fn a_busy_tiny_pool_pipelined_with_the_prefix_cache_stays_exact() {
         let mut submitted = Vec::new();
         let mut sent = Vec::new();
         for i in 0..30u32 {
-            let req = shared_prompt(i);
+            let req = busy_prompt(i);
             let (len, new_tokens) = (req.input_ids.len() as u32, req.max_new_tokens);
             submitted.push((h.submit(req), len, new_tokens));
             if i % 3 == 0 {

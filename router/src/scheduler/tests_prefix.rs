@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use super::admission::AdmissionPolicy;
 use super::api::{FinishReason, SequenceRequest};
 use super::test_harness::{chunks, expected_tokens, Harness};
-use super::test_support::{cached_config, config, request, CapturedMetrics};
+use super::test_support::{busy_prompt, cached_config, config, request, CapturedMetrics};
 use crate::pb;
 
 /// A greedy request over exactly `tokens`.
@@ -200,13 +200,9 @@ fn a_busy_tiny_pool_with_sharing_and_cancellations_stays_exact() {
         let mut h = Harness::new(cfg);
         let mut submitted = Vec::new();
         for i in 0..30u32 {
-            let mut tokens: Vec<u32> = (0..(3 + i % 4) * 2)
-                .map(|t| 100 + t + 50 * (i % 3))
-                .collect();
-            tokens.extend((0..i % 5).map(|t| 1_000 + t + i));
-            let new_tokens = 1 + (i * 7) % 9;
-            let len = tokens.len() as u32;
-            submitted.push((h.submit(prompt(tokens, new_tokens)), len, new_tokens));
+            let req = busy_prompt(i);
+            let (len, new_tokens) = (req.input_ids.len() as u32, req.max_new_tokens);
+            submitted.push((h.submit(req), len, new_tokens));
             if i % 3 == 0 {
                 h.step();
             }
