@@ -83,8 +83,12 @@ impl SchedulerState {
                 sample: s.sample,
             })
             .collect();
-        self.in_flight
-            .push_back(InFlightStep { step_id, scheduled });
+        let admits = !step.new_sequences.is_empty();
+        self.in_flight.push_back(InFlightStep {
+            step_id,
+            scheduled,
+            admits,
+        });
         Some(PlannedStep {
             num_tokens: budget.tokens_used(),
             request: pb::StepRequest {

@@ -41,6 +41,8 @@ pub struct InFlightStep {
     pub step_id: u64,
     /// In batch order.
     pub scheduled: Vec<ScheduledWork>,
+    /// The step admitted sequences from the waiting queue.
+    pub admits: bool,
 }
 
 #[derive(Debug)]
@@ -97,6 +99,14 @@ impl SchedulerState {
     /// Steps planned whose answers have not been applied yet.
     pub fn steps_in_flight(&self) -> usize {
         self.in_flight.len()
+    }
+
+    /// Whether the next step may be planned before the answers in flight are in. Not past
+    /// a step that admitted sequences: arrivals come in bursts, and the rest of a burst
+    /// lands while its first request's prefill runs; planning ahead would make them wait
+    /// a whole step longer. Steady decoding, where planning ahead pays, admits nothing.
+    pub fn may_plan_ahead(&self) -> bool {
+        self.in_flight.back().is_none_or(|step| !step.admits)
     }
 
     /// Nothing to schedule and nothing for the shards to drop.

@@ -65,7 +65,7 @@ pub async fn run<E: StepExecutor>(
             }
         }
         state.drop_cancelled();
-        if in_flight.len() < PIPELINE_DEPTH {
+        if in_flight.len() < PIPELINE_DEPTH && state.may_plan_ahead() {
             if let Some(planned) = state.plan_step(Instant::now()) {
                 in_flight.push_back(launch(&mut state, &executor, planned));
                 continue; // fill the pipeline before waiting

@@ -68,7 +68,7 @@ impl Harness {
     /// applies the oldest answer. Returns the steps sent; false once idle.
     pub fn pipelined_step(&mut self, depth: usize, sent: &mut Vec<pb::StepRequest>) -> bool {
         self.state.drop_cancelled();
-        while self.unapplied.len() < depth {
+        while self.unapplied.len() < depth && self.state.may_plan_ahead() {
             let Some(planned) = self.state.plan_step(Instant::now()) else {
                 break;
             };

@@ -1,5 +1,7 @@
 //! Two steps in flight: step N+1 is planned and sent before step N's tokens arrive, as
 //! the real step loop does. The simulated shard runs each step as it is sent.
+use std::time::Instant;
+
 use super::api::FinishReason;
 use super::test_harness::{expected_tokens, Harness};
 use super::test_support::{busy_prompt, cached_config, config, request, token_at};
@@ -15,21 +17,48 @@ fn tokens_computed(sent: &[crate::pb::StepRequest], id: u64) -> u32 {
 }
 
 #[test]
-fn the_decode_after_a_prefill_is_sent_before_the_prefill_answers() {
+fn decodes_are_planned_and_sent_before_the_step_before_answers() {
     let mut h = Harness::new(config(4, 64, 8));
     let id = h.submit(request(3, 5));
     let mut sent = Vec::new();
     assert!(h.pipelined_step(DEPTH, &mut sent));
     assert_eq!(
         sent.len(),
-        2,
-        "two steps went out before the first answer was applied"
+        1,
+        "the admitting step is answered before the next is planned"
+    );
+    assert!(h.pipelined_step(DEPTH, &mut sent));
+    assert_eq!(
+        sent.len(),
+        3,
+        "two decodes went out before the first of them was applied"
     );
     assert_eq!(
-        (sent[1].sequences[0].id, sent[1].sequences[0].num_tokens),
+        (sent[2].sequences[0].id, sent[2].sequences[0].num_tokens),
         (id, 1)
     );
-    assert_eq!(h.tokens(id).len(), 1, "only the first answer is in");
+    assert_eq!(h.tokens(id).len(), 2, "only the first two answers are in");
+}
+
+#[test]
+fn a_burst_that_lands_during_its_first_requests_prefill_shares_the_next_step() {
+    let mut h = Harness::new(config(4, 64, 64));
+    let first = h.submit(request(3, 5));
+    let step = h.state.plan_step(Instant::now()).unwrap();
+    assert!(!h.state.may_plan_ahead(), "the step admitted a sequence");
+    let burst: Vec<u64> = (0..15).map(|_| h.submit(request(3, 5))).collect();
+    h.state.deliver(step.events);
+    let answer = h.sim.step(&step.request);
+    let deliveries = h.state.apply(answer);
+    h.state.deliver(deliveries);
+    let next = h.state.plan_step(Instant::now()).unwrap();
+    let admitted: Vec<u64> = next.request.new_sequences.iter().map(|s| s.id).collect();
+    assert_eq!(admitted, burst);
+    assert!(next
+        .request
+        .sequences
+        .iter()
+        .any(|s| s.id == first && s.num_tokens == 1));
 }
 
 #[test]
