@@ -29,14 +29,16 @@ its 141 GB for the KV pool after activations and CUDA graphs. The 70B's KV is 32
 in bf16 (160 KiB per GPU at TP=2), so the pool holds roughly 300k tokens; the mix at scale 1
 needs about 190k at once (check the shard log's KV pool line; the scheduler preempts rather
 than fails when it runs out). That machine's disk is 128 GiB, smaller than the 131 GiB of
-weights: put part of the model on memory-backed storage with `--spill-dir` (shards past
---disk-budget-gb are written there and symlinked into the model directory; check
-`df -h /dev/shm` first, tmpfs is often half the RAM):
+weights, but its /dev/shm is a 256 GB tmpfs (checked with `df -h /dev/shm` on 2026-11-30):
+write the whole model there (154 s), then run on the same machine before tmpfs is lost
+(results: bench/results/seed_benchmark_h200x2_tp2.md):
 
-    python bench/seed_benchmark.py --shape 70b --model-dir /tmp/llama70b-random --prepare-only \\
-        --spill-dir /dev/shm/llama70b --disk-budget-gb 90 --out OUT
-    python bench/seed_benchmark.py --shape 70b --num-shard 2 --model-dir /tmp/llama70b-random \\
+    python bench/seed_benchmark.py --shape 70b --model-dir /dev/shm/llama70b-random --prepare-only --out OUT
+    python bench/seed_benchmark.py --shape 70b --num-shard 2 --model-dir /dev/shm/llama70b-random \\
         --out OUT --name seed_benchmark_h200x2_tp2
+
+Where tmpfs is smaller, `--spill-dir DIR --disk-budget-gb N` writes the shards past N GB to
+DIR and symlinks them into the model directory.
 
 Add `--scale 0.25` for a first, shorter pass. On the GPU machine without an installed
 textgen, pass --router-binary (a router built on the build machine) and run from the
