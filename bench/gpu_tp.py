@@ -28,7 +28,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.gpu_http_load import streams  # noqa: E402
-from bench.gpu_vs_transformers import MIX, SERVER_FLAGS, Prompts, phase_model, start_server  # noqa: E402
+from bench.gpu_vs_transformers import MIX, SERVER_FLAGS, Prompts, phase_model, start_server, warm_up  # noqa: E402
 
 PARITY_PROMPTS, PARITY_TOKENS = 16, 64
 
@@ -55,7 +55,7 @@ def serve_and_measure(args, tp: int, dtype: str, throughput: bool) -> dict:
     prompts = Prompts(args.tokenizer_dir, seed=1)
     result: dict = {"tp": tp, "dtype": dtype, "startup_s": startup_s}
     try:
-        streams(url, [(prompts.text(16), 8)] * 4)  # warm the HTTP path
+        warm_up(url, prompts)
         rates = [1 / streams(url, [(prompts.text(128), 257)])[0][0].tpot for _ in range(3)]
         result["batch1_decode_tok_s"] = sorted(rates)[1]  # median: one stream varies ~10 % run to run
         result["batch1_runs_tok_s"] = rates
