@@ -1,64 +1,26 @@
-"""How busy the GPU and the server were during a measured window.
+"""What the server says about a measured window: the router's metrics, diffed around it.
 
-`GpuBusySampler` polls NVML's utilization (through `nvidia-smi`): the share of each sample
-period in which at least one kernel ran, so `1 - mean` is the fraction of wall time the GPU
-sat idle. `StepStats` diffs the router's step histograms around a window: how many steps
-ran, their mean batch and duration, and the share of the window the shards were stepping.
+The shards time each step on the device with CUDA events (`textgen_shard_device_duration_seconds`),
+so the device's busy share of the window is that histogram's sum over the wall time, and the
+rest is the share of wall time the GPU sat idle. The step histograms give how many steps ran,
+their mean batch and duration, and how much of the window the shards were stepping.
 """
 
 from __future__ import annotations
 
 import re
-import subprocess
-import threading
+import time
 
 import httpx
 
-
-class GpuBusySampler:
-    """Samples utilization.gpu of one GPU every `period_ms` while in a `with` block."""
-
-    def __init__(self, gpu: int = 0, period_ms: int = 20):
-        self.command = ["nvidia-smi", "-i", str(gpu), "--query-gpu=utilization.gpu",
-                        "--format=csv,noheader,nounits", "-lms", str(period_ms)]  # fmt: skip
-        self.samples: list[float] = []
-        self._process: subprocess.Popen | None = None
-        self._reader: threading.Thread | None = None
-
-    def __enter__(self) -> GpuBusySampler:
-        try:
-            self._process = subprocess.Popen(self.command, stdout=subprocess.PIPE, text=True)
-        except OSError:
-            return self  # no nvidia-smi: no samples
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-        return self
-
-    def _read(self) -> None:
-        for line in self._process.stdout:
-            line = line.strip()
-            if line.replace(".", "", 1).isdigit():
-                self.samples.append(float(line))
-
-    def __exit__(self, *exc) -> None:
-        if self._process is not None:
-            self._process.terminate()
-            self._process.wait(timeout=10)
-            self._reader.join(timeout=10)
-
-    def summary(self) -> dict:
-        if not self.samples:
-            return {"samples": 0}
-        # The first and last samples straddle the window's edges.
-        inner = self.samples[1:-1] or self.samples
-        busy = sum(inner) / len(inner) / 100
-        return {"samples": len(inner), "busy_fraction": busy, "idle_fraction": 1 - busy}
+_SERIES = re.compile(
+    r"^(textgen_step_(?:duration_seconds|batch_size|tokens)_(?:sum|count)"
+    r'|textgen_shard_device_duration_seconds_(?:sum|count)(?=\{rank="0"\}))(?:\{[^}]*\})? (\S+)$'
+)
 
 
-_SERIES = re.compile(r"^(textgen_step_(?:duration_seconds|batch_size|tokens)_(?:sum|count))(?:\{[^}]*\})? (\S+)$")
-
-
-def scrape_steps(url: str) -> dict[str, float]:
+def scrape(url: str) -> dict[str, float]:
+    """The series above from /metrics (device time: rank 0's)."""
     text = httpx.get(f"{url}/metrics", timeout=10).text
     values: dict[str, float] = {}
     for line in text.splitlines():
@@ -68,17 +30,42 @@ def scrape_steps(url: str) -> dict[str, float]:
     return values
 
 
-def step_stats(before: dict[str, float], after: dict[str, float], wall_s: float) -> dict:
-    """What the router's step histograms say about the window between two scrapes."""
+def window_summary(before: dict[str, float], after: dict[str, float], wall_s: float) -> dict:
     delta = {key: after.get(key, 0.0) - before.get(key, 0.0) for key in after}
     steps = delta.get("textgen_step_duration_seconds_count", 0.0)
     if not steps:
-        return {"steps": 0}
-    stepping = delta["textgen_step_duration_seconds_sum"]
-    return {
+        return {"steps": 0, "wall_s": wall_s}
+    summary = {
+        "wall_s": wall_s,
         "steps": int(steps),
         "mean_batch": delta["textgen_step_batch_size_sum"] / delta["textgen_step_batch_size_count"],
         "mean_step_tokens": delta["textgen_step_tokens_sum"] / delta["textgen_step_tokens_count"],
-        "mean_step_ms": 1e3 * stepping / steps,
-        "stepping_fraction": stepping / wall_s,
+        "mean_step_ms": 1e3 * delta["textgen_step_duration_seconds_sum"] / steps,
+        "stepping_fraction": delta["textgen_step_duration_seconds_sum"] / wall_s,
     }
+    if delta.get("textgen_shard_device_duration_seconds_count"):
+        busy = delta["textgen_shard_device_duration_seconds_sum"] / wall_s
+        summary |= {"device_busy_fraction": busy, "device_idle_fraction": 1 - busy}
+    return summary
+
+
+class ServerWindow:
+    """`with ServerWindow(url) as window:` ...; then `window.summary()`."""
+
+    def __init__(self, url: str):
+        self.url = url
+        self._before: dict[str, float] = {}
+        self._after: dict[str, float] = {}
+        self._wall_s = 0.0
+
+    def __enter__(self) -> ServerWindow:
+        self._before = scrape(self.url)
+        self._started = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._wall_s = time.perf_counter() - self._started
+        self._after = scrape(self.url)
+
+    def summary(self) -> dict:
+        return window_summary(self._before, self._after, self._wall_s)

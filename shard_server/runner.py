@@ -59,7 +59,10 @@ class LaunchedStep:
     prefill: dict[int, list[float]] = field(default_factory=dict)
     sampled: list[PendingToken] = field(default_factory=list)  # one per sampler, in order
     host: list[torch.Tensor] = field(default_factory=list)  # ids, logprobs[, top ids, top logprobs]
-    done: torch.cuda.Event | None = None  # on a GPU: recorded after the step's work and copies
+    # On a GPU, timing events around the step's device work: `began` before its first queued
+    # work (the device reaches it once the step before is done), `done` after its copies.
+    began: torch.cuda.Event | None = None
+    done: torch.cuda.Event | None = None
     started_ns: int = 0
 
 
@@ -114,6 +117,7 @@ class ModelRunner:
         if not plan.work:
             return launched
         launched.started_ns = time.perf_counter_ns()
+        launched.began = self._device_event()
         tensors = self._prepare(plan.work)
         needs_hidden = any(self._wants_prefill_logprobs(item) for item in plan.work)
         hidden, decoded = self._forward(tensors, needs_hidden)
@@ -140,9 +144,7 @@ class ModelRunner:
             launched.host = self._to_host(tokens)
         for item in plan.work:  # last: `item.end` is relative to computed_len
             item.state.computed_len = item.end
-        if self.device.type == "cuda":
-            launched.done = torch.cuda.Event()
-            launched.done.record()
+        launched.done = self._device_event()
         return launched
 
     def complete(self, launched: LaunchedStep) -> pb.StepResponse:
@@ -152,12 +154,21 @@ class ModelRunner:
             return response
         if launched.done is not None:
             launched.done.synchronize()
+            response.device_ns = int(launched.began.elapsed_time(launched.done) * 1e6)
         results_at = time.perf_counter_ns()
         # On a GPU the sampling kernels run inside this span; sample_ns is the host's share.
         response.forward_ns = results_at - launched.started_ns
         self._finish(launched)
         response.sample_ns = max(1, time.perf_counter_ns() - results_at)
         return response
+
+    def _device_event(self) -> torch.cuda.Event | None:
+        """A timing event recorded on the current stream now; None on the CPU."""
+        if self.device.type != "cuda":
+            return None
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
 
     def _to_host(self, tokens: SampledTokens) -> list[torch.Tensor]:
         """Starts copying the sampled tokens to the host (valid once the step's event is done)."""

@@ -154,3 +154,5 @@ def test_on_a_gpu_overlapped_graph_steps_give_the_tokens_of_steps_run_one_by_one
     recorder = run_pipelined(graph_runner(), steps)
     assert all(error is None for _, _, error in recorder.answers)
     assert tokens_of([response for _, response, _ in recorder.answers]) == expected
+    computing = [response for _, response, _ in recorder.answers if response.outputs]
+    assert all(0 < response.device_ns <= response.forward_ns for response in computing)

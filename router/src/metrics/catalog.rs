@@ -185,6 +185,12 @@ pub const CATALOG: &[MetricSpec] = &[
         "Shard-side sampling of one step, by shard rank",
     ),
     spec(
+        SHARD_DEVICE_DURATION,
+        Kind::Histogram,
+        SECONDS,
+        "Device (GPU) time of one step, by shard rank; its rate is the device's busy share",
+    ),
+    spec(
         BUILD_INFO,
         Kind::Gauge,
         None,
@@ -232,7 +238,8 @@ pub fn register() {
             }
             Kind::Histogram
                 if metric.name != SHARD_FORWARD_DURATION
-                    && metric.name != SHARD_SAMPLING_DURATION =>
+                    && metric.name != SHARD_SAMPLING_DURATION
+                    && metric.name != SHARD_DEVICE_DURATION =>
             {
                 let _ = histogram!(metric.name);
             }

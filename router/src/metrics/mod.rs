@@ -45,6 +45,7 @@ pub fn builder() -> Result<PrometheusBuilder, BuildError> {
         STEP_DURATION,
         SHARD_FORWARD_DURATION,
         SHARD_SAMPLING_DURATION,
+        SHARD_DEVICE_DURATION,
     ] {
         builder =
             builder.set_buckets_for_metric(Matcher::Full(name.into()), STEP_SECONDS_BUCKETS)?;

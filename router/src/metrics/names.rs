@@ -23,4 +23,5 @@ pub const PREFIX_CACHE_HITS_GENERATED_TOKENS_TOTAL: &str =
 pub const PREFIX_CACHE_EVICTED_BLOCKS_TOTAL: &str = "textgen_prefix_cache_evicted_blocks_total";
 pub const SHARD_FORWARD_DURATION: &str = "textgen_shard_forward_duration_seconds";
 pub const SHARD_SAMPLING_DURATION: &str = "textgen_shard_sampling_duration_seconds";
+pub const SHARD_DEVICE_DURATION: &str = "textgen_shard_device_duration_seconds";
 pub const BUILD_INFO: &str = "textgen_build_info";

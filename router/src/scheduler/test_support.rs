@@ -219,6 +219,7 @@ impl ShardSim {
             outputs,
             forward_ns: 1,
             sample_ns: 1,
+            device_ns: 0,
         }
     }
 

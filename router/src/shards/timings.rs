@@ -4,13 +4,16 @@ use std::time::Duration;
 
 use metrics::{histogram, Histogram};
 
-use crate::metrics::names::{SHARD_FORWARD_DURATION, SHARD_SAMPLING_DURATION};
+use crate::metrics::names::{
+    SHARD_DEVICE_DURATION, SHARD_FORWARD_DURATION, SHARD_SAMPLING_DURATION,
+};
 use crate::pb;
 
 #[derive(Debug, Clone)]
 struct RankHistograms {
     forward: Histogram,
     sampling: Histogram,
+    device: Histogram,
 }
 
 /// One pair of histograms per rank, created (and so listed at zero) up front.
@@ -26,7 +29,8 @@ impl ShardTimings {
                 let rank = rank.to_string();
                 RankHistograms {
                     forward: histogram!(SHARD_FORWARD_DURATION, "rank" => rank.clone()),
-                    sampling: histogram!(SHARD_SAMPLING_DURATION, "rank" => rank),
+                    sampling: histogram!(SHARD_SAMPLING_DURATION, "rank" => rank.clone()),
+                    device: histogram!(SHARD_DEVICE_DURATION, "rank" => rank),
                 }
             })
             .collect();
@@ -39,6 +43,10 @@ impl ShardTimings {
         for (rank, reply) in self.ranks.iter().zip(replies) {
             rank.forward.record(Duration::from_nanos(reply.forward_ns));
             rank.sampling.record(Duration::from_nanos(reply.sample_ns));
+            if reply.device_ns > 0 {
+                // 0: the shard has no device clock (CPU); an empty histogram says so.
+                rank.device.record(Duration::from_nanos(reply.device_ns));
+            }
         }
     }
 }
@@ -53,12 +61,13 @@ mod tests {
         let handle = recorder.handle();
         metrics::with_local_recorder(&recorder, || {
             let timings = ShardTimings::new(2);
-            let reply = |forward_ms: u64, sample_us: u64| pb::StepResponse {
+            let reply = |forward_ms: u64, sample_us: u64, device_ms: u64| pb::StepResponse {
                 forward_ns: forward_ms * 1_000_000,
                 sample_ns: sample_us * 1_000,
+                device_ns: device_ms * 1_000_000,
                 ..Default::default()
             };
-            timings.record(&[reply(3, 200), reply(7, 50)]);
+            timings.record(&[reply(3, 200, 3), reply(7, 50, 0)]);
         });
         let text = handle.render();
         for line in [
@@ -69,6 +78,10 @@ mod tests {
             r#"textgen_shard_sampling_duration_seconds_bucket{rank="0",le="0.00025"} 1"#,
             r#"textgen_shard_sampling_duration_seconds_bucket{rank="1",le="0.0001"} 1"#,
             r#"textgen_shard_sampling_duration_seconds_count{rank="1"} 1"#,
+            r#"textgen_shard_device_duration_seconds_bucket{rank="0",le="0.004"} 1"#,
+            r#"textgen_shard_device_duration_seconds_bucket{rank="0",le="0.002"} 0"#,
+            // A shard without a device clock (device_ns 0) records nothing.
+            r#"textgen_shard_device_duration_seconds_count{rank="1"} 0"#,
         ] {
             assert!(text.contains(line), "missing {line} in\n{text}");
         }

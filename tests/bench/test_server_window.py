@@ -1,0 +1,47 @@
+"""The benchmarks' reading of the router's metrics around a measured window."""
+
+from bench.gpu_busy import window_summary
+
+BEFORE = {
+    "textgen_step_duration_seconds_sum": 1.0,
+    "textgen_step_duration_seconds_count": 10,
+    "textgen_step_batch_size_sum": 10,
+    "textgen_step_batch_size_count": 10,
+    "textgen_step_tokens_sum": 100,
+    "textgen_step_tokens_count": 10,
+    "textgen_shard_device_duration_seconds_sum": 0.5,
+    "textgen_shard_device_duration_seconds_count": 10,
+}
+
+
+def after(steps: int, step_s: float, batch: int, device_s: float) -> dict:
+    grown = dict(BEFORE)
+    grown["textgen_step_duration_seconds_sum"] += steps * step_s
+    grown["textgen_step_duration_seconds_count"] += steps
+    grown["textgen_step_batch_size_sum"] += steps * batch
+    grown["textgen_step_batch_size_count"] += steps
+    grown["textgen_step_tokens_sum"] += steps * batch
+    grown["textgen_step_tokens_count"] += steps
+    if device_s:
+        grown["textgen_shard_device_duration_seconds_sum"] += steps * device_s
+        grown["textgen_shard_device_duration_seconds_count"] += steps
+    return grown
+
+
+def test_a_window_reports_its_own_steps_and_the_device_idle_share():
+    summary = window_summary(BEFORE, after(steps=400, step_s=0.005, batch=4, device_s=0.0045), wall_s=2.0)
+    assert summary["steps"] == 400 and summary["mean_batch"] == 4
+    assert summary["mean_step_ms"] == 5.0
+    assert summary["stepping_fraction"] == 1.0
+    assert abs(summary["device_busy_fraction"] - 0.9) < 1e-9
+    assert abs(summary["device_idle_fraction"] - 0.1) < 1e-9
+
+
+def test_without_device_timings_no_idle_share_is_claimed():
+    summary = window_summary(BEFORE, after(steps=20, step_s=0.05, batch=1, device_s=0), wall_s=1.0)
+    assert summary["steps"] == 20
+    assert "device_idle_fraction" not in summary
+
+
+def test_an_empty_window_says_so():
+    assert window_summary(BEFORE, dict(BEFORE), wall_s=1.0) == {"steps": 0, "wall_s": 1.0}
