@@ -7,7 +7,7 @@ use tokio::sync::mpsc;
 
 use super::api::{FinishReason, SchedulerConfig, SequenceEvent, SequenceRequest, Submission};
 use super::state::SchedulerState;
-use super::test_support::{token_at, ShardSim};
+use super::test_support::{cached_config, config, request, token_at, ShardSim};
 use crate::pb;
 
 pub struct Harness {
@@ -152,6 +152,49 @@ impl Harness {
         }
         assert_eq!(self.state.allocator.used() as usize, held.len());
     }
+}
+
+/// The `i`-th request of the busy-pool tests: prompts from three families that share
+/// prefixes (so the radix cache has something to find), with varied tails and lengths.
+fn busy_prompt(i: u32) -> SequenceRequest {
+    let mut tokens: Vec<u32> = (0..(3 + i % 4) * 2)
+        .map(|t| 100 + t + 50 * (i % 3))
+        .collect();
+    tokens.extend((0..i % 5).map(|t| 1_000 + t + i));
+    SequenceRequest {
+        input_ids: tokens,
+        ..request(1, 1 + (i * 7) % 9)
+    }
+}
+
+/// A submitted request of the busy-pool scenario: (id, prompt length, max_new_tokens).
+pub type Submitted = (u64, u32, u32);
+
+/// The busy tiny-pool scenario: 30 requests over shared prefixes on a pool of 24 two-token
+/// blocks (with or without the prefix cache), arriving while steps run, every seventh
+/// client leaving early; `depth` steps in flight (1: one step at a time). Runs to idle.
+pub fn busy_tiny_pool(cached: bool, depth: usize) -> (Harness, Vec<Submitted>) {
+    let cfg = if cached {
+        cached_config(2, 24, 9)
+    } else {
+        config(2, 24, 9)
+    };
+    let mut h = Harness::new(cfg);
+    let mut submitted = Vec::new();
+    let mut sent = Vec::new();
+    for i in 0..30u32 {
+        let req = busy_prompt(i);
+        let (len, new_tokens) = (req.input_ids.len() as u32, req.max_new_tokens);
+        submitted.push((h.submit(req), len, new_tokens));
+        if i % 3 == 0 {
+            h.pipelined_step(depth, &mut sent);
+        }
+        if i % 7 == 6 {
+            h.streams.remove(&u64::from(i - 1)); // the client of the previous one left
+        }
+    }
+    h.run_pipelined(depth, 5_000);
+    (h, submitted)
 }
 
 pub fn expected_tokens(seed: u64, prompt_len: u32, count: u32) -> Vec<u32> {

@@ -40,19 +40,6 @@ pub fn request(prompt_len: u32, max_new_tokens: u32) -> SequenceRequest {
     }
 }
 
-/// The `i`-th request of the busy-pool tests: prompts from three families that share
-/// prefixes (so the radix cache has something to find), with varied tails and lengths.
-pub fn busy_prompt(i: u32) -> SequenceRequest {
-    let mut tokens: Vec<u32> = (0..(3 + i % 4) * 2)
-        .map(|t| 100 + t + 50 * (i % 3))
-        .collect();
-    tokens.extend((0..i % 5).map(|t| 1_000 + t + i));
-    SequenceRequest {
-        input_ids: tokens,
-        ..request(1, 1 + (i * 7) % 9)
-    }
-}
-
 /// The token the simulated shard samples for a sequence with `seed` at `position`.
 /// Like the real shard's draw, it does not depend on batching or preemption.
 pub fn token_at(seed: u64, position: u32) -> u32 {

@@ -3,8 +3,8 @@
 use std::time::Instant;
 
 use super::api::FinishReason;
-use super::test_harness::{expected_tokens, Harness};
-use super::test_support::{busy_prompt, cached_config, config, request, token_at};
+use super::test_harness::{busy_tiny_pool, expected_tokens, Harness};
+use super::test_support::{config, request, token_at};
 
 const DEPTH: usize = 2;
 
@@ -137,26 +137,7 @@ fn a_preemption_with_a_step_in_flight_drops_the_stale_answer_and_recomputes() {
 #[test]
 fn a_busy_tiny_pool_pipelined_with_the_prefix_cache_stays_exact() {
     for cached in [true, false] {
-        let cfg = if cached {
-            cached_config(2, 24, 9)
-        } else {
-            config(2, 24, 9)
-        };
-        let mut h = Harness::new(cfg);
-        let mut submitted = Vec::new();
-        let mut sent = Vec::new();
-        for i in 0..30u32 {
-            let req = busy_prompt(i);
-            let (len, new_tokens) = (req.input_ids.len() as u32, req.max_new_tokens);
-            submitted.push((h.submit(req), len, new_tokens));
-            if i % 3 == 0 {
-                h.pipelined_step(DEPTH, &mut sent);
-            }
-            if i % 7 == 6 {
-                h.streams.remove(&u64::from(i - 1)); // the client of the previous one left
-            }
-        }
-        sent.extend(h.run_pipelined(DEPTH, 5_000));
+        let (h, submitted) = busy_tiny_pool(cached, DEPTH);
         for &(id, len, new_tokens) in &submitted {
             if h.streams.contains_key(&id) {
                 assert_eq!(

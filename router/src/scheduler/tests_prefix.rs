@@ -5,8 +5,8 @@ use std::time::{Duration, Instant};
 
 use super::admission::AdmissionPolicy;
 use super::api::{FinishReason, SequenceRequest};
-use super::test_harness::{chunks, expected_tokens, Harness};
-use super::test_support::{busy_prompt, cached_config, config, request, CapturedMetrics};
+use super::test_harness::{busy_tiny_pool, chunks, expected_tokens, Harness};
+use super::test_support::{cached_config, request, CapturedMetrics};
 use crate::pb;
 
 /// A greedy request over exactly `tokens`.
@@ -192,25 +192,7 @@ fn cached_blocks_are_evicted_for_new_work_but_never_while_in_use() {
 #[test]
 fn a_busy_tiny_pool_with_sharing_and_cancellations_stays_exact() {
     let run = |cached: bool| {
-        let cfg = if cached {
-            cached_config(2, 24, 9)
-        } else {
-            config(2, 24, 9)
-        };
-        let mut h = Harness::new(cfg);
-        let mut submitted = Vec::new();
-        for i in 0..30u32 {
-            let req = busy_prompt(i);
-            let (len, new_tokens) = (req.input_ids.len() as u32, req.max_new_tokens);
-            submitted.push((h.submit(req), len, new_tokens));
-            if i % 3 == 0 {
-                h.step();
-            }
-            if i % 7 == 6 {
-                h.streams.remove(&u64::from(i - 1)); // the client of the previous one left
-            }
-        }
-        h.run_to_idle(5_000);
+        let (h, submitted) = busy_tiny_pool(cached, 1);
         for &(id, len, new_tokens) in &submitted {
             if h.streams.contains_key(&id) {
                 assert_eq!(
