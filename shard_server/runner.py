@@ -287,16 +287,13 @@ def _needs_host_tokens(item: ScheduledWork) -> bool:
 
 
 def _fill_on_device(input_ids: torch.Tensor, on_device: list[tuple[int, PendingToken]]) -> None:
-    """Copies tokens sampled by the previous step into their input rows, on the device."""
-    by_source: dict[int, tuple[torch.Tensor, list[int], list[int]]] = {}
-    for row, token in on_device:
-        _, rows, sources = by_source.setdefault(id(token.ids), (token.ids, [], []))
-        rows.append(row)
-        sources.append(token.row)
-    for ids, rows, sources in by_source.values():
-        device = input_ids.device
-        picked = ids.index_select(0, torch.tensor(sources, device=device)).to(input_ids.dtype)
-        input_ids.index_copy_(0, torch.tensor(rows, device=device), picked)
+    """Copies the tokens the previous step sampled into their input rows, on the device. At most
+    one launched step is outstanding, so they all come from that step's one tensor."""
+    source = on_device[0][1].ids
+    assert all(token.ids is source for _, token in on_device), "one step outstanding at a time"
+    device = input_ids.device
+    picked = source.index_select(0, torch.tensor([token.row for _, token in on_device], device=device))
+    input_ids.index_copy_(0, torch.tensor([row for row, _ in on_device], device=device), picked.to(input_ids.dtype))
 
 
 __all__ = ["ModelRunner", "NotWarmedUpError", "InvalidStepError"]
