@@ -86,8 +86,13 @@ def run_pipelined(runner, steps: list[pb.StepRequest], overlap: bool = True) -> 
     recorder = Recorder(len(steps))
     with ThreadPoolExecutor(max_workers=1) as worker:
         pipeline = StepPipeline(runner, worker, overlap=overlap)
+        # Hold the worker until every step is queued, as when the router's steps are already
+        # waiting: otherwise the order would depend on how fast this thread submits.
+        queued = threading.Event()
+        worker.submit(queued.wait)
         for step in steps:
             pipeline.submit(recorder.step(step))
+        queued.set()
         recorder.wait()
     recorder.order = order
     return recorder
