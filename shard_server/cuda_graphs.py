@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from .attention.base import StepLayout
+from .device_copy import copy_into
 
 log = logging.getLogger(__name__)
 
@@ -141,8 +142,8 @@ class DecodeGraphs:
         batch = len(input_ids)
         padding = [0] * (size - batch)
         host = torch.tensor([input_ids + padding, positions + padding], dtype=torch.long)
-        step.input_ids.copy_(host[0], non_blocking=True)
-        step.positions.copy_(host[1], non_blocking=True)
+        copy_into(step.input_ids, host[0])
+        copy_into(step.positions, host[1])
         if fill is not None:
             fill(step.input_ids)
         self.backend.refill(step.metadata, layout)

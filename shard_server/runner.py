@@ -18,6 +18,7 @@ import torch
 
 from .attention.base import StepLayout
 from .cuda_graphs import DecodeGraphs, DecodeOutputs
+from .device_copy import to_device
 from .kv_cache import KVCache, KVSpec
 from .pb import generate_pb2 as pb
 from .requests import InvalidStepError, SequenceTable
@@ -123,11 +124,11 @@ class ModelRunner:
         hidden, decoded = self._forward(tensors, needs_hidden)
         samplers = [i for i, item in enumerate(plan.work) if item.sample]
         if decoded is not None and len(samplers) < len(plan.work):
-            index = torch.tensor(samplers, dtype=torch.long, device=self.device)
+            index = to_device(samplers, torch.long, self.device)
             decoded = decoded.select(index) if samplers else None
         if samplers and decoded is None:
-            rows = torch.tensor(
-                [tensors.query_starts[i] + plan.work[i].num_tokens - 1 for i in samplers], device=self.device
+            rows = to_device(
+                [tensors.query_starts[i] + plan.work[i].num_tokens - 1 for i in samplers], torch.long, self.device
             )
             decoded = DecodeOutputs(self.model.compute_logits(hidden.index_select(0, rows)), None, None)
         launched.prefill = {
@@ -146,6 +147,11 @@ class ModelRunner:
             item.state.computed_len = item.end
         launched.done = self._device_event()
         return launched
+
+    @staticmethod
+    def finished(launched: LaunchedStep) -> bool:
+        """Whether a launched step's device work is done (always, on the CPU), without waiting."""
+        return launched.done is None or launched.done.query()
 
     def complete(self, launched: LaunchedStep) -> pb.StepResponse:
         """Waits for a launched step's results and writes its response."""
@@ -190,8 +196,8 @@ class ModelRunner:
         if size is not None:
             return None, self.graphs.run(size, inputs.input_ids, inputs.positions, inputs.layout, fill)
         metadata = self.backend.build_metadata(inputs.layout, self.device)
-        input_ids = torch.tensor(inputs.input_ids, dtype=torch.long).to(self.device, non_blocking=True)
-        positions = torch.tensor(inputs.positions, dtype=torch.long).to(self.device, non_blocking=True)
+        input_ids = to_device(inputs.input_ids, torch.long, self.device)
+        positions = to_device(inputs.positions, torch.long, self.device)
         if fill is not None:
             fill(input_ids)
         return self.model(input_ids, positions, self.kv_cache, metadata), None
@@ -231,7 +237,7 @@ class ModelRunner:
             stop = min(pos + PREFILL_LOGPROB_ROWS, last)
             rows = hidden[row_start + pos - item.start : row_start + stop - item.start]
             logprobs = self.model.compute_logits(rows).log_softmax(dim=-1)
-            targets = torch.tensor(item.state.token_ids[pos + 1 : stop + 1], device=self.device)
+            targets = to_device(item.state.token_ids[pos + 1 : stop + 1], torch.long, self.device)
             out.extend(logprobs.gather(1, targets.unsqueeze(1)).squeeze(1).tolist())
         return out
 
@@ -292,8 +298,8 @@ def _fill_on_device(input_ids: torch.Tensor, on_device: list[tuple[int, PendingT
     source = on_device[0][1].ids
     assert all(token.ids is source for _, token in on_device), "one step outstanding at a time"
     device = input_ids.device
-    picked = source.index_select(0, torch.tensor([token.row for _, token in on_device], device=device))
-    input_ids.index_copy_(0, torch.tensor([row for row, _ in on_device], device=device), picked.to(input_ids.dtype))
+    picked = source.index_select(0, to_device([token.row for _, token in on_device], torch.long, device))
+    input_ids.index_copy_(0, to_device([row for row, _ in on_device], torch.long, device), picked.to(input_ids.dtype))
 
 
 __all__ = ["ModelRunner", "NotWarmedUpError", "InvalidStepError"]

@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from .device_copy import to_device
 from .requests import SamplingParams
 from .watermark import apply_watermark
 
@@ -58,11 +59,7 @@ def apply_logit_bias(logits: torch.Tensor, params: list[SamplingParams]) -> torc
     ids = [[t for t, _ in p.logit_bias] + [vocab] * (width - len(p.logit_bias)) for p in params]
     values = [[b for _, b in p.logit_bias] + [0.0] * (width - len(p.logit_bias)) for p in params]
     bias = torch.zeros((logits.shape[0], vocab + 1), dtype=logits.dtype, device=logits.device)
-    bias.scatter_add_(
-        1,
-        torch.tensor(ids, dtype=torch.int64, device=logits.device),
-        torch.tensor(values, dtype=logits.dtype, device=logits.device),
-    )
+    bias.scatter_add_(1, to_device(ids, torch.int64, logits.device), to_device(values, logits.dtype, logits.device))
     return logits + bias[:, :vocab]
 
 
@@ -73,11 +70,16 @@ def apply_temperature(logits: torch.Tensor, temperature: torch.Tensor) -> torch.
     return logits / temperature.clamp(min=MIN_TEMPERATURE).unsqueeze(1)
 
 
-def apply_top_k(logits: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
-    """Keeps tokens scoring at least the k-th best (ties kept); k == 0 disables."""
+def apply_top_k(logits: torch.Tensor, top_k: torch.Tensor, max_k: int | None = None) -> torch.Tensor:
+    """Keeps tokens scoring at least the k-th best (ties kept); k == 0 disables.
+
+    `max_k`, the largest effective k, comes from the host when the caller knows it: reading
+    it off the device would make the host wait for the GPU."""
     vocab = logits.shape[1]
     k = torch.where(top_k > 0, top_k.clamp(max=vocab), torch.full_like(top_k, vocab))
-    largest = torch.topk(logits, int(k.max()), dim=1).values
+    if max_k is None:
+        max_k = int(k.max())
+    largest = torch.topk(logits, max_k, dim=1).values
     kth = largest.gather(1, (k - 1).unsqueeze(1))
     return logits.masked_fill(logits < kth, float("-inf"))
 
@@ -128,9 +130,11 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
 
 def row_keys(seeds: list[int], positions: list[int], device: torch.device) -> torch.Tensor:
     """One 32-bit key per row from (64-bit seed, position)."""
-    lo = torch.tensor([s & _MASK32 for s in seeds], dtype=torch.int64, device=device)
-    hi = torch.tensor([(s >> 32) & _MASK32 for s in seeds], dtype=torch.int64, device=device)
-    pos = torch.tensor([p & _MASK32 for p in positions], dtype=torch.int64, device=device)
+    lo, hi, pos = to_device(
+        [[s & _MASK32 for s in seeds], [(s >> 32) & _MASK32 for s in seeds], [p & _MASK32 for p in positions]],
+        torch.int64,
+        device,
+    )
     return _mix32(lo ^ _mix32(hi ^ _mix32(pos ^ 0x9E3779B9)))
 
 
@@ -163,13 +167,13 @@ class SampledTokens:
 
 
 def _column(values, dtype, device) -> torch.Tensor:
-    return torch.tensor(values, dtype=dtype, device=device)
+    return to_device(values, dtype, device)
 
 
 def _pad(rows: list[list[int]], pad_of_row, device) -> torch.Tensor:
     width = max(1, max(len(r) for r in rows))
     padded = [r + [pad_of_row(r)] * (width - len(r)) for r in rows]
-    return torch.tensor(padded, dtype=torch.int64, device=device)
+    return to_device(padded, torch.int64, device)
 
 
 class Sampler:
@@ -206,7 +210,9 @@ class Sampler:
         dev = self.device
         logits = apply_temperature(logits, _column([p.temperature for p in params], torch.float32, dev))
         if any(p.top_k > 0 for p in params):
-            logits = apply_top_k(logits, _column([p.top_k for p in params], torch.int64, dev))
+            vocab = logits.shape[1]
+            max_k = max(min(p.top_k, vocab) if p.top_k > 0 else vocab for p in params)
+            logits = apply_top_k(logits, _column([p.top_k for p in params], torch.int64, dev), max_k)
         if any(p.top_p < 1 for p in params):
             logits = apply_top_p(logits, _column([p.top_p for p in params], torch.float32, dev))
         if any(p.typical_p < 1 for p in params):
@@ -231,7 +237,7 @@ class Sampler:
 
     def _draw(self, logits, rows: SamplingRows, sample_rows: list[int]):
         everyone = len(sample_rows) == len(rows.params)
-        index = None if everyone else torch.tensor(sample_rows, device=self.device)
+        index = None if everyone else to_device(sample_rows, torch.long, self.device)
         subset = logits if everyone else logits.index_select(0, index)
         params = [rows.params[i] for i in sample_rows]
         warped_logprobs = self.warp(subset, params).log_softmax(dim=1)

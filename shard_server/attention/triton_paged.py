@@ -8,6 +8,11 @@ launch with 128-row tiles; both run the same kernel.
 
 A step can be padded to a fixed batch (`pad_to`) and table width so its metadata has fixed
 shapes: CUDA graphs capture a decode step once and `refill` rewrites the buffer in place.
+Such a padded (graph) step of few sequences splits each decode's keys over several programs
+(split-KV) so that the whole GPU works on a small batch. Eager steps never split: their
+batch shapes vary, and each split count is a kernel variant compiled on first use.
+
+Rotary, when the step passes it, is fused into the KV store.
 """
 
 from __future__ import annotations
@@ -19,10 +24,14 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..device_copy import copy_into, host_to_device
 from .base import AttentionBackend, AttentionShape, StepLayout
 from .triton_kernels import kernels_for
 
 LOG2_E = 1.4426950408889634
+# Split-KV aims at about this many programs per small-tile launch (~2 per SM on an H200).
+SPLIT_TARGET_PROGRAMS = 256
+MAX_SPLITS = 16
 
 
 @dataclass(frozen=True)
@@ -55,6 +64,16 @@ class TritonMetadata:
     launches: list[TileLaunch]
     pad_to: int | None
     width: int
+    splits: int = 1  # key ranges per small (decode) tile
+
+
+def split_count(tiles: int, kv_heads: int) -> int:
+    """Key ranges per decode tile: a power of two that brings tiles x heads x splits near the
+    target, at most MAX_SPLITS."""
+    splits = 1
+    while splits < MAX_SPLITS and tiles * kv_heads * splits * 2 <= SPLIT_TARGET_PROGRAMS:
+        splits *= 2
+    return splits
 
 
 def _next_power_of_two(n: int) -> int:
@@ -80,15 +99,19 @@ class TritonPagedAttention(AttentionBackend):
         self, layout: StepLayout, device: torch.device, pad_to: int | None = None, width: int | None = None
     ) -> TritonMetadata:
         host, sections, width = self._pack(layout, pad_to, width)
-        packed = host.to(device, non_blocking=True)
-        return self._views(packed, sections, pad_to, width)
+        packed = host_to_device(host, device)
+        metadata = self._views(packed, sections, pad_to, width)
+        small = [launch for launch in metadata.launches if launch.config == self.small]
+        if pad_to is not None and small:
+            metadata.splits = split_count(small[0].num_tiles, self.shape.num_kv_heads)
+        return metadata
 
     def refill(self, metadata: TritonMetadata, layout: StepLayout) -> None:
         """Rewrites a padded metadata buffer in place for a layout of the same shape."""
         host, _, _ = self._pack(layout, metadata.pad_to, metadata.width)
         if host.shape != metadata.packed.shape:
             raise ValueError("refill needs a layout packing to the same shape as the captured one")
-        metadata.packed.copy_(host, non_blocking=True)
+        copy_into(metadata.packed, host)
 
     def _pack(self, layout: StepLayout, pad_to: int | None, width: int | None):
         """One int32 host buffer with every section, built without per-sequence numpy calls."""
@@ -174,34 +197,68 @@ class TritonPagedAttention(AttentionBackend):
         )
 
     # -- per-layer compute -------------------------------------------------------------
-    def forward(self, q, k, v, k_cache, v_cache, metadata: TritonMetadata) -> torch.Tensor:
+    def forward(self, q, k, v, k_cache, v_cache, metadata: TritonMetadata, rotary=None) -> torch.Tensor:
+        kernels = kernels_for(q.device.type)
+        if rotary is not None and not rotary.fusable(q):
+            q, k = rotary.apply(q, k)
+            rotary = None
+        q, k, v = _rows_contiguous(q), _rows_contiguous(k), _rows_contiguous(v)
+        if q.shape[0]:
+            self._store(kernels, q, k, v, k_cache, v_cache, metadata, rotary)
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        for launch in metadata.launches:
+            splits = metadata.splits if launch.config == self.small else 1
+            self._attend(kernels, q, k_cache, v_cache, out, metadata, launch, splits)
+        return out
+
+    def _store(self, kernels, q, k, v, k_cache, v_cache, metadata: TritonMetadata, rotary) -> None:
+        """Writes the step's k/v into their slots; with rotary (fusable), rotates q in place and
+        k on its way into the cache."""
         shape = self.shape
-        store_kv, attention = kernels_for(q.device.type)
-        k, v = _rows_contiguous(k), _rows_contiguous(v)
-        width = shape.num_kv_heads * shape.head_dim
         tokens = q.shape[0]
-        if tokens:
-            store_kv[(tokens,)](
+        if rotary is None:
+            width = shape.num_kv_heads * shape.head_dim
+            kernels.store_kv[(tokens,)](
                 k, v, k_cache, v_cache, metadata.slot_mapping, k.stride(0), v.stride(0),
                 WIDTH=width, WIDTH_P=_next_power_of_two(width),
             )  # fmt: skip
-        q = _rows_contiguous(q)
-        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        for launch in metadata.launches:
-            config = launch.config
-            attention[(launch.num_tiles, shape.num_kv_heads)](
-                q, k_cache, v_cache, out,
-                launch.tile_seq, launch.tile_first,
-                metadata.query_starts, metadata.query_lens, metadata.context_lens, metadata.block_tables,
-                q.stride(0), q.stride(1), out.stride(0), out.stride(1),
-                metadata.width, shape.scale * LOG2_E,
-                KV_HEADS=shape.num_kv_heads, GROUP=self.group, GROUP_P=self.group_p,
-                BLOCK_Q=config.block_q, BLOCK_N=config.block_n, PAGE=k_cache.shape[1],
-                HEAD_DIM=shape.head_dim, HEAD_DIM_P=self.head_dim_p,
-                IEEE=q.dtype == torch.float32, WINDOW=shape.sliding_window or 0,
-                num_warps=config.num_warps, num_stages=config.num_stages,
+            return
+        cos, sin = rotary.rotary.cos, rotary.rotary.sin
+        kernels.rotary_store_kv[(tokens,)](
+            q, k, v, k_cache, v_cache, metadata.slot_mapping, rotary.positions, cos, sin,
+            q.stride(0), k.stride(0), v.stride(0), cos.stride(0),
+            Q_HEADS=shape.num_heads, Q_HEADS_P=_next_power_of_two(shape.num_heads),
+            KV_HEADS=shape.num_kv_heads, KV_HEADS_P=_next_power_of_two(shape.num_kv_heads),
+            HALF=shape.head_dim // 2, num_warps=4,
+        )  # fmt: skip
+
+    def _attend(self, kernels, q, k_cache, v_cache, out, metadata: TritonMetadata, launch: TileLaunch, splits: int):
+        shape, config = self.shape, launch.config
+        tokens, heads, dim = q.shape
+        target, ml = out, out  # unsplit: the kernel writes the output itself (ml unused)
+        if splits > 1:
+            target = torch.empty((splits, tokens, heads, dim), dtype=torch.float32, device=q.device)
+            ml = torch.empty((2, splits, tokens, heads), dtype=torch.float32, device=q.device)
+        strides = (tokens * heads * dim, heads, tokens * heads)  # split, ml token, ml split
+        kernels.paged_attention[(launch.num_tiles, shape.num_kv_heads, splits)](
+            q, k_cache, v_cache, target, ml,
+            launch.tile_seq, launch.tile_first,
+            metadata.query_starts, metadata.query_lens, metadata.context_lens, metadata.block_tables,
+            q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+            metadata.width, shape.scale * LOG2_E, *strides,
+            KV_HEADS=shape.num_kv_heads, GROUP=self.group, GROUP_P=self.group_p,
+            BLOCK_Q=config.block_q, BLOCK_N=config.block_n, PAGE=k_cache.shape[1],
+            HEAD_DIM=shape.head_dim, HEAD_DIM_P=self.head_dim_p,
+            IEEE=q.dtype == torch.float32, WINDOW=shape.sliding_window or 0, SPLITS=splits,
+            num_warps=config.num_warps, num_stages=config.num_stages,
+        )  # fmt: skip
+        if splits > 1:
+            kernels.combine_splits[(launch.num_tiles, shape.num_kv_heads)](
+                target, ml, out, launch.tile_seq, launch.tile_first, metadata.query_starts, metadata.query_lens,
+                out.stride(0), out.stride(1), *strides,
+                SPLITS=splits, GROUP=self.group, GROUP_P=self.group_p, BLOCK_Q=config.block_q,
+                HEAD_DIM=shape.head_dim, HEAD_DIM_P=self.head_dim_p, num_warps=4,
             )  # fmt: skip
-        return out
 
 
 def _aligned(count: int) -> int:
