@@ -6,6 +6,11 @@ host and its kernels queued behind N's — and only then waits for N's results a
 The GPU goes from N to N+1 without waiting for the host. Without overlap (the CPU, where a
 launch computes everything itself) each step is launched and completed in turn.
 
+While a launched step runs and no next step is queued yet, the worker waits for whichever
+comes first: the next step (launched at once, so it queues behind the running one) or the end
+of the running step (answered, which is what lets the router send more). Waiting on the
+running step alone would leave the GPU idle after it for the whole host launch of the next.
+
 Steps are answered in the order they were submitted; a step that fails is answered with its
 exception, after the step launched before it.
 """
@@ -25,6 +30,9 @@ from .runner import LaunchedStep, ModelRunner
 log = logging.getLogger(__name__)
 
 StepCallback = Callable[[pb.StepResponse | None, BaseException | None], None]
+# How often the worker looks at the running step while it waits for the next one. A step
+# finishing is seen at most this late; a step arriving is seen at once (it notifies).
+POLL_S = 50e-6
 
 
 @dataclass
@@ -40,7 +48,7 @@ class StepPipeline:
         self._worker = worker
         self._overlap = overlap
         self._queue: deque[StreamedStep] = deque()
-        self._lock = threading.Lock()
+        self._lock = threading.Condition()
         self._draining = False  # a drain job is queued or running on the worker
         # Worker thread only: the step launched and not yet answered.
         self._launched: tuple[StreamedStep, LaunchedStep] | None = None
@@ -50,18 +58,26 @@ class StepPipeline:
         with self._lock:
             self._queue.append(step)
             if self._draining:
+                self._lock.notify()
                 return
             self._draining = True
         self._worker.submit(self._drain)
 
     def _next(self) -> StreamedStep | None:
-        """The next queued step; None when there is none. Ends the drain when idle."""
+        """The next queued step; None when there is none. While a launched step runs, waits
+        for the next step until the launched one is done. Ends the drain when idle."""
         with self._lock:
+            while not self._queue and self._running():
+                self._lock.wait(POLL_S)
             if self._queue:
                 return self._queue.popleft()
             if self._launched is None:
                 self._draining = False
             return None
+
+    def _running(self) -> bool:
+        """A launched step is still running on the device."""
+        return self._launched is not None and not self._runner.finished(self._launched[1])
 
     def _drain(self) -> None:
         """Worker thread: runs queued steps until the queue is empty and every step answered.
@@ -72,7 +88,7 @@ class StepPipeline:
                 if step is None:
                     if self._launched is None:
                         return
-                    self._settle()  # nothing to overlap with: answer what runs
+                    self._settle()  # it is done and nothing came to overlap with: answer it
                     continue
                 if not self._overlap:
                     self._settle()

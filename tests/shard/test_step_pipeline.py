@@ -4,6 +4,7 @@ completes, so decodes read their input token from the device-side results of ste
 from __future__ import annotations
 
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -115,6 +116,41 @@ def test_the_next_step_is_launched_before_the_previous_completes(runner):
     steps = scripted_steps({1: GREEDY, 2: SEEDED, 3: GREEDY}, decodes=3)
     order = run_pipelined(runner, steps).order
     assert order[:6] == ["launch 1", "prepare", "launch 2", "prepare", "complete 1", "launch 3"]
+
+
+def test_a_step_arriving_while_the_launched_one_runs_is_launched_before_that_one_completes(runner):
+    """The router's next step often lands after the worker has found its queue empty. Waiting
+    for the running step then would leave the device idle for the next step's whole launch."""
+    steps = scripted_steps({1: GREEDY, 2: SEEDED, 3: GREEDY}, decodes=1)
+    order: list[str] = []
+    launch, complete = runner.launch, runner.complete
+    runner.launch = lambda request, settle=None: (order.append(f"launch {request.step_id}"), launch(request, settle))[1]
+    runner.complete = lambda launched: (order.append(f"complete {launched.response.step_id}"), complete(launched))[1]
+    # Step 1 "runs on the device" until step 2 has been launched (or 10 s pass, so a pipeline
+    # that waits for it instead cannot hang the test).
+    started = time.monotonic()
+    runner.finished = lambda launched: "launch 2" in order or time.monotonic() - started > 10
+    recorder = Recorder(len(steps))
+    with ThreadPoolExecutor(max_workers=1) as worker:
+        pipeline = StepPipeline(runner, worker, overlap=True)
+        pipeline.submit(recorder.step(steps[0]))
+        time.sleep(0.3)  # the worker has launched step 1 and found nothing queued
+        for step in steps[1:]:
+            pipeline.submit(recorder.step(step))
+        recorder.wait()
+    assert order[:3] == ["launch 1", "launch 2", "complete 1"]
+    assert time.monotonic() - started < 10
+    assert [step_id for step_id, _, _ in recorder.answers] == [s.step_id for s in steps]
+
+
+def test_a_finished_step_is_answered_while_the_queue_stays_empty(runner):
+    """Nothing arrives after step 1: it is answered once done, without waiting for more."""
+    steps = scripted_steps({1: GREEDY, 2: GREEDY, 3: GREEDY}, decodes=0)
+    recorder = Recorder(1)
+    with ThreadPoolExecutor(max_workers=1) as worker:
+        StepPipeline(runner, worker, overlap=True).submit(recorder.step(steps[0]))
+        recorder.wait()
+    assert recorder.answers[0][2] is None and len(recorder.answers[0][1].outputs) == 3
 
 
 def test_a_sequence_needing_its_tokens_on_the_host_settles_the_step_before(runner):
