@@ -67,8 +67,10 @@ class AttentionBackend(ABC):
         k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
         v_cache: torch.Tensor,
         metadata,
+        rotary=None,  # a RotaryStep: rotate q and k first (a backend may fuse it with the store)
     ) -> torch.Tensor:
-        """Stores k/v into their slots, then returns the attention output [T, num_heads, head_dim]."""
+        """Stores k/v into their slots, then returns the attention output [T, num_heads, head_dim].
+        May rotate or overwrite q, k and v in place."""
 
 
 def slot_mapping(layout: StepLayout) -> list[int]:

@@ -129,7 +129,9 @@ class ReferenceAttention(AttentionBackend):
         return ChunkPlan(start, start + n, context_slots, mask)
 
     # -- per-layer compute -------------------------------------------------------------
-    def forward(self, q, k, v, k_cache, v_cache, metadata: ReferenceMetadata) -> torch.Tensor:
+    def forward(self, q, k, v, k_cache, v_cache, metadata: ReferenceMetadata, rotary=None) -> torch.Tensor:
+        if rotary is not None:
+            q, k = rotary.apply(q, k)
         k_flat = k_cache.view(-1, *k_cache.shape[2:])
         v_flat = v_cache.view(-1, *v_cache.shape[2:])
         k_flat.index_copy_(0, metadata.slot_mapping, k)

@@ -2,6 +2,9 @@
 
 `store_kv`: copies each new token's k/v row into its cache slot (slot < 0: padding, skipped).
 
+`rotary_store_kv`: the same with rotary applied on the way, and each token's q heads rotated
+in place: one pass instead of an in-place rotary kernel followed by the store.
+
 `paged_attention`: one kernel for every kind of query in a step. A program takes one tile
 of BLOCK_Q consecutive query tokens of one sequence and one KV head, with all the query
 heads that share that KV head (GQA) stacked as rows: BLOCK_M = BLOCK_Q * GROUP_P rows. It
@@ -9,10 +12,18 @@ streams the sequence's keys and values through its block table, BLOCK_N tokens a
 with an online softmax in float32, masking causally (key position <= query position, and
 inside the sliding window if any). Decodes and prefill chunks differ only in BLOCK_Q.
 
+Split-KV: with SPLITS > 1 the keys of each tile are split into SPLITS ranges (program_id 2),
+and each program writes its unnormalised partial output with its running max and sum;
+`combine_splits` merges them. A small decode batch then occupies SPLITS times more programs:
+at batch 1 one program per KV head would leave most of the GPU idle while each walks the
+whole context alone.
+
 On CPU both kernels run only through Triton's interpreter (slowly), which the tests use.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import triton
 import triton.language as tl
@@ -40,11 +51,62 @@ def _store_kv(
         tl.store(v_cache_ptr + slot * WIDTH + cols, v, mask=mask)
 
 
+def _rotary_store_kv(
+    q_ptr,  # [T, Q_HEADS, 2 * HALF], rows with densely packed heads
+    k_ptr,  # [T, KV_HEADS, 2 * HALF], likewise
+    v_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    slots_ptr,
+    positions_ptr,
+    cos_ptr,  # [positions, 2 * HALF] tables
+    sin_ptr,
+    q_row_stride,
+    k_row_stride,
+    v_row_stride,
+    table_stride,
+    Q_HEADS: tl.constexpr,
+    Q_HEADS_P: tl.constexpr,
+    KV_HEADS: tl.constexpr,
+    KV_HEADS_P: tl.constexpr,
+    HALF: tl.constexpr,
+):
+    token = tl.program_id(0).to(tl.int64)
+    position = tl.load(positions_ptr + token).to(tl.int64)
+    dims = tl.arange(0, HALF)
+    cos = tl.load(cos_ptr + position * table_stride + dims).to(tl.float32)[None, :]
+    sin = tl.load(sin_ptr + position * table_stride + dims).to(tl.float32)[None, :]
+    heads = tl.arange(0, Q_HEADS_P)
+    q_mask = (heads < Q_HEADS)[:, None]
+    q_first = q_ptr + token * q_row_stride + heads[:, None] * (2 * HALF) + dims[None, :]
+    q1 = tl.load(q_first, mask=q_mask, other=0.0)
+    q2 = tl.load(q_first + HALF, mask=q_mask, other=0.0)
+    a, b = q1.to(tl.float32), q2.to(tl.float32)
+    tl.store(q_first, (a * cos - b * sin).to(q1.dtype), mask=q_mask)
+    tl.store(q_first + HALF, (b * cos + a * sin).to(q1.dtype), mask=q_mask)
+    slot = tl.load(slots_ptr + token).to(tl.int64)
+    if slot >= 0:
+        kv_heads = tl.arange(0, KV_HEADS_P)
+        kv_mask = (kv_heads < KV_HEADS)[:, None]
+        within = kv_heads[:, None] * (2 * HALF) + dims[None, :]
+        k1 = tl.load(k_ptr + token * k_row_stride + within, mask=kv_mask, other=0.0)
+        k2 = tl.load(k_ptr + token * k_row_stride + within + HALF, mask=kv_mask, other=0.0)
+        a, b = k1.to(tl.float32), k2.to(tl.float32)
+        k_slot = k_cache_ptr + slot * (KV_HEADS * 2 * HALF) + within
+        tl.store(k_slot, (a * cos - b * sin).to(k1.dtype), mask=kv_mask)
+        tl.store(k_slot + HALF, (b * cos + a * sin).to(k1.dtype), mask=kv_mask)
+        v_slot = v_cache_ptr + slot * (KV_HEADS * 2 * HALF) + within
+        v_row = v_ptr + token * v_row_stride + within
+        tl.store(v_slot, tl.load(v_row, mask=kv_mask), mask=kv_mask)
+        tl.store(v_slot + HALF, tl.load(v_row + HALF, mask=kv_mask), mask=kv_mask)
+
+
 def _paged_attention(
     q_ptr,  # [T, H, D]
     k_cache_ptr,  # [slots, KV_HEADS, D]
     v_cache_ptr,
-    out_ptr,  # [T, H, D]
+    out_ptr,  # [T, H, D]; with SPLITS > 1, the float32 partial outputs [SPLITS, T, H, D]
+    partial_ml_ptr,  # with SPLITS > 1: float32 [2, SPLITS, T, H], running max then sum
     tile_seq_ptr,  # [tiles] sequence of each tile
     tile_first_ptr,  # [tiles] first query offset of the tile inside its sequence
     query_starts_ptr,  # [B] first step row of each sequence
@@ -57,6 +119,9 @@ def _paged_attention(
     o_stride_h,
     table_stride,
     scale_log2,  # softmax scale * log2(e)
+    split_stride,  # with SPLITS > 1: elements between two splits' partial outputs (T * H * D)
+    ml_stride_t,  # ... between two tokens' rows of the max/sum partials (H)
+    ml_split_stride,  # ... between two splits' max/sum partials (T * H)
     KV_HEADS: tl.constexpr,
     GROUP: tl.constexpr,  # query heads per KV head
     GROUP_P: tl.constexpr,  # GROUP rounded up to a power of two
@@ -67,6 +132,7 @@ def _paged_attention(
     HEAD_DIM_P: tl.constexpr,
     IEEE: tl.constexpr,  # exact float32 dots (float32 models)
     WINDOW: tl.constexpr,  # sliding window in tokens; 0: none
+    SPLITS: tl.constexpr,  # key ranges per tile (program_id 2); 1: no split
 ):
     tile = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -98,6 +164,10 @@ def _paged_attention(
         lo = (lo // BLOCK_N) * BLOCK_N
     else:
         lo = 0
+    if SPLITS > 1:
+        chunk = tl.cdiv(tl.cdiv(hi - lo, SPLITS), BLOCK_N) * BLOCK_N
+        lo = lo + tl.program_id(2) * chunk
+        hi = tl.minimum(hi, lo + chunk)
     kv_base = kv_head * HEAD_DIM
     for start in range(lo, hi, BLOCK_N):
         keys = start + tl.arange(0, BLOCK_N)
@@ -127,26 +197,96 @@ def _paged_attention(
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m_i = m_new
 
-    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     o_rows = (row0 + q_tok)[:, None] * o_stride_t + head[:, None] * o_stride_h
-    tl.store(
-        out_ptr + o_rows + dims[None, :],
-        out.to(out_ptr.dtype.element_ty),
-        mask=row_ok[:, None] & dim_ok[None, :],
-    )
+    if SPLITS > 1:
+        split = tl.program_id(2).to(tl.int64)
+        tl.store(out_ptr + split * split_stride + o_rows + dims[None, :], acc, mask=row_ok[:, None] & dim_ok[None, :])
+        ml = partial_ml_ptr + split * ml_split_stride + (row0 + q_tok) * ml_stride_t + head
+        tl.store(ml, m_i, mask=row_ok)
+        tl.store(ml + SPLITS * ml_split_stride, l_i, mask=row_ok)
+    else:
+        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        tl.store(
+            out_ptr + o_rows + dims[None, :],
+            out.to(out_ptr.dtype.element_ty),
+            mask=row_ok[:, None] & dim_ok[None, :],
+        )
+
+
+def _combine_splits(
+    partial_ptr,  # float32 [SPLITS, T, H, D] unnormalised partial outputs
+    partial_ml_ptr,  # float32 [2, SPLITS, T, H]: running max, then running sum
+    out_ptr,  # [T, H, D]
+    tile_seq_ptr,
+    tile_first_ptr,
+    query_starts_ptr,
+    query_lens_ptr,
+    o_stride_t,
+    o_stride_h,
+    split_stride,
+    ml_stride_t,
+    ml_split_stride,
+    SPLITS: tl.constexpr,
+    GROUP: tl.constexpr,
+    GROUP_P: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_P: tl.constexpr,
+):
+    """Merges a tile's split partials: each split's output weighted by exp2(its max - the max)."""
+    tile = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    seq = tl.load(tile_seq_ptr + tile)
+    first = tl.load(tile_first_ptr + tile)
+    q_len = tl.load(query_lens_ptr + seq)
+    row0 = tl.load(query_starts_ptr + seq).to(tl.int64)
+    rows = tl.arange(0, BLOCK_Q * GROUP_P)
+    q_tok = first + rows // GROUP_P
+    group_index = rows % GROUP_P
+    head = kv_head * GROUP + group_index
+    row_ok = (q_tok < q_len) & (group_index < GROUP)
+    dims = tl.arange(0, HEAD_DIM_P)
+    mask = row_ok[:, None] & (dims < HEAD_DIM)[None, :]
+    ml = partial_ml_ptr + (row0 + q_tok) * ml_stride_t + head
+    o_rows = (row0 + q_tok)[:, None] * o_stride_t + head[:, None] * o_stride_h + dims[None, :]
+    m = tl.full([BLOCK_Q * GROUP_P], float("-inf"), tl.float32)
+    for split in tl.static_range(SPLITS):
+        m = tl.maximum(m, tl.load(ml + split * ml_split_stride, mask=row_ok, other=float("-inf")))
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    total = tl.zeros([BLOCK_Q * GROUP_P], tl.float32)
+    acc = tl.zeros([BLOCK_Q * GROUP_P, HEAD_DIM_P], tl.float32)
+    for split in tl.static_range(SPLITS):
+        weight = tl.exp2(tl.load(ml + split * ml_split_stride, mask=row_ok, other=float("-inf")) - m_safe)
+        total += weight * tl.load(ml + (SPLITS + split) * ml_split_stride, mask=row_ok, other=0.0)
+        acc += weight[:, None] * tl.load(partial_ptr + split * split_stride + o_rows, mask=mask, other=0.0)
+    out = acc / tl.where(total > 0, total, 1.0)[:, None]
+    tl.store(out_ptr + o_rows, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 store_kv_kernel = triton.jit(_store_kv)
+rotary_store_kv_kernel = triton.jit(_rotary_store_kv)
+combine_splits_kernel = triton.jit(_combine_splits)
 # The table width changes from step to step: specialising on it would recompile mid-serving.
 paged_attention_kernel = triton.jit(_paged_attention, do_not_specialize=["table_stride"])
 
 
-def kernels_for(device_type: str):
-    """(store_kv, paged_attention) for tensors on `device_type`.
+@dataclass(frozen=True)
+class Kernels:
+    store_kv: object
+    rotary_store_kv: object
+    paged_attention: object
+    combine_splits: object
+
+
+KERNELS = Kernels(store_kv_kernel, rotary_store_kv_kernel, paged_attention_kernel, combine_splits_kernel)
+
+
+def kernels_for(device_type: str) -> Kernels:
+    """The kernels above, for tensors on `device_type`.
 
     CPU tensors work only under Triton's interpreter, which Triton switches on when
     TRITON_INTERPRET=1 is set before it is first imported (the CPU tests do that).
     """
     if device_type != "cuda" and not triton.knobs.runtime.interpret:
         raise RuntimeError("the triton attention backend needs a CUDA device (or TRITON_INTERPRET=1 on CPU)")
-    return store_kv_kernel, paged_attention_kernel
+    return KERNELS

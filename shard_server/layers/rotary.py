@@ -75,10 +75,14 @@ class RotaryStep:
     positions: torch.Tensor
     _gathered: tuple[torch.Tensor, torch.Tensor] | None = None
 
+    def fusable(self, q: torch.Tensor) -> bool:
+        """Whether a Triton kernel may rotate this step (q: [T, heads, head_dim], as k)."""
+        dim = q.shape[-1]
+        return use_fused(q) and dim & (dim - 1) == 0
+
     def apply(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """q: [T, heads, head_dim], k: [T, kv_heads, head_dim]; may rotate them in place."""
-        dim = q.shape[-1]
-        if use_fused(q) and dim & (dim - 1) == 0 and q.stride(2) == 1 and k.stride(2) == 1:
+        if self.fusable(q) and q.stride(2) == 1 and k.stride(2) == 1:
             fused_rotary_(q, k, self.positions, self.rotary.cos, self.rotary.sin)
             return q, k
         if self._gathered is None:

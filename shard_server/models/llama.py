@@ -61,8 +61,7 @@ class LlamaAttention(nn.Module):
         v = v.view(tokens, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = rotary.apply(q, k)
-        out = self.backend.forward(q, k, v, k_cache, v_cache, metadata)
+        out = self.backend.forward(q, k, v, k_cache, v_cache, metadata, rotary)
         return self.o_proj(out.reshape(tokens, -1))
 
 

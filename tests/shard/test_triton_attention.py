@@ -16,7 +16,12 @@ pytest.importorskip("triton")
 
 from shard_server.attention.base import AttentionShape, StepLayout, slot_mapping  # noqa: E402
 from shard_server.attention.reference import ReferenceAttention  # noqa: E402
-from shard_server.attention.triton_paged import TritonPagedAttention  # noqa: E402
+from shard_server.attention.triton_paged import (  # noqa: E402
+    MAX_SPLITS,
+    SPLIT_TARGET_PROGRAMS,
+    TritonPagedAttention,
+    split_count,
+)
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"  # small cases: compiled on a GPU, interpreted on CPU
@@ -131,6 +136,70 @@ def test_padded_metadata_and_refill_match_unpadded():
     torch.testing.assert_close(cache_a[0], cache_b[0], atol=0, rtol=0)  # padding wrote no slot
 
 
+def compare_split(specs, pad_to, heads=4, kv_heads=2, dim=16, block=4, dtype=torch.float32, device=DEVICE,
+                  atol=1e-4, seed=0):  # fmt: skip
+    """A decode step padded as a CUDA graph pads it: its keys split over several programs."""
+    device = torch.device(device)
+    layout, q, k, v, k_cache, v_cache = make_step(specs, heads, kv_heads, dim, block, dtype, device, seed)
+    shape = AttentionShape(heads, kv_heads, dim, dim**-0.5)
+    reference, triton_backend = ReferenceAttention(shape), TritonPagedAttention(shape)
+    ref_k, ref_v = k_cache.clone(), v_cache.clone()
+    expected = reference.forward(q, k, v, ref_k, ref_v, reference.build_metadata(layout, device))
+    width = max(-(-c // block) for _, c in specs) + 2
+    metadata = triton_backend.build_metadata(layout, device, pad_to=pad_to, width=width)
+    assert metadata.splits > 1
+    pad = lambda t: torch.cat([t, torch.randn(pad_to - len(specs), *t.shape[1:], device=device).to(dtype)])  # noqa: E731
+    got = triton_backend.forward(pad(q), pad(k), pad(v), k_cache, v_cache, metadata)
+    torch.testing.assert_close(got[: len(specs)].float(), expected.float(), atol=atol, rtol=0)
+    assert got[len(specs) :].abs().max() == 0  # padding attends to nothing
+    torch.testing.assert_close(k_cache, ref_k, atol=0, rtol=0)
+    return metadata.splits
+
+
+def test_split_count_fills_the_gpu_for_small_batches_only():
+    assert split_count(1, 8) == MAX_SPLITS
+    assert split_count(4, 8) == 8  # 256 programs
+    assert split_count(32, 8) == 1
+    assert split_count(300, 8) == 1
+    for tiles in range(1, 70):
+        for heads in (1, 2, 8):
+            splits = split_count(tiles, heads)
+            assert splits & (splits - 1) == 0 and splits <= MAX_SPLITS
+            programs = tiles * heads * splits
+            assert splits == 1 or programs <= SPLIT_TARGET_PROGRAMS
+            assert splits == MAX_SPLITS or programs * 2 > SPLIT_TARGET_PROGRAMS
+
+
+@pytest.mark.parametrize("specs", [[(1, 200)], [(1, 5), (1, 64), (1, 65), (1, 200), (1, 130)], [(1, 1), (1, 3)]])
+def test_split_kv_decodes_equal_reference(specs):
+    splits = compare_split(specs, pad_to=len(specs) + 1)
+    assert splits >= 8  # the longest context spreads over several non-empty splits
+
+
+def test_rotary_fused_into_the_kv_store_equals_rotary_then_reference():
+    from shard_server.kernels.dispatch import fused_kernels
+    from shard_server.layers.rotary import RotaryEmbedding
+    from shard_server.models.config import RopeScaling
+
+    heads, kv_heads, dim, block = 6, 2, 16, 4  # 6 heads: a masked, non-power-of-two head count
+    device = torch.device(DEVICE)
+    specs = [(1, 30), (9, 9), (1, 2), (6, 17)]
+    layout, q, k, v, k_cache, v_cache = make_step(specs, heads, kv_heads, dim, block, torch.float32, device)
+    positions = torch.tensor([p for n, c in specs for p in range(c - n, c)], device=device)
+    step = RotaryEmbedding(dim, 64, 10000.0, RopeScaling(), torch.float32, device).for_step(positions)
+    shape = AttentionShape(heads, kv_heads, dim, dim**-0.5)
+    reference, triton_backend = ReferenceAttention(shape), TritonPagedAttention(shape)
+    ref_k, ref_v = k_cache.clone(), v_cache.clone()
+    with fused_kernels(False):
+        expected = reference.forward(q.clone(), k.clone(), v, ref_k, ref_v, reference.build_metadata(layout, device), step)
+    with fused_kernels(True, on_cpu=True):
+        assert step.fusable(q)
+        got = triton_backend.forward(q, k, v, k_cache, v_cache, triton_backend.build_metadata(layout, device), step)
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=0)
+    torch.testing.assert_close(k_cache, ref_k, atol=1e-5, rtol=0)  # rotated keys, in their slots
+    torch.testing.assert_close(v_cache, ref_v, atol=0, rtol=0)
+
+
 def test_refill_rejects_a_different_shape():
     backend = TritonPagedAttention(AttentionShape(4, 2, 16, 0.25))
     metadata = backend.build_metadata(StepLayout([1], [3], [[0]], 4), torch.device(DEVICE), pad_to=2, width=4)
@@ -157,6 +226,13 @@ def test_gpu_many_tiny_sequences(dtype):
     rng = random.Random(7)
     specs = [(rng.choice([1, 1, 2, 3]), rng.randint(3, 40)) for _ in range(300)]
     compare(specs, heads=32, kv_heads=8, dim=128, block=16, dtype=dtype, device="cuda", atol=2e-2)
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", GPU_DTYPES)
+def test_gpu_split_kv_long_contexts(dtype):
+    compare_split([(1, 8192), (1, 3000), (1, 17)], pad_to=4, heads=32, kv_heads=8, dim=128, block=16,
+                  dtype=dtype, device="cuda", atol=2e-2)  # fmt: skip
 
 
 @needs_cuda

@@ -1,0 +1,186 @@
+"""Where the device time of a step goes, kernel by kernel, in-process on the 8B model.
+
+For each case the step runs a few times under torch.profiler; the kernels of one step are
+grouped (matmul, attention, norm, ...) with their count and microseconds per step, next to
+the step's wall time measured with CUDA events. Their difference is the device's idle time
+inside the step (launch gaps). The first kernels of one step are kept in order, so the
+matmul of each projection can be read off (qkv, o, gate_up, down).
+
+Cases: batch-1 decode (graph replay) at contexts 256 and 1024, the 256-request mix's two
+decode shapes (batch 256 at context 512, batch 80 at context 1280), one 2048-token prefill
+(the TTFT case) and one mixed step (64 decodes plus 8,128 prompt tokens).
+
+    python3 bench/gpu_kernel_profile.py MODEL_DIR OUT_JSON
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import tempfile
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.gpu_parity import parity_runner  # noqa: E402
+from bench.gpu_step_profile import _prefill_batch  # noqa: E402
+from shard_server.pb import generate_pb2 as pb  # noqa: E402
+
+GROUPS = [
+    ("attention", r"paged_attention|attention|flash"),
+    ("store_kv", r"store_kv"),
+    ("rotary", r"rotary"),
+    ("norm", r"rmsnorm"),
+    ("silu_mul", r"silu"),
+    ("matmul", r"gemm|gemv|nvjet|sm90|cutlass|xmma|splitK|matmul"),
+    ("lm_tail", r"argmax|logsumexp|reduce|softmax|max|gather|exp|log"),
+]
+
+
+def group_of(name: str) -> str:
+    low = name.lower()
+    return next((group for group, pattern in GROUPS if re.search(pattern, low)), "other")
+
+
+def kernels(trace_path: Path) -> list[tuple[str, float, float]]:
+    """(name, start µs, duration µs) of every device kernel in a chrome trace, by start."""
+    events = json.loads(trace_path.read_text())["traceEvents"]
+    out = [(e["name"], float(e["ts"]), float(e["dur"])) for e in events if e.get("cat") == "kernel"]
+    return sorted(out, key=lambda k: k[1])
+
+
+def profiled(fn, repeats: int) -> tuple[list[tuple[str, float, float]], float]:
+    """Kernels of `repeats` calls of fn, and the median event-timed ms of one call."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(2):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(repeats):
+            fn()
+        torch.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(path))
+        found = kernels(path)
+    return found, sorted(times)[len(times) // 2]
+
+
+def summarise(found, repeats: int, step_ms: float, keep_order: int = 40) -> dict:
+    by_group: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+    by_name: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+    for name, _, dur in found:
+        for table, key in ((by_group, group_of(name)), (by_name, name)):
+            table[key][0] += 1
+            table[key][1] += dur
+    per_step = len(found) // max(1, repeats)
+    busy_us = sum(d for _, _, d in found) / repeats
+    return {
+        "step_ms": step_ms,
+        "kernels_per_step": per_step,
+        "kernel_us_per_step": busy_us,
+        "gap_us_per_step": step_ms * 1e3 - busy_us,
+        "groups_us_per_step": {g: round(v[1] / repeats, 1) for g, v in sorted(by_group.items(), key=lambda x: -x[1][1])},
+        "groups_count_per_step": {g: v[0] / repeats for g, v in by_group.items()},
+        "top_kernels": [
+            {"name": n[:120], "per_step": v[0] / repeats, "us_per_step": round(v[1] / repeats, 1),
+             "us_each": round(v[1] / v[0], 2)}
+            for n, v in sorted(by_name.items(), key=lambda x: -x[1][1])[:20]
+        ],  # fmt: skip
+        "first_kernels": [(n[:80], round(d, 2)) for n, _, d in found[:keep_order]],
+        "last_kernels": [(n[:80], round(d, 2)) for n, _, d in found[per_step - 8 : per_step]],
+    }
+
+
+def decode_case(runner, batch: int, context: int, repeats: int = 10) -> dict:
+    blocks_each = -(-(context + repeats + 8) // runner.block_size)
+    _prefill_batch(runner, batch, context, blocks_each)
+    decode = pb.StepRequest(step_id=2)
+    for i in range(batch):
+        decode.sequences.add(id=i, num_tokens=1, sample=True)
+    runner.step(decode)
+    graph = runner.graphs.steps[runner.graphs.size_for_batch(batch)]
+    found, ms = profiled(graph.graph.replay, repeats)
+    summary = summarise(found, repeats, ms)
+    # The whole runner step (host work included, no overlap) for comparison.
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(repeats):
+        runner.step(decode)
+    end.record()
+    end.synchronize()
+    summary["runner_step_ms"] = start.elapsed_time(end) / repeats
+    runner.step(pb.StepRequest(step_id=3, released_ids=list(range(batch))))
+    return summary
+
+
+def prefill_case(runner, lengths: list[int], decodes: int = 0, decode_context: int = 512, repeats: int = 3) -> dict:
+    """One eager step: `decodes` running sequences decode while `lengths` prompts prefill."""
+    blocks_each = -(-(decode_context + 64) // runner.block_size)
+    if decodes:
+        _prefill_batch(runner, decodes, decode_context, blocks_each)
+    first_block = decodes * blocks_each
+    ids = list(range(10_000, 10_000 + len(lengths)))
+    state = {"round": 0}
+
+    def one_step():
+        state["round"] += 1
+        request = pb.StepRequest(step_id=10 + state["round"])
+        block = first_block
+        for seq_id, n in zip(ids, lengths):
+            request.new_sequences.add(id=seq_id, input_ids=[(101 + 13 * j) % 30000 for j in range(n)], prompt_len=n)
+            count = -(-(n + 1) // runner.block_size)
+            request.sequences.add(id=seq_id, num_tokens=n, new_block_ids=range(block, block + count), sample=True)
+            block += count
+        for i in range(decodes):
+            request.sequences.add(id=i, num_tokens=1, sample=True)
+        runner.step(request)  # the decodes grow by one token a round: their blocks have room for 64
+        runner.step(pb.StepRequest(step_id=5, released_ids=ids))
+
+    found, ms = profiled(one_step, repeats)
+    summary = summarise(found, repeats, ms)
+    if decodes:
+        runner.step(pb.StepRequest(step_id=6, released_ids=list(range(decodes))))
+    return summary
+
+
+def main() -> None:
+    model_dir, out = Path(sys.argv[1]), Path(sys.argv[2])
+    runner, _ = parity_runner(model_dir, graph_sizes=(1, 80, 256), memory_fraction=0.85)
+    results = {}
+    cases = [
+        ("decode_b1_ctx256", lambda: decode_case(runner, 1, 256)),
+        ("decode_b1_ctx1024", lambda: decode_case(runner, 1, 1024)),
+        ("decode_b80_ctx1280", lambda: decode_case(runner, 80, 1280)),
+        ("decode_b256_ctx512", lambda: decode_case(runner, 256, 512)),
+        ("prefill_2048", lambda: prefill_case(runner, [2048])),
+        ("mixed_64x512_plus_8x1016", lambda: prefill_case(runner, [1016] * 8, decodes=64)),
+    ]
+    for name, case in cases:
+        try:
+            results[name] = case()
+        except Exception as exc:  # keep the other cases
+            results[name] = {"error": f"{type(exc).__name__}: {exc}"}
+        r = results[name]
+        print(f"== {name}: step {r.get('step_ms', 0):.3f} ms, kernels {r.get('kernel_us_per_step', 0):.0f} us "
+              f"({r.get('kernels_per_step')} kernels), gap {r.get('gap_us_per_step', 0):.0f} us; "
+              f"{r.get('groups_us_per_step', r.get('error'))}", flush=True)  # fmt: skip
+    out.write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
