@@ -81,9 +81,9 @@ def _rotary_store_kv(
     q_first = q_ptr + token * q_row_stride + heads[:, None] * (2 * HALF) + dims[None, :]
     q1 = tl.load(q_first, mask=q_mask, other=0.0)
     q2 = tl.load(q_first + HALF, mask=q_mask, other=0.0)
-    a, b = q1.to(tl.float32), q2.to(tl.float32)
-    tl.store(q_first, (a * cos - b * sin).to(q1.dtype), mask=q_mask)
-    tl.store(q_first + HALF, (b * cos + a * sin).to(q1.dtype), mask=q_mask)
+    qa, qb = q1.to(tl.float32), q2.to(tl.float32)
+    tl.store(q_first, (qa * cos - qb * sin).to(q1.dtype), mask=q_mask)
+    tl.store(q_first + HALF, (qb * cos + qa * sin).to(q1.dtype), mask=q_mask)
     slot = tl.load(slots_ptr + token).to(tl.int64)
     if slot >= 0:
         kv_heads = tl.arange(0, KV_HEADS_P)
@@ -91,10 +91,10 @@ def _rotary_store_kv(
         within = kv_heads[:, None] * (2 * HALF) + dims[None, :]
         k1 = tl.load(k_ptr + token * k_row_stride + within, mask=kv_mask, other=0.0)
         k2 = tl.load(k_ptr + token * k_row_stride + within + HALF, mask=kv_mask, other=0.0)
-        a, b = k1.to(tl.float32), k2.to(tl.float32)
+        ka, kb = k1.to(tl.float32), k2.to(tl.float32)  # new names: a branch may not reshape qa, qb
         k_slot = k_cache_ptr + slot * (KV_HEADS * 2 * HALF) + within
-        tl.store(k_slot, (a * cos - b * sin).to(k1.dtype), mask=kv_mask)
-        tl.store(k_slot + HALF, (b * cos + a * sin).to(k1.dtype), mask=kv_mask)
+        tl.store(k_slot, (ka * cos - kb * sin).to(k1.dtype), mask=kv_mask)
+        tl.store(k_slot + HALF, (kb * cos + ka * sin).to(k1.dtype), mask=kv_mask)
         v_slot = v_cache_ptr + slot * (KV_HEADS * 2 * HALF) + within
         v_row = v_ptr + token * v_row_stride + within
         tl.store(v_slot, tl.load(v_row, mask=kv_mask), mask=kv_mask)
