@@ -15,8 +15,17 @@ import httpx
 
 _SERIES = re.compile(
     r"^(textgen_step_(?:duration_seconds|batch_size|tokens)_(?:sum|count)"
-    r'|textgen_shard_device_duration_seconds_(?:sum|count)(?=\{rank="0"\}))(?:\{[^}]*\})? (\S+)$'
+    r"|textgen_(?:time_to_first_token|queue_duration)_seconds_(?:sum|count)"
+    r'|textgen_shard_(?:device|forward)_duration_seconds_(?:sum|count)(?=\{rank="0"\}))(?:\{[^}]*\})? (\S+)$'
 )
+# Mean milliseconds of each stage a request's first token passes, from the histograms above.
+_STAGES = {
+    "server_ttft_ms": "textgen_time_to_first_token_seconds",
+    "queue_ms": "textgen_queue_duration_seconds",
+    "router_step_ms": "textgen_step_duration_seconds",
+    "shard_forward_ms": "textgen_shard_forward_duration_seconds",
+    "shard_device_ms": "textgen_shard_device_duration_seconds",
+}
 
 
 def scrape(url: str) -> dict[str, float]:
@@ -42,6 +51,11 @@ def window_summary(before: dict[str, float], after: dict[str, float], wall_s: fl
         "mean_step_tokens": delta["textgen_step_tokens_sum"] / delta["textgen_step_tokens_count"],
         "mean_step_ms": 1e3 * delta["textgen_step_duration_seconds_sum"] / steps,
         "stepping_fraction": delta["textgen_step_duration_seconds_sum"] / wall_s,
+    }
+    summary["mean_stage_ms"] = {
+        stage: 1e3 * delta[f"{series}_sum"] / delta[f"{series}_count"]
+        for stage, series in _STAGES.items()
+        if delta.get(f"{series}_count")
     }
     if delta.get("textgen_shard_device_duration_seconds_count"):
         busy = delta["textgen_shard_device_duration_seconds_sum"] / wall_s

@@ -10,7 +10,7 @@ Cases: batch-1 decode (graph replay) at contexts 256 and 1024, the 256-request m
 decode shapes (batch 256 at context 512, batch 80 at context 1280), one 2048-token prefill
 (the TTFT case) and one mixed step (64 decodes plus 8,128 prompt tokens).
 
-    python3 bench/gpu_kernel_profile.py MODEL_DIR OUT_JSON
+    python3 bench/gpu_kernel_profile.py MODEL_DIR OUT_JSON [CASE ...]
 """
 
 from __future__ import annotations
@@ -170,7 +170,10 @@ def main() -> None:
         ("prefill_2048", lambda: prefill_case(runner, [2048])),
         ("mixed_64x512_plus_8x1016", lambda: prefill_case(runner, [1016] * 8, decodes=64)),
     ]
+    wanted = set(sys.argv[3:])
     for name, case in cases:
+        if wanted and name not in wanted:
+            continue
         try:
             results[name] = case()
         except Exception as exc:  # keep the other cases

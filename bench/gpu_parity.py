@@ -33,9 +33,9 @@ def _greedy_batch(runner: ModelRunner, prompts: list[list[int]], new_tokens: int
     captured = {}
     original = runner.model.compute_logits
 
-    def recording(hidden):
-        logits = original(hidden)
-        captured.setdefault("first", logits.clone())
+    def recording(hidden, float32: bool = True):
+        logits = original(hidden, float32)
+        captured.setdefault("first", logits.float())
         return logits
 
     runner.model.compute_logits = recording

@@ -164,9 +164,11 @@ def phase_textgen(args) -> dict:
         result["a_batch1_runs_tok_s"] = rates
         result["a_steady_decode"] = steady_decode(url, prompts)
         ttfts = []
-        for _ in range(5):
-            res, _ = streams(url, [(prompts.text(2048), 1)])
-            ttfts.append(res[0].ttft)
+        with ServerWindow(url) as window:
+            for _ in range(5):
+                res, _ = streams(url, [(prompts.text(2048), 1)])
+                ttfts.append(res[0].ttft)
+        result["c_server"] = window.summary()
         result["c_ttft_2048_s"] = sorted(ttfts)[2]
         result["c_ttft_all_s"] = ttfts
         res, _ = streams(url, [(prompts.text(128), 128) for _ in range(32)])

@@ -39,6 +39,7 @@ log = logging.getLogger("shard_server")
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+GIL_SWITCH_INTERVAL_S = 0.0005  # see main()
 
 
 @dataclass(frozen=True)
@@ -227,6 +228,10 @@ def main(argv: list[str] | None = None) -> int:
     except TraceSettingsError as exc:
         log.error("%s", exc)
         return 2
+    # Two threads share the GIL: the event loop (gRPC) and the step worker. A thread that wants
+    # it waits until the holder blocks or the switch interval passes (5 ms by default): a step's
+    # answer or the next step's request could sit that long while the worker prepares a step.
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     try:
         asyncio.run(serve(config, trace))
     except Exception:

@@ -21,6 +21,8 @@ import torch
 
 from .attention.base import StepLayout
 from .device_copy import copy_into
+from .kernels.dispatch import use_fused
+from .kernels.greedy import fused_greedy
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +54,7 @@ class CapturedStep:
 
 @dataclass
 class DecodeOutputs:
-    logits: torch.Tensor  # [B, vocab] float32
+    logits: torch.Tensor  # [B, vocab]: float32, or the model dtype from a graph
     greedy_ids: torch.Tensor  # [B] argmax of each row
     greedy_logprobs: torch.Tensor  # [B] log-softmax at the argmax
 
@@ -64,11 +66,15 @@ class DecodeOutputs:
 
 
 def decode_outputs(model, hidden: torch.Tensor) -> DecodeOutputs:
-    """lm_head and the greedy choice, in the form a graph can capture."""
-    logits = model.compute_logits(hidden)
-    greedy_ids = logits.argmax(dim=1)
-    chosen = logits.gather(1, greedy_ids.unsqueeze(1)).squeeze(1)
-    return DecodeOutputs(logits, greedy_ids, chosen - logits.logsumexp(dim=1))
+    """lm_head and the greedy choice, in the form a graph can capture. The logits stay in the
+    model dtype: a greedy step never reads them, a sampling step upcasts the rows it needs."""
+    logits = model.compute_logits(hidden, float32=False)
+    if use_fused(logits):
+        return DecodeOutputs(logits, *fused_greedy(logits))
+    full = logits.float()
+    greedy_ids = full.argmax(dim=1)
+    chosen = full.gather(1, greedy_ids.unsqueeze(1)).squeeze(1)
+    return DecodeOutputs(logits, greedy_ids, chosen - full.logsumexp(dim=1))
 
 
 class DecodeGraphs:

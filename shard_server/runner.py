@@ -256,7 +256,7 @@ class ModelRunner:
             top_n=[s.top_n_tokens for s in states],
             previous_tokens=[s.token_ids[-1] for s in states] if any(p.watermark for p in params) else [],
         )
-        return self.sampler(decoded.logits, rows)
+        return self.sampler(decoded.logits.float(), rows)
 
     def _finish(self, launched: LaunchedStep) -> None:
         """Moves each sampled token to its sequence on the host and writes the outputs."""

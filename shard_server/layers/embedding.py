@@ -38,7 +38,8 @@ class VocabParallelEmbedding(nn.Module):
 
 
 class LMHead(nn.Module):
-    """Projects hidden states to float32 logits over the full vocabulary."""
+    """Projects hidden states to logits over the full vocabulary: float32, or in the model
+    dtype when the caller reads them itself (the decode graphs' greedy choice)."""
 
     def __init__(
         self,
@@ -63,12 +64,12 @@ class LMHead(nn.Module):
         if self.tied_to is None:
             _load_vocab_rows(self.weight, store, name, self.start, self.end)
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, float32: bool = True) -> torch.Tensor:
         weight = self.tied_to.weight if self.tied_to is not None else self.weight
         logits = self.ctx.all_gather_last_dim(F.linear(hidden, weight))
         if logits.shape[-1] != self.vocab_size:
             logits = logits[..., : self.vocab_size]  # drop the padding rows' columns
-        return logits.float()
+        return logits.float() if float32 else logits
 
 
 def _load_vocab_rows(weight: torch.Tensor, store: WeightStore, name: str, start: int, end: int) -> None:

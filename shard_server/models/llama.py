@@ -142,5 +142,5 @@ class LlamaForCausalLM(nn.Module):
         hidden, _ = self.norm.add_and_norm(hidden, residual)
         return hidden
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden)
+    def compute_logits(self, hidden: torch.Tensor, float32: bool = True) -> torch.Tensor:
+        return self.lm_head(hidden, float32)

@@ -45,3 +45,17 @@ def test_without_device_timings_no_idle_share_is_claimed():
 
 def test_an_empty_window_says_so():
     assert window_summary(BEFORE, dict(BEFORE), wall_s=1.0) == {"steps": 0, "wall_s": 1.0}
+
+
+def test_the_mean_of_each_stage_a_first_token_passes():
+    before = dict(BEFORE, textgen_time_to_first_token_seconds_sum=1.0, textgen_time_to_first_token_seconds_count=2,
+                  textgen_shard_forward_duration_seconds_sum=0.2, textgen_shard_forward_duration_seconds_count=10)  # fmt: skip
+    later = after(steps=5, step_s=0.06, batch=1, device_s=0.05)
+    later |= {"textgen_time_to_first_token_seconds_sum": 1.3, "textgen_time_to_first_token_seconds_count": 7,
+              "textgen_shard_forward_duration_seconds_sum": 0.45, "textgen_shard_forward_duration_seconds_count": 15}  # fmt: skip
+    stages = window_summary(before, later, wall_s=1.0)["mean_stage_ms"]
+    assert abs(stages["server_ttft_ms"] - 60.0) < 1e-9
+    assert abs(stages["router_step_ms"] - 60.0) < 1e-9
+    assert abs(stages["shard_forward_ms"] - 50.0) < 1e-9
+    assert abs(stages["shard_device_ms"] - 50.0) < 1e-9
+    assert "queue_ms" not in stages  # no queue observations in the window

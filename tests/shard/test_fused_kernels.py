@@ -95,6 +95,24 @@ def test_rotary_in_place_matches_torch(dtype):
     torch.testing.assert_close(qkv[:, (heads + kv_heads) * dim :], v_before, atol=0, rtol=0)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("vocab", [5000, 4096, 49152 + 7])  # masked tail, one exact chunk, many chunks
+def test_greedy_tail_matches_torch(dtype, vocab):
+    from shard_server.kernels.greedy import fused_greedy
+
+    logits = _randn(3, vocab, dtype=dtype, seed=7) * 4
+    logits[1, vocab - 1] = 50  # the max in the last, masked chunk
+    logits[2, 10] = logits[2, vocab // 2] = 60  # a tie: the first index wins, as in torch
+    with fused_kernels(True, on_cpu=True):
+        ids, logprobs = fused_greedy(logits)
+    full = logits.float()
+    want_ids = full.argmax(dim=1)
+    assert ids.tolist() == want_ids.tolist() and ids.dtype == torch.int64
+    assert ids[1] == vocab - 1 and ids[2] == 10
+    want = full.log_softmax(dim=1).gather(1, want_ids.unsqueeze(1)).squeeze(1)
+    torch.testing.assert_close(logprobs, want, atol=1e-5, rtol=1e-5)
+
+
 def test_model_logits_with_fused_kernels_match_torch(tmp_path):
     make_tiny_model("llama", tmp_path)
     device = torch.device(DEVICE)

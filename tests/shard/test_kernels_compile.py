@@ -47,6 +47,11 @@ CASES = {
     ),
     "add_rmsnorm": ("shard_server.kernels.norm", "_add_rmsnorm_kernel", dict(N=4096, BLOCK=4096, HAS_RESIDUAL=True), {}),
     "silu_mul": ("shard_server.kernels.activation", "_silu_mul_kernel", dict(BLOCK=1024), {}),
+    "greedy_chunks": ("shard_server.kernels.greedy", "_chunk_stats_kernel", dict(CHUNK=4096, CHUNKS_P=32),
+                      {"max_ptr": "*fp32", "arg_ptr": "*i32", "sum_ptr": "*fp32"}),  # fmt: skip
+    "greedy_merge": ("shard_server.kernels.greedy", "_merge_kernel", dict(CHUNKS=32, CHUNKS_P=32),
+                     {"max_ptr": "*fp32", "arg_ptr": "*i32", "sum_ptr": "*fp32", "ids_ptr": "*i64",
+                      "logprobs_ptr": "*fp32"}),  # fmt: skip
     "rotary": ("shard_server.kernels.rotary", "_rotary_kernel",
                dict(Q_HEADS=32, Q_HEADS_P=32, K_HEADS=8, K_HEADS_P=8, HALF=64), {"positions_ptr": "*i64"}),  # fmt: skip
 }

@@ -1,0 +1,95 @@
+"""Tile shapes of the triton attention kernel, swept on the step shapes that matter (8B model).
+
+For each case the backend's launch config (prefill tiles or decode tiles) is replaced by each
+candidate; every candidate's output is checked against the shipped config's (bf16, 2e-2) and
+timed with CUDA events (median of do_bench). The shipped config is the first of each list.
+
+    python3 bench/gpu_attention_tiles.py OUT_JSON
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from shard_server.attention.base import AttentionShape, StepLayout  # noqa: E402
+from shard_server.attention.triton_paged import TileConfig, TritonPagedAttention  # noqa: E402
+
+HEADS, KV_HEADS, DIM, PAGE = 32, 8, 128, 16
+CASES = {
+    "prefill_2048": ("large", [(2048, 2048)]),
+    "mixed_8x1016_plus_64_decodes": ("large", [(1016, 1016)] * 8 + [(1, 512)] * 64),
+    "decode_b80_ctx1280": ("small", [(1, 1280)] * 80),
+    "decode_b256_ctx512": ("small", [(1, 512)] * 256),
+}
+LARGE = [TileConfig(32, 64, 8, 2)] + [TileConfig(q, n, w, s) for q, n, w, s in [
+    (32, 64, 8, 3), (32, 128, 8, 2), (32, 128, 8, 3), (32, 32, 4, 3), (32, 64, 4, 2), (32, 64, 4, 3),
+    (16, 64, 4, 2), (16, 64, 4, 3), (16, 128, 4, 2), (32, 128, 4, 2)]]  # fmt: skip
+SMALL = [TileConfig(4, 64, 4, 2)] + [TileConfig(4, n, w, s) for n, w, s in [
+    (64, 4, 3), (128, 4, 2), (128, 8, 2), (32, 4, 2), (32, 2, 2), (64, 2, 2), (128, 4, 3)]]  # fmt: skip
+
+
+def build(specs, device, seed=0):
+    gen = torch.Generator(device=device).manual_seed(seed)
+    rng = random.Random(seed)
+    blocks = [-(-ctx // PAGE) for _, ctx in specs]
+    order = list(range(sum(blocks) + 8))
+    rng.shuffle(order)
+    tables, at = [], 0
+    for count in blocks:
+        tables.append(order[at : at + count])
+        at += count
+    k_cache = torch.randn((len(order), PAGE, KV_HEADS, DIM), generator=gen, device=device, dtype=torch.bfloat16)
+    v_cache = torch.randn_like(k_cache)
+    tokens = sum(n for n, _ in specs)
+    q = torch.randn((tokens, HEADS, DIM), generator=gen, device=device, dtype=torch.bfloat16)
+    k = torch.randn((tokens, KV_HEADS, DIM), generator=gen, device=device, dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    layout = StepLayout([n for n, _ in specs], [c for _, c in specs], tables, PAGE)
+    return layout, q, k, v, k_cache, v_cache
+
+
+def main() -> None:
+    import triton.testing
+
+    out = Path(sys.argv[1])
+    device = torch.device("cuda")
+    results = {}
+    for name, (which, specs) in CASES.items():
+        layout, q, k, v, k_cache, v_cache = build(specs, device)
+        backend = TritonPagedAttention(AttentionShape(HEADS, KV_HEADS, DIM, DIM**-0.5))
+        shipped = getattr(backend, which)
+        candidates = LARGE if which == "large" else SMALL
+        candidates = [replace(c, block_q=shipped.block_q) if which == "small" else c for c in candidates]
+        baseline, rows = None, []
+        for config in candidates:
+            setattr(backend, which, config)
+            metadata = backend.build_metadata(layout, device)
+            try:
+                got = backend.forward(q, k, v, k_cache, v_cache, metadata)
+                ms = triton.testing.do_bench(lambda: backend.forward(q, k, v, k_cache, v_cache, metadata),
+                                             warmup=25, rep=100, return_mode="median")  # fmt: skip
+            except Exception as exc:  # a config the compiler refuses (shared memory): say so
+                rows.append({"config": config.__dict__, "error": f"{type(exc).__name__}: {str(exc)[:200]}"})
+                continue
+            if baseline is None:
+                baseline = got.float()
+            error = float((got.float() - baseline).abs().max())
+            rows.append({"config": config.__dict__, "ms": ms, "max_abs_diff_vs_shipped": error})
+        setattr(backend, which, shipped)
+        results[name] = rows
+        best = min((r for r in rows if "ms" in r and r["max_abs_diff_vs_shipped"] < 2e-2), key=lambda r: r["ms"])
+        print(f"{name}: shipped {rows[0].get('ms', float('nan')):.3f} ms, best {best['ms']:.3f} ms {best['config']}",
+              flush=True)  # fmt: skip
+    out.write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
