@@ -81,5 +81,6 @@ class ServerWindow:
         self._wall_s = time.perf_counter() - self._started
         self._after = scrape(self.url)
 
-    def summary(self) -> dict:
-        return window_summary(self._before, self._after, self._wall_s)
+    def summary(self, wall_s: float | None = None) -> dict:
+        """`wall_s` replaces the window's own length (when the load started later than it)."""
+        return window_summary(self._before, self._after, self._wall_s if wall_s is None else wall_s)

@@ -3,16 +3,17 @@
 `ColumnParallelLinear` splits output features across ranks and can fuse several HF
 projections into one matmul (q/k/v, gate/up): each projection is sliced on its own,
 so the fused matrix holds this rank's q rows, then its k rows, then its v rows.
-`RowParallelLinear` splits input features and all-reduces the partial sums. With world size 1 both are a plain `F.linear`.
+`RowParallelLinear` splits input features and all-reduces the partial sums. The matmul itself is
+`project`: the skinny Triton kernel at decode batch sizes, cuBLAS otherwise.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..distributed import ParallelContext, RowRange
+from ..kernels.skinny_matmul import project
 from ..weights import WeightStore
 
 
@@ -50,7 +51,7 @@ class ColumnParallelLinear(nn.Module):
             offset += part.size
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return project(x, self.weight, self.bias)
 
 
 class RowParallelLinear(nn.Module):
@@ -77,5 +78,5 @@ class RowParallelLinear(nn.Module):
             self.bias.copy_(store.get(f"{prefix}.bias"))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.ctx.all_reduce(F.linear(x, self.weight))
+        out = self.ctx.all_reduce(project(x, self.weight))
         return out if self.bias is None else out + self.bias

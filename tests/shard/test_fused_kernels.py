@@ -132,3 +132,20 @@ def test_model_logits_with_fused_kernels_match_torch(tmp_path):
             got = model.compute_logits(model(ids, positions, cache, metadata))
     assert want.abs().max() > 1.0, "logits too flat to compare"
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("rows", [1, 3, 16])
+@pytest.mark.parametrize("k", [256, 300])  # 300: a masked reduction tail
+def test_skinny_matmul_matches_torch(rows, k):
+    from shard_server.kernels.skinny_matmul import SkinnyConfig, skinny_applies, skinny_matmul
+
+    dtype = torch.float16  # the interpreter's bf16 dots are unreliable (see the attention tests)
+    x = _randn(rows, k, dtype=dtype, seed=8)
+    weight = _randn(80, k, dtype=dtype, seed=9) * 0.1  # 80 outputs: a masked last feature block
+    assert skinny_applies(x, weight)
+    with fused_kernels(True, on_cpu=True):
+        got = skinny_matmul(x, weight, SkinnyConfig(block_n=32, block_k=128, num_warps=4, num_stages=2))
+    want = (x.float() @ weight.float().T).to(dtype)
+    torch.testing.assert_close(got, want, atol=2e-3, rtol=2e-3)
+    assert not skinny_applies(x.float(), weight.float())  # float32 would round to tf32
+    assert not skinny_applies(_randn(17, k, dtype=dtype, seed=1), weight)

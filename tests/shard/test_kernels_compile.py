@@ -52,6 +52,8 @@ CASES = {
     "greedy_merge": ("shard_server.kernels.greedy", "_merge_kernel", dict(CHUNKS=32, CHUNKS_P=32),
                      {"max_ptr": "*fp32", "arg_ptr": "*i32", "sum_ptr": "*fp32", "ids_ptr": "*i64",
                       "logprobs_ptr": "*fp32"}),  # fmt: skip
+    "skinny_matmul": ("shard_server.kernels.skinny_matmul", "_skinny_matmul_kernel",
+                      dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=256), {}),  # fmt: skip
     "rotary": ("shard_server.kernels.rotary", "_rotary_kernel",
                dict(Q_HEADS=32, Q_HEADS_P=32, K_HEADS=8, K_HEADS_P=8, HALF=64), {"positions_ptr": "*i64"}),  # fmt: skip
 }

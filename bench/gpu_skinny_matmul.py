@@ -1,0 +1,89 @@
+"""The skinny-matmul kernel against cuBLAS on the 8B model's projections at decode batch sizes.
+
+Every candidate config runs on several copies of the weight in turn, so no run finds the
+weight in L2 (o_proj's 33.5 MB would fit), replayed from a CUDA graph as decode steps are. Reported: µs per call, the weight bytes over that
+time, and the error against cuBLAS (both round one float32 sum to bf16).
+
+    python3 bench/gpu_skinny_matmul.py OUT_JSON
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from shard_server.kernels.skinny_matmul import SkinnyConfig, skinny_matmul  # noqa: E402
+
+SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
+ROWS = (1, 4, 16)
+CONFIGS = [SkinnyConfig(n, k, w, s) for n, k, w, s in [
+    (16, 256, 4, 4), (16, 512, 4, 4), (16, 256, 4, 6), (32, 128, 4, 4), (32, 256, 4, 4), (32, 256, 4, 3),
+    (32, 128, 4, 6), (32, 512, 4, 3), (32, 512, 8, 3), (64, 128, 4, 4), (64, 256, 4, 4), (64, 256, 8, 3)]]  # fmt: skip
+COPIES = 8
+
+
+def graph_us(call, weights, repeats: int = 10) -> float:
+    """µs per call of `call(weight)` over the weight copies in turn, replayed from a CUDA graph
+    as a decode step runs it (no launch overhead; a Python launch would dominate otherwise)."""
+    current = torch.cuda.current_stream()
+    side = torch.cuda.Stream()
+    side.wait_stream(current)
+    with torch.cuda.stream(side):
+        for w in weights:  # compiles outside the capture
+            call(w)
+    current.wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for w in weights:
+            call(w)
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(5):
+        start.record()
+        for _ in range(repeats):
+            graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / (repeats * len(weights)))
+    return sorted(times)[len(times) // 2]
+
+
+def main() -> None:
+    out = Path(sys.argv[1])
+    device = torch.device("cuda")
+    results = {}
+    for name, (n, k) in SHAPES.items():
+        weights = [torch.randn((n, k), device=device, dtype=torch.bfloat16) * 0.02 for _ in range(COPIES)]
+        nbytes = n * k * 2
+        for rows in ROWS:
+            x = torch.randn((rows, k), device=device, dtype=torch.bfloat16)
+            cublas = graph_us(lambda w: F.linear(x, w), weights)
+            want = F.linear(x, weights[0]).float()
+            entries = []
+            for config in CONFIGS:
+                try:
+                    got = skinny_matmul(x, weights[0], config).float()
+                    us = graph_us(lambda w: skinny_matmul(x, w, config), weights)
+                except Exception as exc:  # a config the compiler refuses
+                    entries.append({"config": config.__dict__, "error": f"{type(exc).__name__}: {str(exc)[:160]}"})
+                    continue
+                error = float((got - want).abs().max() / want.abs().max())
+                entries.append({"config": config.__dict__, "us": us, "tb_s": nbytes / us / 1e6, "rel_err": error})
+            best = min((e for e in entries if "us" in e and e["rel_err"] < 2e-2), key=lambda e: e["us"])
+            key = f"{name}_m{rows}"
+            results[key] = {"cublas_us": cublas, "cublas_tb_s": nbytes / cublas / 1e6, "best": best, "all": entries}
+            print(f"{key}: cublas {cublas:.1f} us ({nbytes / cublas / 1e6:.2f} TB/s), best {best['us']:.1f} us "
+                  f"({best['tb_s']:.2f} TB/s) {best['config']}", flush=True)  # fmt: skip
+        del weights
+    out.write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
