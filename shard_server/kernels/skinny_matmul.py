@@ -2,9 +2,9 @@
 
 At batch 1-16 a projection only streams its weight through the GPU: the work is memory-bound
 and the time is the weight's bytes over the bandwidth the kernel reaches. cuBLAS reaches
-~3.1 TB/s on the 8B model's qkv and o projections at batch 1 and adds a split-K reduction
-kernel to o and down; this kernel gives each program a slice of output features and the
-whole reduction dimension, so one launch streams every weight row exactly once.
+~3.1 TB/s on the 8B model's qkv projection and 2.5 TB/s on o at batch 1, and adds a split-K
+reduction kernel to o and down; this kernel gives each program a slice of output features and
+the whole reduction dimension, so one launch streams every weight row exactly once.
 
 Rows are padded to 16 inside the kernel (the smallest tensor-core tile): the padding costs
 no memory traffic. Accumulation is float32, rounded once to the output dtype.
@@ -32,7 +32,23 @@ class SkinnyConfig:
     num_stages: int
 
 
-DEFAULT_CONFIG = SkinnyConfig(block_n=32, block_k=256, num_warps=4, num_stages=4)
+# Measured on an H200 at 1, 4 and 16 rows (bench/gpu_skinny_matmul.py, results in
+# bench/results/skinny_matmul_h200.json): µs per call against cuBLAS's.
+WIDE = SkinnyConfig(block_n=64, block_k=256, num_warps=4, num_stages=4)  # qkv 4096 -> 6144: 15.0 vs 16.3
+DEEP = SkinnyConfig(block_n=32, block_k=512, num_warps=4, num_stages=3)  # down 14336 -> 4096: 30.4 vs 31.2
+SQUARE = SkinnyConfig(block_n=32, block_k=256, num_warps=4, num_stages=4)  # o 4096 -> 4096: 11.5 vs 13.4
+# gate_up (4096 -> 28672) stays with cuBLAS up to 8 rows: 55.7 µs against the best config's 57.6.
+CUBLAS_FROM_FEATURES = 16384
+CUBLAS_UP_TO_ROWS = 8
+
+
+def config_for(rows: int, features: int, depth: int) -> SkinnyConfig | None:
+    """The config for an [rows, depth] x [features, depth]^T product; None: cuBLAS is faster."""
+    if features >= CUBLAS_FROM_FEATURES and rows <= CUBLAS_UP_TO_ROWS:
+        return None
+    if depth >= 2 * features:
+        return DEEP
+    return WIDE if features > depth else SQUARE
 
 
 @triton.jit
@@ -65,7 +81,7 @@ def skinny_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
     )
 
 
-def skinny_matmul(x: torch.Tensor, weight: torch.Tensor, config: SkinnyConfig = DEFAULT_CONFIG) -> torch.Tensor:
+def skinny_matmul(x: torch.Tensor, weight: torch.Tensor, config: SkinnyConfig = SQUARE) -> torch.Tensor:
     """x [M, K] @ weight[N, K]^T -> [M, N], for M <= 16 (see `skinny_applies`)."""
     rows, k = x.shape
     n = weight.shape[0]
@@ -81,5 +97,7 @@ def skinny_matmul(x: torch.Tensor, weight: torch.Tensor, config: SkinnyConfig = 
 def project(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """`F.linear`, through the skinny kernel when it applies (no bias, few half-precision rows)."""
     if bias is None and use_fused(x) and skinny_applies(x, weight):
-        return skinny_matmul(x, weight)
+        config = config_for(x.shape[0], weight.shape[0], weight.shape[1])
+        if config is not None:
+            return skinny_matmul(x, weight, config)
     return F.linear(x, weight, bias)

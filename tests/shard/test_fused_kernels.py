@@ -149,3 +149,13 @@ def test_skinny_matmul_matches_torch(rows, k):
     torch.testing.assert_close(got, want, atol=2e-3, rtol=2e-3)
     assert not skinny_applies(x.float(), weight.float())  # float32 would round to tf32
     assert not skinny_applies(_randn(17, k, dtype=dtype, seed=1), weight)
+
+
+def test_skinny_config_follows_the_measured_table():
+    from shard_server.kernels.skinny_matmul import DEEP, SQUARE, WIDE, config_for
+
+    assert config_for(1, 6144, 4096) == WIDE  # qkv
+    assert config_for(1, 4096, 4096) == SQUARE  # o
+    assert config_for(4, 4096, 14336) == DEEP  # down
+    assert config_for(1, 28672, 4096) is None  # gate_up: cuBLAS
+    assert config_for(16, 28672, 4096) == WIDE
