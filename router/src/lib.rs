@@ -5,6 +5,7 @@ pub mod pb {
 }
 
 pub mod chat_template;
+pub mod chunked_encoding;
 pub mod config;
 pub mod errors;
 pub mod infer;

@@ -5,6 +5,7 @@ use std::path::Path;
 
 use tokenizers::Tokenizer;
 
+use crate::chunked_encoding::ChunkedEncoder;
 use crate::schema::SimpleToken;
 
 #[derive(Debug, Clone, thiserror::Error)]
@@ -24,6 +25,7 @@ const PROMPT_CONTEXT_TOKENS: usize = 5;
 pub struct TextTokenizer {
     inner: Tokenizer,
     special_ids: HashSet<u32>,
+    chunks: ChunkedEncoder,
 }
 
 impl std::fmt::Debug for TextTokenizer {
@@ -48,7 +50,12 @@ impl TextTokenizer {
             .filter(|(_, token)| token.special)
             .map(|(id, _)| id)
             .collect();
-        Self { inner, special_ids }
+        let chunks = ChunkedEncoder::for_tokenizer(&inner);
+        Self {
+            inner,
+            special_ids,
+            chunks,
+        }
     }
 
     /// Prompt ids, with the tokenizer's own special tokens (e.g. BOS) added, like TGI.
@@ -62,6 +69,9 @@ impl TextTokenizer {
         text: &str,
         add_special_tokens: bool,
     ) -> Result<Vec<u32>, TokenizerError> {
+        if let Some(ids) = self.chunks.encode(&self.inner, text, add_special_tokens) {
+            return ids.map_err(tokenizer_error); // a long text, in parallel chunks
+        }
         let encoding = self
             .inner
             .encode(text, add_special_tokens)

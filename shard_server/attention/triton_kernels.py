@@ -101,6 +101,22 @@ def _rotary_store_kv(
         tl.store(v_slot + HALF, tl.load(v_row + HALF, mask=kv_mask), mask=kv_mask)
 
 
+@triton.jit
+def _tile_rows(tile, kv_head, tile_seq_ptr, tile_first_ptr, query_starts_ptr, query_lens_ptr,
+               GROUP: tl.constexpr, GROUP_P: tl.constexpr, BLOCK_Q: tl.constexpr):  # fmt: skip
+    """A tile's rows: BLOCK_Q query tokens of one sequence x the GROUP_P heads of a KV head."""
+    seq = tl.load(tile_seq_ptr + tile)
+    first = tl.load(tile_first_ptr + tile)
+    q_len = tl.load(query_lens_ptr + seq)
+    row0 = tl.load(query_starts_ptr + seq).to(tl.int64)
+    rows = tl.arange(0, BLOCK_Q * GROUP_P)
+    q_tok = first + rows // GROUP_P
+    group_index = rows % GROUP_P
+    head = kv_head * GROUP + group_index
+    row_ok = (q_tok < q_len) & (group_index < GROUP)
+    return seq, first, q_len, row0, q_tok, head, row_ok
+
+
 def _paged_attention(
     q_ptr,  # [T, H, D]
     k_cache_ptr,  # [slots, KV_HEADS, D]
@@ -134,19 +150,11 @@ def _paged_attention(
     WINDOW: tl.constexpr,  # sliding window in tokens; 0: none
     SPLITS: tl.constexpr,  # key ranges per tile (program_id 2); 1: no split
 ):
-    tile = tl.program_id(0)
     kv_head = tl.program_id(1)
-    seq = tl.load(tile_seq_ptr + tile)
-    first = tl.load(tile_first_ptr + tile)
-    q_len = tl.load(query_lens_ptr + seq)
+    seq, first, q_len, row0, q_tok, head, row_ok = _tile_rows(
+        tl.program_id(0), kv_head, tile_seq_ptr, tile_first_ptr, query_starts_ptr, query_lens_ptr, GROUP, GROUP_P, BLOCK_Q
+    )
     ctx = tl.load(context_lens_ptr + seq)
-    row0 = tl.load(query_starts_ptr + seq).to(tl.int64)
-
-    rows = tl.arange(0, BLOCK_Q * GROUP_P)
-    q_tok = first + rows // GROUP_P
-    group_index = rows % GROUP_P
-    head = kv_head * GROUP + group_index
-    row_ok = (q_tok < q_len) & (group_index < GROUP)
     dims = tl.arange(0, HEAD_DIM_P)
     dim_ok = dims < HEAD_DIM
     q_rows = (row0 + q_tok)[:, None] * q_stride_t + head[:, None] * q_stride_h
@@ -234,17 +242,10 @@ def _combine_splits(
     HEAD_DIM_P: tl.constexpr,
 ):
     """Merges a tile's split partials: each split's output weighted by exp2(its max - the max)."""
-    tile = tl.program_id(0)
-    kv_head = tl.program_id(1)
-    seq = tl.load(tile_seq_ptr + tile)
-    first = tl.load(tile_first_ptr + tile)
-    q_len = tl.load(query_lens_ptr + seq)
-    row0 = tl.load(query_starts_ptr + seq).to(tl.int64)
-    rows = tl.arange(0, BLOCK_Q * GROUP_P)
-    q_tok = first + rows // GROUP_P
-    group_index = rows % GROUP_P
-    head = kv_head * GROUP + group_index
-    row_ok = (q_tok < q_len) & (group_index < GROUP)
+    _, _, _, row0, q_tok, head, row_ok = _tile_rows(
+        tl.program_id(0), tl.program_id(1), tile_seq_ptr, tile_first_ptr, query_starts_ptr, query_lens_ptr,
+        GROUP, GROUP_P, BLOCK_Q,
+    )  # fmt: skip
     dims = tl.arange(0, HEAD_DIM_P)
     mask = row_ok[:, None] & (dims < HEAD_DIM)[None, :]
     ml = partial_ml_ptr + (row0 + q_tok) * ml_stride_t + head

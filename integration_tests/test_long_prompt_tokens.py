@@ -1,0 +1,32 @@
+"""A long prompt's ids as the router tokenizes it (in parallel chunks past 8 KiB) equal the
+Hugging Face tokenizer's one pass over the same text."""
+import random
+
+import httpx
+from tokenizers import Tokenizer
+
+PIECES = ["the", "server", "batch", "naïve", "日本語", "Straße", "it's", "x86", "v2.1", "2048", "—", "🙂",
+          "(", ")", ",", ".", ":", "def", "=>"]  # fmt: skip
+GAPS = [" ", " ", " ", "  ", "   ", "\n", "\n\n", " \n", "\t", ""]
+
+
+def long_text(seed: int, size: int) -> str:
+    rng = random.Random(seed)
+    parts: list[str] = []
+    while sum(len(p.encode()) for p in parts) < size:
+        parts += [rng.choice(PIECES), rng.choice(GAPS)]
+    return "".join(parts)
+
+
+def test_a_long_prompt_tokenizes_like_hugging_face(server, demo_model_dir):
+    text = long_text(0, 10_000)
+    want = Tokenizer.from_file(str(demo_model_dir / "tokenizer.json")).encode(text).ids
+    response = httpx.post(
+        server.url + "/generate",
+        json={"inputs": text, "parameters": {"max_new_tokens": 1, "decoder_input_details": True}},
+        timeout=600,
+    )
+    assert response.status_code == 200, response.text
+    got = [token["id"] for token in response.json()["details"]["prefill"]]
+    assert len(text.encode()) > 8 * 1024 and len(want) > 2000
+    assert got == want
