@@ -82,6 +82,13 @@ def streams(url: str, requests: list[tuple[str, int]], processes: int = 1) -> tu
 
 
 CLIENT_START_S = 3.0  # time for the client processes to start before they send together
+STREAMS_PER_CLIENT = 16  # one Python event loop keeps up with about this many busy streams
+MAX_CLIENTS = 8
+
+
+def clients_for(count: int) -> int:
+    """Client processes for `count` concurrent streams, so that the client never sets the pace."""
+    return max(1, min(MAX_CLIENTS, count // STREAMS_PER_CLIENT))
 
 
 def _client_part(job) -> tuple[list[StreamResult], float]:

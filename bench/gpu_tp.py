@@ -27,7 +27,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.gpu_http_load import streams  # noqa: E402
+from bench.gpu_http_load import clients_for, streams  # noqa: E402
 from bench.gpu_vs_transformers import MIX, SERVER_FLAGS, Prompts, phase_model, start_server, warm_up  # noqa: E402
 
 PARITY_PROMPTS, PARITY_TOKENS = 16, 64
@@ -61,7 +61,7 @@ def serve_and_measure(args, tp: int, dtype: str, throughput: bool) -> dict:
         result["batch1_runs_tok_s"] = rates
         if throughput:
             requests = [(prompts.text(n_in), n_out) for n_in, n_out in MIX]
-            res, wall = streams(url, requests)
+            res, wall = streams(url, requests, processes=clients_for(len(requests)))
             tokens = sum(len(r.token_times) for r in res)
             result["mixed_256"] = {"output_tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall,
                                    "errors": sum(1 for r in res if r.error)}  # fmt: skip

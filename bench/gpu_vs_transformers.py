@@ -28,12 +28,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import gpu_report  # noqa: E402
 from bench.gpu_busy import ServerWindow  # noqa: E402
-from bench.gpu_http_load import percentile, streams  # noqa: E402
+from bench.gpu_http_load import clients_for, percentile, streams  # noqa: E402
 
 PHASES = ("ceilings", "model", "parity", "textgen", "transformers", "report")
 TEXT_VOCAB = 49152  # the demo tokenizer's vocabulary
 MIX = [(128, 128)] * 179 + [(1024, 512)] * 77  # 256 requests: 70 % short, 30 % long
-CLIENT_PROCESSES = 8  # the many-stream runs: enough client cores that the client never sets the pace
 SERVER_FLAGS = ["--max-concurrent-requests", "1024", "--max-input-tokens", "4096", "--max-total-tokens", "4608",
                 "--max-batch-prefill-tokens", "8192"]  # fmt: skip
 
@@ -172,15 +171,15 @@ def phase_textgen(args) -> dict:
         result["c_server"] = window.summary()
         result["c_ttft_2048_s"] = sorted(ttfts)[2]
         result["c_ttft_all_s"] = ttfts
-        res, _ = streams(url, [(prompts.text(128), 128) for _ in range(32)], processes=CLIENT_PROCESSES)
+        res, _ = streams(url, [(prompts.text(128), 128) for _ in range(32)], processes=clients_for(32))
         gaps = [g for r in res for g in r.gaps]
         tpots = [r.tpot for r in res if r.tpot]
         result["d_tpot_p50_s"], result["d_tpot_p99_s"] = percentile(tpots, 0.5), percentile(tpots, 0.99)
         result["d_itl_p50_s"], result["d_itl_p99_s"] = percentile(gaps, 0.5), percentile(gaps, 0.99)
         requests = [(prompts.text(n_in), n_out) for n_in, n_out in MIX]
         with ServerWindow(url) as window:
-            res, wall = streams(url, requests, processes=CLIENT_PROCESSES)
-        result["b_client_processes"] = CLIENT_PROCESSES
+            res, wall = streams(url, requests, processes=clients_for(len(requests)))
+        result["b_client_processes"] = clients_for(len(requests))
         result["b_server"] = window.summary(wall_s=wall)  # the clients start a few seconds in
         errors = [r.error for r in res if r.error]
         tokens = sum(len(r.token_times) for r in res)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from bench.gpu_http_load import StreamResult, percentile, streams
+from bench.gpu_http_load import StreamResult, clients_for, percentile, streams
 from bench.open_loop import arrival_times, open_loop
 
 
@@ -80,7 +80,7 @@ def single_decode(url: str, prompts, sizes: Sizes) -> dict:
 
 
 def _closed_batch(url: str, prompts, work: list[tuple[int, int]]) -> tuple[list[StreamResult], dict]:
-    results, wall = streams(url, [(prompts.text(p), n) for p, n in work])
+    results, wall = streams(url, [(prompts.text(p), n) for p, n in work], processes=clients_for(len(work)))
     tokens = sum(len(r.token_times) for r in results)
     return results, {"requests": len(work), "output_tokens": tokens, "expected_tokens": sum(n for _, n in work),
                      "wall_s": wall, "output_tok_s": tokens / wall, **_errors(results)}  # fmt: skip

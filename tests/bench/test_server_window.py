@@ -59,3 +59,11 @@ def test_the_mean_of_each_stage_a_first_token_passes():
     assert abs(stages["shard_forward_ms"] - 50.0) < 1e-9
     assert abs(stages["shard_device_ms"] - 50.0) < 1e-9
     assert "queue_ms" not in stages  # no queue observations in the window
+
+
+def test_many_streams_get_enough_client_processes():
+    from bench.gpu_http_load import MAX_CLIENTS, clients_for
+
+    assert clients_for(1) == 1 and clients_for(15) == 1
+    assert clients_for(32) == 2
+    assert clients_for(256) == MAX_CLIENTS

@@ -1,0 +1,41 @@
+"""The benchmark client: streams dealt over several processes come back in request order."""
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from bench.gpu_http_load import streams
+
+
+class FakeStream(BaseHTTPRequestHandler):
+    """Answers /generate_stream with one SSE event per requested token."""
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        count = body["parameters"]["max_new_tokens"]
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        for i in range(count):
+            self.wfile.write(f'data:{{"token": {{"id": {i}}}, "prompt": "{body["inputs"]}"}}\n\n'.encode())
+        self.wfile.flush()
+        self.close_connection = True
+
+    def log_message(self, *args):
+        pass
+
+
+def test_streams_over_several_client_processes_keep_request_order():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), FakeStream)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        requests = [(f"p{i}", 1 + i % 5) for i in range(11)]
+        results, wall = streams(url, requests, processes=3)
+    finally:
+        server.shutdown()
+    assert [len(r.token_times) for r in results] == [n for _, n in requests]
+    assert all(r.error is None for r in results)
+    assert 0 < wall < 60
+    sent = [r.sent for r in results]
+    assert max(sent) - min(sent) < 2.0  # the processes start together
