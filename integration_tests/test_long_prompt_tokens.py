@@ -23,7 +23,7 @@ def test_a_long_prompt_tokenizes_like_hugging_face(server, demo_model_dir):
     want = Tokenizer.from_file(str(demo_model_dir / "tokenizer.json")).encode(text).ids
     response = httpx.post(
         server.url + "/generate",
-        json={"inputs": text, "parameters": {"max_new_tokens": 1, "decoder_input_details": True}},
+        json={"inputs": text, "parameters": {"max_new_tokens": 1, "details": True, "decoder_input_details": True}},
         timeout=600,
     )
     assert response.status_code == 200, response.text
