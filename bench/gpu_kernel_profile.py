@@ -31,12 +31,12 @@ from bench.gpu_step_profile import _prefill_batch  # noqa: E402
 from shard_server.pb import generate_pb2 as pb  # noqa: E402
 
 GROUPS = [
-    ("attention", r"paged_attention|attention|flash"),
+    ("attention", r"paged_attention|attention|flash|combine_splits"),
     ("store_kv", r"store_kv"),
     ("rotary", r"rotary"),
     ("norm", r"rmsnorm"),
     ("silu_mul", r"silu"),
-    ("matmul", r"gemm|gemv|nvjet|sm90|cutlass|xmma|splitK|matmul"),
+    ("matmul", r"gemm|gemv|nvjet|sm90|cutlass|xmma|splitk|matmul"),  # names are matched lowercased
     ("lm_tail", r"argmax|logsumexp|reduce|softmax|max|gather|exp|log"),
 ]
 

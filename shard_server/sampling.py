@@ -166,10 +166,6 @@ class SampledTokens:
     top_logprobs: torch.Tensor | None
 
 
-def _column(values, dtype, device) -> torch.Tensor:
-    return to_device(values, dtype, device)
-
-
 def _pad(rows: list[list[int]], pad_of_row, device) -> torch.Tensor:
     width = max(1, max(len(r) for r in rows))
     padded = [r + [pad_of_row(r)] * (width - len(r)) for r in rows]
@@ -186,37 +182,37 @@ class Sampler:
         params, dev = rows.params, self.device
         if any(p.needs_all_tokens for p in params):
             ids = _pad(rows.all_tokens, lambda r: r[0], dev)
-            penalty = _column([p.repetition_penalty for p in params], torch.float32, dev)
+            penalty = to_device([p.repetition_penalty for p in params], torch.float32, dev)
             logits = apply_repetition_penalty(logits, ids, penalty)
         if any(p.needs_generated_counts for p in params):
             counts = token_counts(
                 _pad(rows.generated_tokens, lambda r: self.vocab_size, dev), self.vocab_size
             )
-            frequency = _column([p.frequency_penalty for p in params], torch.float32, dev)
-            presence = _column([p.presence_penalty for p in params], torch.float32, dev)
+            frequency = to_device([p.frequency_penalty for p in params], torch.float32, dev)
+            presence = to_device([p.presence_penalty for p in params], torch.float32, dev)
             logits = apply_frequency_presence(logits, counts, frequency, presence)
         if any(p.logit_bias for p in params):
             logits = apply_logit_bias(logits, params)
         if any(p.watermark for p in params):
             logits = apply_watermark(
                 logits,
-                _column(rows.previous_tokens, torch.int64, dev),
-                _column([p.watermark_gamma if p.watermark else 0.5 for p in params], torch.float32, dev),
-                _column([p.watermark_delta if p.watermark else 0.0 for p in params], torch.float32, dev),
+                to_device(rows.previous_tokens, torch.int64, dev),
+                to_device([p.watermark_gamma if p.watermark else 0.5 for p in params], torch.float32, dev),
+                to_device([p.watermark_delta if p.watermark else 0.0 for p in params], torch.float32, dev),
             )
         return logits
 
     def warp(self, logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
         dev = self.device
-        logits = apply_temperature(logits, _column([p.temperature for p in params], torch.float32, dev))
+        logits = apply_temperature(logits, to_device([p.temperature for p in params], torch.float32, dev))
         if any(p.top_k > 0 for p in params):
             vocab = logits.shape[1]
             max_k = max(min(p.top_k, vocab) if p.top_k > 0 else vocab for p in params)
-            logits = apply_top_k(logits, _column([p.top_k for p in params], torch.int64, dev), max_k)
+            logits = apply_top_k(logits, to_device([p.top_k for p in params], torch.int64, dev), max_k)
         if any(p.top_p < 1 for p in params):
-            logits = apply_top_p(logits, _column([p.top_p for p in params], torch.float32, dev))
+            logits = apply_top_p(logits, to_device([p.top_p for p in params], torch.float32, dev))
         if any(p.typical_p < 1 for p in params):
-            logits = apply_typical_p(logits, _column([p.typical_p for p in params], torch.float32, dev))
+            logits = apply_typical_p(logits, to_device([p.typical_p for p in params], torch.float32, dev))
         return logits
 
     def __call__(self, logits: torch.Tensor, rows: SamplingRows) -> SampledTokens:
