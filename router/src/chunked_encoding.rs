@@ -14,9 +14,9 @@ use tokenizers::{
 };
 
 /// Texts shorter than this take one pass: below it the threads cost more than they save.
-pub const MIN_PARALLEL_BYTES: usize = 8 * 1024;
+pub const MIN_PARALLEL_BYTES: usize = 4 * 1024;
 /// Each chunk is at least this long.
-const MIN_CHUNK_BYTES: usize = 4 * 1024;
+const MIN_CHUNK_BYTES: usize = 1024;
 
 /// Split patterns known to keep a non-whitespace character and the space after it apart.
 const SAFE_SPLIT_PATTERNS: &[&str] = &[

@@ -3,6 +3,10 @@ use clap::Parser;
 use textgen_router::config::Args;
 use textgen_router::telemetry::{self, TraceSettings};
 
+// Tokenizing a long prompt allocates per piece; glibc malloc made it ~1.5x slower.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     let args = Args::parse();
