@@ -13,6 +13,10 @@ Such a padded (graph) step of few sequences splits each decode's keys over sever
 batch shapes vary, and each split count is a kernel variant compiled on first use.
 
 Rotary, when the step passes it, is fused into the KV store.
+
+A fresh prompt of at least `dense_min_tokens` (no cached prefix, in an eager step) attends
+only to its own keys, so it skips the paged kernel: torch's dense causal SDPA (flash
+attention on a GPU) runs it at about twice the paged kernel's rate.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from ..device_copy import copy_into, host_to_device
 from .base import AttentionBackend, AttentionShape, StepLayout
@@ -32,6 +37,9 @@ LOG2_E = 1.4426950408889634
 # Split-KV aims at about this many programs per small-tile launch (~2 per SM on an H200).
 SPLIT_TARGET_PROGRAMS = 256
 MAX_SPLITS = 16
+# Fresh prompts this long take the dense SDPA path (measured faster from here on an H200:
+# bench/gpu_prefill_attention.py); shorter ones are cheaper to batch into the paged launch.
+DENSE_PREFILL_MIN_TOKENS = 512
 
 
 @dataclass(frozen=True)
@@ -65,6 +73,7 @@ class TritonMetadata:
     pad_to: int | None
     width: int
     splits: int = 1  # key ranges per small (decode) tile
+    dense: tuple[tuple[int, int], ...] = ()  # (first row, length) of each dense-path prompt
 
 
 def split_count(tiles: int, kv_heads: int) -> int:
@@ -83,10 +92,11 @@ def _next_power_of_two(n: int) -> int:
 class TritonPagedAttention(AttentionBackend):
     name = "triton"
 
-    def __init__(self, shape: AttentionShape):
+    def __init__(self, shape: AttentionShape, dense_min_tokens: int = DENSE_PREFILL_MIN_TOKENS):
         if shape.num_heads % shape.num_kv_heads:
             raise ValueError(f"{shape.num_heads} query heads do not split over {shape.num_kv_heads} KV heads")
         self.shape = shape
+        self.dense_min_tokens = dense_min_tokens
         self.group = shape.num_heads // shape.num_kv_heads
         self.group_p = _next_power_of_two(self.group)
         self.head_dim_p = max(16, _next_power_of_two(shape.head_dim))
@@ -98,9 +108,10 @@ class TritonPagedAttention(AttentionBackend):
     def build_metadata(
         self, layout: StepLayout, device: torch.device, pad_to: int | None = None, width: int | None = None
     ) -> TritonMetadata:
-        host, sections, width = self._pack(layout, pad_to, width)
+        host, sections, width, dense = self._pack(layout, pad_to, width)
         packed = host_to_device(host, device)
         metadata = self._views(packed, sections, pad_to, width)
+        metadata.dense = dense
         small = [launch for launch in metadata.launches if launch.config == self.small]
         if pad_to is not None and small:
             metadata.splits = split_count(small[0].num_tiles, self.shape.num_kv_heads)
@@ -108,7 +119,7 @@ class TritonPagedAttention(AttentionBackend):
 
     def refill(self, metadata: TritonMetadata, layout: StepLayout) -> None:
         """Rewrites a padded metadata buffer in place for a layout of the same shape."""
-        host, _, _ = self._pack(layout, metadata.pad_to, metadata.width)
+        host, _, _, _ = self._pack(layout, metadata.pad_to, metadata.width)
         if host.shape != metadata.packed.shape:
             raise ValueError("refill needs a layout packing to the same shape as the captured one")
         copy_into(metadata.packed, host)
@@ -150,17 +161,22 @@ class TritonPagedAttention(AttentionBackend):
         ctx_padded = np.concatenate([ctx_lens, np.zeros(extra, dtype=np.int32)])
         parts = [slots, starts, q_padded, ctx_padded, tables.reshape(-1)]
         sections = [(name, part.shape[0]) for name, part in zip(("slots", "starts", "q_lens", "ctx_lens", "tables"), parts)]
-        for config, seqs, firsts in self._tiles(q_padded):
+        dense = np.zeros(batch, dtype=bool)
+        if pad_to is None and not self.shape.sliding_window:
+            dense[:real] = (q_lens == ctx_lens) & (q_lens >= self.dense_min_tokens)
+        for config, seqs, firsts in self._tiles(q_padded, ~dense):
             sections.append((config, len(seqs)))
             parts += [seqs, firsts]
         packed = np.concatenate([np.pad(part, (0, _aligned(len(part)) - len(part))) for part in parts])
-        return torch.from_numpy(packed), sections, width
+        dense_rows = tuple((int(starts[i]), int(q_lens[i])) for i in np.flatnonzero(dense))
+        return torch.from_numpy(packed), sections, width, dense_rows
 
-    def _tiles(self, q_lens: np.ndarray):
-        """Per tile config: (config, sequence of each tile, first query offset of each tile)."""
+    def _tiles(self, q_lens: np.ndarray, paged: np.ndarray):
+        """Per tile config: (config, sequence of each tile, first query offset of each tile)
+        over the sequences marked `paged`."""
         plans = []
         small = q_lens <= self.small.block_q
-        for config, chosen in ((self.small, small), (self.large, ~small)):
+        for config, chosen in ((self.small, small & paged), (self.large, ~small & paged)):
             seqs = np.flatnonzero(chosen).astype(np.int32)
             if not len(seqs):
                 continue
@@ -209,7 +225,22 @@ class TritonPagedAttention(AttentionBackend):
         for launch in metadata.launches:
             splits = metadata.splits if launch.config == self.small else 1
             self._attend(kernels, q, k_cache, v_cache, out, metadata, launch, splits)
+        for start, length in metadata.dense:
+            self._attend_dense(q, v, k_cache, out, metadata.slot_mapping, start, length)
         return out
+
+    def _attend_dense(self, q, v, k_cache, out, slot_mapping, start: int, length: int) -> None:
+        """Causal SDPA of one fresh prompt over its own rows. Its keys come back from the
+        cache, where the store just wrote them rotated; values are never rotated."""
+        shape = self.shape
+        rows = slice(start, start + length)
+        keys = k_cache.view(-1, shape.num_kv_heads, shape.head_dim).index_select(0, slot_mapping[rows])
+        heads_first = lambda x: x.transpose(0, 1).unsqueeze(0)  # noqa: E731  [1, heads, length, D]
+        attended = F.scaled_dot_product_attention(
+            heads_first(q[rows]), heads_first(keys), heads_first(v[rows]),
+            is_causal=True, scale=shape.scale, enable_gqa=self.group > 1,
+        )  # fmt: skip
+        out[rows] = attended[0].transpose(0, 1)
 
     def _store(self, kernels, q, k, v, k_cache, v_cache, metadata: TritonMetadata, rotary) -> None:
         """Writes the step's k/v into their slots; with rotary (fusable), rotates q in place and

@@ -17,6 +17,7 @@ pytest.importorskip("triton")
 from shard_server.attention.base import AttentionShape, StepLayout, slot_mapping  # noqa: E402
 from shard_server.attention.reference import ReferenceAttention  # noqa: E402
 from shard_server.attention.triton_paged import (  # noqa: E402
+    DENSE_PREFILL_MIN_TOKENS,
     MAX_SPLITS,
     SPLIT_TARGET_PROGRAMS,
     TritonPagedAttention,
@@ -53,20 +54,23 @@ def make_step(specs, heads, kv_heads, dim, block, dtype, device, seed=0, spare_b
 
 
 def compare(specs, heads=4, kv_heads=2, dim=16, block=4, dtype=torch.float32, device=DEVICE, window=None,
-            seed=0, atol=1e-4):  # fmt: skip
+            seed=0, atol=1e-4, dense_min_tokens=DENSE_PREFILL_MIN_TOKENS):  # fmt: skip
+    """Returns the triton backend's metadata, for checks of which path each sequence took."""
     device = torch.device(device)
     layout, q, k, v, k_cache, v_cache = make_step(specs, heads, kv_heads, dim, block, dtype, device, seed)
     shape = AttentionShape(heads, kv_heads, dim, dim**-0.5, window)
-    reference, triton_backend = ReferenceAttention(shape), TritonPagedAttention(shape)
+    reference, triton_backend = ReferenceAttention(shape), TritonPagedAttention(shape, dense_min_tokens)
     ref_k, ref_v = k_cache.clone(), v_cache.clone()
     expected = reference.forward(q, k, v, ref_k, ref_v, reference.build_metadata(layout, device))
-    got = triton_backend.forward(q, k, v, k_cache, v_cache, triton_backend.build_metadata(layout, device))
+    metadata = triton_backend.build_metadata(layout, device)
+    got = triton_backend.forward(q, k, v, k_cache, v_cache, metadata)
     torch.testing.assert_close(got.float(), expected.float(), atol=atol, rtol=0)
     # Only the step's slots changed, and they hold the new keys and values.
     torch.testing.assert_close(k_cache, ref_k, atol=0, rtol=0)
     torch.testing.assert_close(v_cache, ref_v, atol=0, rtol=0)
     slots = torch.tensor(slot_mapping(layout), device=device)
     torch.testing.assert_close(k_cache.view(-1, kv_heads, dim)[slots], k, atol=0, rtol=0)
+    return metadata
 
 
 CASES = {
@@ -88,6 +92,28 @@ def test_triton_equals_reference_float32(case):
 @pytest.mark.parametrize("case", ["mixed_step", "block_boundaries", "chunk_over_cached_prefix"])
 def test_sliding_window(case):
     compare(CASES[case], window=3)
+
+
+@pytest.mark.parametrize("case", ["single_fresh_prefill", "mixed_step", "many_tiny", "block_boundaries"])
+@pytest.mark.parametrize("heads,kv_heads", [(4, 2), (4, 4), (6, 2)])
+def test_dense_prefill_path_equals_reference(case, heads, kv_heads):
+    """Fresh prompts of at least the threshold take SDPA, every other sequence the paged kernel."""
+    specs = CASES[case]
+    metadata = compare(specs, heads=heads, kv_heads=kv_heads, dense_min_tokens=2)
+    starts = [sum(n for n, _ in specs[:i]) for i in range(len(specs))]
+    fresh = {(start, n) for start, (n, ctx) in zip(starts, specs) if n == ctx and n >= 2}
+    assert set(metadata.dense) == fresh and fresh
+    tiled = {int(s) for launch in metadata.launches for s in launch.tile_seq.tolist()}
+    assert tiled == {i for i, (start, (n, ctx)) in enumerate(zip(starts, specs)) if (start, n) not in fresh}
+
+
+def test_dense_path_is_never_taken_under_a_sliding_window_or_in_a_padded_step():
+    backend = TritonPagedAttention(AttentionShape(4, 2, 16, 0.25, sliding_window=3), dense_min_tokens=1)
+    layout = StepLayout([9], [9], [[0, 1, 2]], 4)
+    assert backend.build_metadata(layout, torch.device(DEVICE)).dense == ()
+    backend = TritonPagedAttention(AttentionShape(4, 2, 16, 0.25), dense_min_tokens=1)
+    assert backend.build_metadata(layout, torch.device(DEVICE)).dense == ((0, 9),)
+    assert backend.build_metadata(StepLayout([1], [1], [[0]], 4), torch.device(DEVICE), pad_to=2).dense == ()
 
 
 @pytest.mark.parametrize("heads,kv_heads", [(4, 4), (6, 2), (8, 1), (16, 2)])
@@ -176,7 +202,8 @@ def test_split_kv_decodes_equal_reference(specs):
     assert splits >= 8  # the longest context spreads over several non-empty splits
 
 
-def test_rotary_fused_into_the_kv_store_equals_rotary_then_reference():
+@pytest.mark.parametrize("dense_min_tokens", [DENSE_PREFILL_MIN_TOKENS, 5])
+def test_rotary_fused_into_the_kv_store_equals_rotary_then_reference(dense_min_tokens):
     from shard_server.kernels.dispatch import fused_kernels
     from shard_server.layers.rotary import RotaryEmbedding
     from shard_server.models.config import RopeScaling
@@ -188,7 +215,7 @@ def test_rotary_fused_into_the_kv_store_equals_rotary_then_reference():
     positions = torch.tensor([p for n, c in specs for p in range(c - n, c)], device=device)
     step = RotaryEmbedding(dim, 64, 10000.0, RopeScaling(), torch.float32, device).for_step(positions)
     shape = AttentionShape(heads, kv_heads, dim, dim**-0.5)
-    reference, triton_backend = ReferenceAttention(shape), TritonPagedAttention(shape)
+    reference, triton_backend = ReferenceAttention(shape), TritonPagedAttention(shape, dense_min_tokens)
     ref_k, ref_v = k_cache.clone(), v_cache.clone()
     with fused_kernels(False):
         expected = reference.forward(q.clone(), k.clone(), v, ref_k, ref_v, reference.build_metadata(layout, device), step)
@@ -233,6 +260,14 @@ def test_gpu_many_tiny_sequences(dtype):
 def test_gpu_split_kv_long_contexts(dtype):
     compare_split([(1, 8192), (1, 3000), (1, 17)], pad_to=4, heads=32, kv_heads=8, dim=128, block=16,
                   dtype=dtype, device="cuda", atol=2e-2)  # fmt: skip
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", GPU_DTYPES)
+def test_gpu_dense_prefill_with_decodes_and_a_cached_chunk(dtype):
+    metadata = compare([(2048, 2048), (600, 600), (1, 100), (300, 1000), (100, 100)], heads=32, kv_heads=8,
+                       dim=128, block=16, dtype=dtype, device="cuda", atol=2e-2)  # fmt: skip
+    assert [length for _, length in metadata.dense] == [2048, 600]
 
 
 @needs_cuda
