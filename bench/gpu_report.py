@@ -76,6 +76,10 @@ def markdown(summary: dict, merged: dict) -> str:
     if parity.get("ok"):
         lines.append(f"| parity: positionwise greedy agreement | {parity['positionwise_token_agreement']:.4f} |")
         lines.append(f"| parity: first-step logits rel L2 | {parity['first_step_logits_rel_l2']:.3g} |")
+        floor = parity.get("reference_noise_floor")
+        if floor:  # reference against itself, the batch split in two
+            lines.append(f"| noise floor (reference vs itself): greedy agreement | {floor['positionwise_token_agreement']:.4f} |")
+            lines.append(f"| noise floor (reference vs itself): logits rel L2 | {floor['first_step_logits_rel_l2']:.3g} |")
     failed = [f"{p}: {v.get('error')}" for p, v in merged.items() if not v.get("ok")]
     if failed:
         lines += ["", "Failed phases: " + "; ".join(failed)]
