@@ -37,9 +37,10 @@ LOG2_E = 1.4426950408889634
 # Split-KV aims at about this many programs per small-tile launch (~2 per SM on an H200).
 SPLIT_TARGET_PROGRAMS = 256
 MAX_SPLITS = 16
-# Fresh prompts this long take the dense SDPA path (measured faster from here on an H200:
-# bench/gpu_prefill_attention.py); shorter ones are cheaper to batch into the paged launch.
-DENSE_PREFILL_MIN_TOKENS = 512
+# Fresh prompts this long take the dense SDPA path. On an H200 (bench/gpu_prefill_attention.py,
+# 8B heads) its kernel (cuDNN's, torch's pick) takes 0.54x the paged kernel's time at 1024 tokens, 0.51x at 2048, but
+# each call costs ~60 us of host work, which a step's other kernels hide only for long prompts.
+DENSE_PREFILL_MIN_TOKENS = 1024
 
 
 @dataclass(frozen=True)

@@ -26,12 +26,13 @@ def test_agreement_counts_positions_prefixes_and_logit_gaps():
 
 def test_compare_backends_on_a_tiny_float32_model(tiny_model_dirs):
     directory = tiny_model_dirs["llama"]
-    runner = make_runner(directory, "triton", torch.device("cpu"), num_blocks=512)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # interpreted kernels on CPU
+    runner = make_runner(directory, "triton", device, num_blocks=512)
     shape = attention_shape(ModelConfig.from_dict(read_config(directory)), ParallelContext())
     result = compare_backends(runner, shape, text_vocab=150, prompts=2, new_tokens=3)
     for measured in (result, result["reference_noise_floor"]):
         assert measured["positionwise_token_agreement"] == 1.0
         assert measured["tokens_before_first_divergence"] == [3, 3]
-        assert measured["first_step_logits_rel_l2"] < 1e-4
+        assert measured["first_step_logits_rel_l2"] < 1e-3
     # The runner got its own backend back.
     assert all(layer.self_attn.backend.name == "triton" for layer in runner.model.layers)
