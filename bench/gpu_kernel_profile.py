@@ -8,7 +8,8 @@ matmul of each projection can be read off (qkv, o, gate_up, down).
 
 Cases: batch-1 decode (graph replay) at contexts 256 and 1024, the 256-request mix's two
 decode shapes (batch 256 at context 512, batch 80 at context 1280), one 2048-token prefill
-(the TTFT case) and one mixed step (64 decodes plus 8,128 prompt tokens).
+(the TTFT case; again with the dense prefill path off) and one mixed step (64 decodes plus
+8,128 prompt tokens).
 
     python3 bench/gpu_kernel_profile.py MODEL_DIR OUT_JSON [CASE ...]
 """
@@ -100,9 +101,20 @@ def summarise(found, repeats: int, step_ms: float, keep_order: int = 40) -> dict
              "us_each": round(v[1] / v[0], 2)}
             for n, v in sorted(by_name.items(), key=lambda x: -x[1][1])[:20]
         ],  # fmt: skip
+        "largest_gaps": largest_gaps(found),
         "first_kernels": [(n[:80], round(d, 2)) for n, _, d in found[:keep_order]],
         "last_kernels": [(n[:80], round(d, 2)) for n, _, d in found[per_step - 8 : per_step]],
     }
+
+
+def largest_gaps(found, count: int = 8) -> list[dict]:
+    """The longest device idle intervals between consecutive kernels (the boundaries between
+    repeats among them), with the kernels on either side: where the host held the GPU up."""
+    gaps = [
+        {"idle_us": round(nxt[1] - (cur[1] + cur[2]), 1), "index": i, "after": cur[0][:60], "before": nxt[0][:60]}
+        for i, (cur, nxt) in enumerate(zip(found, found[1:]))
+    ]
+    return sorted(gaps, key=lambda g: -g["idle_us"])[:count]
 
 
 def decode_case(runner, batch: int, context: int, repeats: int = 10) -> dict:
@@ -158,6 +170,19 @@ def prefill_case(runner, lengths: list[int], decodes: int = 0, decode_context: i
     return summary
 
 
+def paged_only(runner, case):
+    """Runs `case` with the dense prefill path off: every prompt on the paged kernel."""
+    backends = {id(layer.self_attn.backend): layer.self_attn.backend for layer in runner.model.layers}
+    saved = {key: backend.dense_min_tokens for key, backend in backends.items()}
+    for backend in backends.values():
+        backend.dense_min_tokens = 1 << 30
+    try:
+        return case()
+    finally:
+        for key, backend in backends.items():
+            backend.dense_min_tokens = saved[key]
+
+
 def main() -> None:
     model_dir, out = Path(sys.argv[1]), Path(sys.argv[2])
     runner, _ = parity_runner(model_dir, graph_sizes=(1, 80, 256), memory_fraction=0.85)
@@ -168,6 +193,7 @@ def main() -> None:
         ("decode_b80_ctx1280", lambda: decode_case(runner, 80, 1280)),
         ("decode_b256_ctx512", lambda: decode_case(runner, 256, 512)),
         ("prefill_2048", lambda: prefill_case(runner, [2048])),
+        ("prefill_2048_paged_attention", lambda: paged_only(runner, lambda: prefill_case(runner, [2048]))),
         ("mixed_64x512_plus_8x1016", lambda: prefill_case(runner, [1016] * 8, decodes=64)),
     ]
     wanted = set(sys.argv[3:])

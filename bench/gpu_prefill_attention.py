@@ -7,6 +7,10 @@ cuDNN on keys repeated per head: it takes no GQA flag), so the table says which 
 torch picked. Every output is checked against the paged kernel's (bf16, 2e-2).
 Sets DENSE_PREFILL_MIN_TOKENS in shard_server/attention/triton_paged.py.
 
+`first_use`: the wall time of the first dense call at prompt lengths not seen before, raw
+(SDPA on the unpadded prompt) and as the backend runs it (padded to a bucket whose plan
+`prepare_prefill` built at warmup; its time is reported too).
+
     python3 bench/gpu_prefill_attention.py OUT_JSON
 """
 
@@ -14,6 +18,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -88,7 +93,34 @@ def main() -> None:
         rows.append(row)
     for row in rows:
         assert row["dense_max_abs_diff"] < 2e-2, row
-    out_path.write_text(json.dumps({"torch": torch.__version__, "cases": rows}, indent=1))
+    first = first_use(dense, device)
+    print(json.dumps(first), flush=True)
+    out_path.write_text(json.dumps({"torch": torch.__version__, "cases": rows, "first_use": first}, indent=1))
+
+
+def wall_ms(fn) -> float:
+    torch.cuda.synchronize()
+    started = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - started) * 1e3
+
+
+def first_use(backend: TritonPagedAttention, device) -> dict:
+    q = torch.randn((4096, HEADS, DIM), device=device, dtype=torch.bfloat16)
+    k = torch.randn((4096, KV_HEADS, DIM), device=device, dtype=torch.bfloat16)
+    heads_first = lambda x, n: x[:n].transpose(0, 1).unsqueeze(0)  # noqa: E731
+    raw = {}
+    for n in (1100, 1300, 1500, 1700, 2047):  # lengths no call has used yet
+        raw[n] = wall_ms(lambda: F.scaled_dot_product_attention(
+            heads_first(q, n), heads_first(k, n), heads_first(k, n), is_causal=True, enable_gqa=True))  # fmt: skip
+    prepare_ms = wall_ms(lambda: backend.prepare_prefill(4096, torch.bfloat16, device))
+    bucketed = {}
+    for n in (1150, 1350, 1550, 1750, 2040):
+        bucketed[n] = wall_ms(lambda: backend._dense_causal(q[:n], k[:n], k[:n]))
+    again = {n: wall_ms(lambda: backend._dense_causal(q[:n], k[:n], k[:n])) for n in bucketed}
+    return {"raw_first_call_ms": raw, "prepare_prefill_4096_ms": prepare_ms, "bucketed_first_call_ms": bucketed,
+            "bucketed_second_call_ms": again}  # fmt: skip
 
 
 if __name__ == "__main__":

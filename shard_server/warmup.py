@@ -85,6 +85,9 @@ def warmup(runner: ModelRunner, max_tokens: int, max_batch_size: int, sizing: Po
         torch.cuda.reset_peak_memory_stats(runner.device)
     runner.allocate_kv_cache(blocks_needed)
     runner.step(request)
+    prepared = runner.backend.prepare_prefill(max_tokens, runner.kv_spec.dtype, runner.device)
+    if prepared:
+        log.info("prepared %d dense prefill shapes", prepared)
     graphs, sizes = _decode_graphs(runner, sizing.cuda_graph_sizes, max_batch_size)
     graph_reserve = graph_memory_bytes(graphs, max(sizes), runner.kv_cache) if graphs else 0
     runner.clear()

@@ -72,6 +72,11 @@ class AttentionBackend(ABC):
         """Stores k/v into their slots, then returns the attention output [T, num_heads, head_dim].
         May rotate or overwrite q, k and v in place."""
 
+    def prepare_prefill(self, max_tokens: int, dtype: torch.dtype, device: torch.device) -> int:
+        """Warmup: builds whatever prefills of up to `max_tokens` would build on first use.
+        Returns how many kernel variants it prepared."""
+        return 0
+
 
 def slot_mapping(layout: StepLayout) -> list[int]:
     """Cache slot of every new token, in flattened step order."""

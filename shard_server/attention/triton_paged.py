@@ -15,8 +15,11 @@ batch shapes vary, and each split count is a kernel variant compiled on first us
 Rotary, when the step passes it, is fused into the KV store.
 
 A fresh prompt of at least `dense_min_tokens` (no cached prefix, in an eager step) attends
-only to its own keys, so it skips the paged kernel: torch's dense causal SDPA (flash
-attention on a GPU) runs it at about twice the paged kernel's rate.
+only to its own keys, so it skips the paged kernel: torch's dense causal SDPA (cuDNN's
+kernel on an H200) runs it at about twice the paged kernel's rate. cuDNN builds an execution
+plan per shape (~40 ms), so the prompt is zero-padded at its end to a multiple of
+DENSE_BUCKET_TOKENS (causal masking keeps the padding out of the real rows) and warmup
+builds every bucket's plan (`prepare_prefill`).
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ MAX_SPLITS = 16
 # 8B heads) its kernel (cuDNN's, torch's pick) takes 0.54x the paged kernel's time at 1024 tokens, 0.51x at 2048, but
 # each call costs ~60 us of host work, which a step's other kernels hide only for long prompts.
 DENSE_PREFILL_MIN_TOKENS = 1024
+DENSE_BUCKET_TOKENS = 256
 
 
 @dataclass(frozen=True)
@@ -93,7 +97,8 @@ def _next_power_of_two(n: int) -> int:
 class TritonPagedAttention(AttentionBackend):
     name = "triton"
 
-    def __init__(self, shape: AttentionShape, dense_min_tokens: int = DENSE_PREFILL_MIN_TOKENS):
+    def __init__(self, shape: AttentionShape, dense_min_tokens: int | None = DENSE_PREFILL_MIN_TOKENS):
+        """`dense_min_tokens`: the shortest fresh prompt that takes the dense path; None: none does."""
         if shape.num_heads % shape.num_kv_heads:
             raise ValueError(f"{shape.num_heads} query heads do not split over {shape.num_kv_heads} KV heads")
         self.shape = shape
@@ -163,7 +168,7 @@ class TritonPagedAttention(AttentionBackend):
         parts = [slots, starts, q_padded, ctx_padded, tables.reshape(-1)]
         sections = [(name, part.shape[0]) for name, part in zip(("slots", "starts", "q_lens", "ctx_lens", "tables"), parts)]
         dense = np.zeros(batch, dtype=bool)
-        if pad_to is None and not self.shape.sliding_window:
+        if pad_to is None and self.dense_min_tokens is not None and not self.shape.sliding_window:
             dense[:real] = (q_lens == ctx_lens) & (q_lens >= self.dense_min_tokens)
         for config, seqs, firsts in self._tiles(q_padded, ~dense):
             sections.append((config, len(seqs)))
@@ -236,12 +241,36 @@ class TritonPagedAttention(AttentionBackend):
         shape = self.shape
         rows = slice(start, start + length)
         keys = k_cache.view(-1, shape.num_kv_heads, shape.head_dim).index_select(0, slot_mapping[rows])
-        heads_first = lambda x: x.transpose(0, 1).unsqueeze(0)  # noqa: E731  [1, heads, length, D]
+        out[rows] = self._dense_causal(q[rows], keys, v[rows])[:length]
+
+    def _dense_causal(self, q, k, v) -> torch.Tensor:
+        """[n, heads, D] causal attention, computed on copies zero-padded to the next bucket."""
+        length = q.shape[0]
+        padded = _round_up(length, DENSE_BUCKET_TOKENS)
+
+        def heads_first(x):  # [1, heads, padded, D], the same layout for every length
+            buffer = x.new_zeros((1, x.shape[1], padded, x.shape[2]))
+            buffer[0, :, :length] = x.transpose(0, 1)
+            return buffer
+
         attended = F.scaled_dot_product_attention(
-            heads_first(q[rows]), heads_first(keys), heads_first(v[rows]),
-            is_causal=True, scale=shape.scale, enable_gqa=self.group > 1,
+            heads_first(q), heads_first(k), heads_first(v),
+            is_causal=True, scale=self.shape.scale, enable_gqa=self.group > 1,
         )  # fmt: skip
-        out[rows] = attended[0].transpose(0, 1)
+        return attended[0].transpose(0, 1)
+
+    def prepare_prefill(self, max_tokens: int, dtype: torch.dtype, device: torch.device) -> int:
+        """Runs the dense path once per bucket up to `max_tokens` (the longest fresh chunk a
+        step can hold), so no request pays for building a kernel plan. Returns the count."""
+        if self.dense_min_tokens is None:
+            return 0
+        shape = self.shape
+        lengths = range(_round_up(self.dense_min_tokens, DENSE_BUCKET_TOKENS), max_tokens + 1, DENSE_BUCKET_TOKENS)
+        for length in lengths:
+            q = torch.zeros((length, shape.num_heads, shape.head_dim), dtype=dtype, device=device)
+            kv = torch.zeros((length, shape.num_kv_heads, shape.head_dim), dtype=dtype, device=device)
+            self._dense_causal(q, kv, kv)
+        return len(lengths)
 
     def _store(self, kernels, q, k, v, k_cache, v_cache, metadata: TritonMetadata, rotary) -> None:
         """Writes the step's k/v into their slots; with rotary (fusable), rotates q in place and
@@ -291,6 +320,10 @@ class TritonPagedAttention(AttentionBackend):
                 SPLITS=splits, GROUP=self.group, GROUP_P=self.group_p, BLOCK_Q=config.block_q,
                 HEAD_DIM=shape.head_dim, HEAD_DIM_P=self.head_dim_p, num_warps=4,
             )  # fmt: skip
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
 
 
 def _aligned(count: int) -> int:

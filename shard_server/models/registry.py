@@ -40,7 +40,7 @@ def build_model(
     device: torch.device,
 ) -> LlamaForCausalLM:
     check_shardable(cfg, ctx.world_size)
-    backend = create_backend(attention, attention_shape(cfg, ctx))
+    backend = create_backend(attention, attention_shape(cfg, ctx), dtype)
     model = FAMILIES[cfg.model_type](cfg, ctx, backend, dtype, device)
     with torch.no_grad():
         model.load(store)

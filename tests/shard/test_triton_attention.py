@@ -291,3 +291,39 @@ def test_every_metadata_section_starts_16_byte_aligned(query_lens):
         views = [metadata.slot_mapping, metadata.query_starts, metadata.query_lens, metadata.context_lens,
                  metadata.block_tables] + [t for launch in metadata.launches for t in (launch.tile_seq, launch.tile_first)]  # fmt: skip
         assert all(view.data_ptr() % 16 == 0 for view in views), [view.storage_offset() for view in views]
+
+
+def test_prepare_prefill_runs_every_bucket_up_to_the_step_budget(monkeypatch):
+    from shard_server.attention import triton_paged
+
+    backend = TritonPagedAttention(AttentionShape(4, 2, 16, 0.25), dense_min_tokens=300)
+    seen = []
+    original = backend._dense_causal
+    monkeypatch.setattr(backend, "_dense_causal", lambda q, k, v: seen.append(q.shape[0]) or original(q, k, v))
+    bucket = triton_paged.DENSE_BUCKET_TOKENS
+    assert backend.prepare_prefill(4 * bucket + 7, torch.float32, torch.device("cpu")) == 3
+    assert seen == [2 * bucket, 3 * bucket, 4 * bucket]
+    assert TritonPagedAttention(AttentionShape(4, 2, 16, 0.25), None).prepare_prefill(4096, torch.float32, "cpu") == 0
+
+
+def test_a_prompt_not_a_multiple_of_the_bucket_is_padded_without_changing_its_rows():
+    """Padding at the end: causal masking keeps it out of every real row."""
+    backend = TritonPagedAttention(AttentionShape(4, 2, 16, 0.25), dense_min_tokens=1)
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(37, 4, 16, generator=gen)
+    k, v = torch.randn(37, 2, 16, generator=gen), torch.randn(37, 2, 16, generator=gen)
+    got = backend._dense_causal(q, k, v)[:37]
+    expand = lambda x: x.repeat_interleave(2, dim=1).transpose(0, 1)  # noqa: E731
+    expected = torch.nn.functional.scaled_dot_product_attention(
+        q.transpose(0, 1), expand(k), expand(v), is_causal=True, scale=0.25
+    )
+    torch.testing.assert_close(got, expected.transpose(0, 1), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("dtype,dense", [(torch.bfloat16, True), (torch.float16, True), (torch.float32, False)])
+def test_the_registry_turns_the_dense_path_on_for_half_precision_only(dtype, dense):
+    from shard_server.attention.registry import create_backend
+
+    backend = create_backend("triton", AttentionShape(4, 2, 16, 0.25), dtype)
+    assert (backend.dense_min_tokens == DENSE_PREFILL_MIN_TOKENS) == dense
+    assert (backend.dense_min_tokens is None) == (not dense)

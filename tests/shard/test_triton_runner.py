@@ -80,6 +80,15 @@ def _decode_batch(runner, prompts, new_tokens):
     return outputs
 
 
+def test_warmup_prepares_the_dense_prefill_shapes_for_the_step_budget(tiny_model_dirs, monkeypatch):
+    device = torch.device("cuda" if CUDA else "cpu")
+    runner = make_runner(tiny_model_dirs["llama"], "triton", device)
+    calls = []
+    monkeypatch.setattr(runner.backend, "prepare_prefill", lambda *args: calls.append(args) or 0)
+    warmup(runner, 64, 8, PoolSizing(1024, 0.05, ()))
+    assert calls == [(64, torch.float32, device)]
+
+
 @needs_cuda
 @pytest.mark.parametrize("batch", [1, 3, 8])
 def test_graph_replay_equals_eager_decode(tiny_model_dirs, batch):
