@@ -248,10 +248,11 @@ class TritonPagedAttention(AttentionBackend):
         length = q.shape[0]
         padded = _round_up(length, DENSE_BUCKET_TOKENS)
 
-        def heads_first(x):  # [1, heads, padded, D], the same layout for every length
-            buffer = x.new_zeros((1, x.shape[1], padded, x.shape[2]))
-            buffer[0, :, :length] = x.transpose(0, 1)
-            return buffer
+        def heads_first(x):  # token-major like x (a plain copy), seen as [1, heads, padded, D]
+            buffer = x.new_empty((padded, x.shape[1], x.shape[2]))
+            buffer[:length] = x
+            buffer[length:] = 0
+            return buffer.transpose(0, 1).unsqueeze(0)
 
         attended = F.scaled_dot_product_attention(
             heads_first(q), heads_first(k), heads_first(v),
