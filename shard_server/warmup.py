@@ -5,7 +5,9 @@ sequences, all sampling with every processor active, against a temporary pool ju
 enough for it. Afterwards the real pool is sized: on CPU from `--kv-cache-tokens`, on CUDA
 from the memory left after the step's peak and the decode CUDA graphs (measured by one trial
 capture of the largest size), times `--cuda-memory-fraction`. The graphs are then captured
-against the real pool.
+against the real pool. In between, the attention backend prepares what a prefill of up to
+`max_batch_prefill_tokens` would otherwise build on first use (the triton backend's dense
+prefill plans, one per length bucket).
 """
 
 from __future__ import annotations
