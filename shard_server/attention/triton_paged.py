@@ -41,8 +41,9 @@ LOG2_E = 1.4426950408889634
 SPLIT_TARGET_PROGRAMS = 256
 MAX_SPLITS = 16
 # Fresh prompts this long take the dense SDPA path. On an H200 (bench/gpu_prefill_attention.py,
-# 8B heads) its kernel (cuDNN's, torch's pick) takes 0.54x the paged kernel's time at 1024 tokens, 0.51x at 2048, but
-# each call costs ~60 us of host work, which a step's other kernels hide only for long prompts.
+# 8B heads) its kernel (cuDNN's, torch's pick) takes 0.53x the paged kernel's time at 1024
+# tokens, 0.51x at 2048, but each call costs ~60 us of host work and padded copies of its
+# q, k and v, which only a long prompt's attention time repays.
 DENSE_PREFILL_MIN_TOKENS = 1024
 DENSE_BUCKET_TOKENS = 256
 
@@ -261,12 +262,14 @@ class TritonPagedAttention(AttentionBackend):
         return attended[0].transpose(0, 1)
 
     def prepare_prefill(self, max_tokens: int, dtype: torch.dtype, device: torch.device) -> int:
-        """Runs the dense path once per bucket up to `max_tokens` (the longest fresh chunk a
-        step can hold), so no request pays for building a kernel plan. Returns the count."""
+        """Runs the dense path once per bucket a chunk of up to `max_tokens` (the longest fresh
+        chunk a step can hold) pads to, so no request pays for building a kernel plan.
+        Returns the count."""
         if self.dense_min_tokens is None:
             return 0
         shape = self.shape
-        lengths = range(_round_up(self.dense_min_tokens, DENSE_BUCKET_TOKENS), max_tokens + 1, DENSE_BUCKET_TOKENS)
+        first, last = (_round_up(n, DENSE_BUCKET_TOKENS) for n in (self.dense_min_tokens, max_tokens))
+        lengths = range(first, last + 1, DENSE_BUCKET_TOKENS)
         for length in lengths:
             q = torch.zeros((length, shape.num_heads, shape.head_dim), dtype=dtype, device=device)
             kv = torch.zeros((length, shape.num_kv_heads, shape.head_dim), dtype=dtype, device=device)

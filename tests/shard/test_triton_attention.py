@@ -301,8 +301,11 @@ def test_prepare_prefill_runs_every_bucket_up_to_the_step_budget(monkeypatch):
     original = backend._dense_causal
     monkeypatch.setattr(backend, "_dense_causal", lambda q, k, v: seen.append(q.shape[0]) or original(q, k, v))
     bucket = triton_paged.DENSE_BUCKET_TOKENS
-    assert backend.prepare_prefill(4 * bucket + 7, torch.float32, torch.device("cpu")) == 3
-    assert seen == [2 * bucket, 3 * bucket, 4 * bucket]
+    # A chunk of 4 buckets + 7 tokens pads to 5 buckets.
+    assert backend.prepare_prefill(4 * bucket + 7, torch.float32, torch.device("cpu")) == 4
+    assert seen == [2 * bucket, 3 * bucket, 4 * bucket, 5 * bucket]
+    seen.clear()
+    assert backend.prepare_prefill(3 * bucket, torch.float32, torch.device("cpu")) == 2 and seen == [2 * bucket, 3 * bucket]
     assert TritonPagedAttention(AttentionShape(4, 2, 16, 0.25), None).prepare_prefill(4096, torch.float32, "cpu") == 0
 
 
