@@ -101,3 +101,15 @@ def test_graph_replay_equals_eager_decode(tiny_model_dirs, batch):
         assert (runner.graphs is not None) == bool(graphs)
         results[graphs] = _decode_batch(runner, prompts, new_tokens=12)
     assert results[(1, 2, 4, 8)] == results[()]
+
+
+def test_warmup_freezes_the_objects_alive_after_it(tiny_model_dirs):
+    import gc
+
+    runner = make_runner(tiny_model_dirs["llama"], "reference", torch.device("cpu"))
+    gc.unfreeze()
+    try:
+        warmup(runner, 64, 8, PoolSizing(1024, 0.05, ()))
+        assert gc.get_freeze_count() > 1000  # the model's modules and parameters among them
+    finally:
+        gc.unfreeze()
