@@ -173,14 +173,14 @@ def prefill_case(runner, lengths: list[int], decodes: int = 0, decode_context: i
 def paged_only(runner, case):
     """Runs `case` with the dense prefill path off: every prompt on the paged kernel."""
     backends = {id(layer.self_attn.backend): layer.self_attn.backend for layer in runner.model.layers}
-    saved = {key: backend.dense_min_tokens for key, backend in backends.items()}
+    saved = {key: backend.dense.min_tokens for key, backend in backends.items()}
     for backend in backends.values():
-        backend.dense_min_tokens = 1 << 30
+        backend.dense.min_tokens = None
     try:
         return case()
     finally:
         for key, backend in backends.items():
-            backend.dense_min_tokens = saved[key]
+            backend.dense.min_tokens = saved[key]
 
 
 def main() -> None:

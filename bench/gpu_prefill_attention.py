@@ -5,7 +5,7 @@ timed twice: with every sequence on the paged kernel, and with the prompt on the
 path. Torch's SDPA backends are timed alone on the same tensors (GQA through `enable_gqa`,
 cuDNN on keys repeated per head: it takes no GQA flag), so the table says which kernel
 torch picked. Every output is checked against the paged kernel's (bf16, 2e-2).
-Sets DENSE_PREFILL_MIN_TOKENS in shard_server/attention/triton_paged.py.
+Sets DENSE_PREFILL_MIN_TOKENS in shard_server/attention/dense_prefill.py.
 
 `first_use`: the wall time of the first dense call at prompt lengths not seen before, raw
 (SDPA on the unpadded prompt) and as the backend runs it (padded to a bucket whose plan
@@ -73,7 +73,7 @@ def main() -> None:
         row = {"tokens": length, "tflop": causal_tflops(length)}
         for name, backend in (("paged", paged), ("dense", dense)):
             metadata = backend.build_metadata(layout, device)
-            assert bool(metadata.dense) == (name == "dense")
+            assert bool(metadata.dense_rows) == (name == "dense")
             run = lambda: backend.forward(q, k, v, k_cache, v_cache, metadata)  # noqa: E731
             got = run()
             expected = got if expected is None else expected
@@ -117,8 +117,8 @@ def first_use(backend: TritonPagedAttention, device) -> dict:
     prepare_ms = wall_ms(lambda: backend.prepare_prefill(4096, torch.bfloat16, device))
     bucketed = {}
     for n in (1150, 1350, 1550, 1750, 2040):
-        bucketed[n] = wall_ms(lambda: backend._dense_causal(q[:n], k[:n], k[:n]))
-    again = {n: wall_ms(lambda: backend._dense_causal(q[:n], k[:n], k[:n])) for n in bucketed}
+        bucketed[n] = wall_ms(lambda: backend.dense.causal(q[:n], k[:n], k[:n]))
+    again = {n: wall_ms(lambda: backend.dense.causal(q[:n], k[:n], k[:n])) for n in bucketed}
     return {"raw_first_call_ms": raw, "prepare_prefill_4096_ms": prepare_ms, "bucketed_first_call_ms": bucketed,
             "bucketed_second_call_ms": again}  # fmt: skip
 

@@ -14,7 +14,8 @@ def _reference_backend(shape: AttentionShape, dtype: torch.dtype) -> AttentionBa
 
 def _triton_backend(shape: AttentionShape, dtype: torch.dtype) -> AttentionBackend:
     # Imported on demand: Triton is only needed when this backend is asked for.
-    from .triton_paged import DENSE_PREFILL_MIN_TOKENS, TritonPagedAttention
+    from .dense_prefill import DENSE_PREFILL_MIN_TOKENS
+    from .triton_paged import TritonPagedAttention
 
     # Dense SDPA has fast kernels for half precision only; in float32 it would fall back to
     # materialising every score (heads x n x n floats).

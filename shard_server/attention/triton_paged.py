@@ -14,12 +14,8 @@ batch shapes vary, and each split count is a kernel variant compiled on first us
 
 Rotary, when the step passes it, is fused into the KV store.
 
-A fresh prompt of at least `dense_min_tokens` (no cached prefix, in an eager step) attends
-only to its own keys, so it skips the paged kernel: torch's dense causal SDPA (cuDNN's
-kernel on an H200) runs it at about twice the paged kernel's rate. cuDNN builds an execution
-plan per shape (~40 ms), so the prompt is zero-padded at its end to a multiple of
-DENSE_BUCKET_TOKENS (causal masking keeps the padding out of the real rows) and warmup
-builds every bucket's plan (`prepare_prefill`).
+A long fresh prompt (no cached prefix, in an eager step) skips the paged kernel for torch's
+dense causal SDPA (`dense_prefill.py`).
 """
 
 from __future__ import annotations
@@ -30,22 +26,16 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from ..device_copy import copy_into, host_to_device
 from .base import AttentionBackend, AttentionShape, StepLayout
+from .dense_prefill import DENSE_PREFILL_MIN_TOKENS, DensePrefill
 from .triton_kernels import kernels_for
 
 LOG2_E = 1.4426950408889634
 # Split-KV aims at about this many programs per small-tile launch (~2 per SM on an H200).
 SPLIT_TARGET_PROGRAMS = 256
 MAX_SPLITS = 16
-# Fresh prompts this long take the dense SDPA path. On an H200 (bench/gpu_prefill_attention.py,
-# 8B heads) its kernel (cuDNN's, torch's pick) takes 0.53x the paged kernel's time at 1024
-# tokens, 0.51x at 2048, but each call costs ~60 us of host work and padded copies of its
-# q, k and v, which only a long prompt's attention time repays.
-DENSE_PREFILL_MIN_TOKENS = 1024
-DENSE_BUCKET_TOKENS = 256
 
 
 @dataclass(frozen=True)
@@ -79,7 +69,7 @@ class TritonMetadata:
     pad_to: int | None
     width: int
     splits: int = 1  # key ranges per small (decode) tile
-    dense: tuple[tuple[int, int], ...] = ()  # (first row, length) of each dense-path prompt
+    dense_rows: tuple[tuple[int, int], ...] = ()  # (first row, length) of each dense-path prompt
 
 
 def split_count(tiles: int, kv_heads: int) -> int:
@@ -103,7 +93,7 @@ class TritonPagedAttention(AttentionBackend):
         if shape.num_heads % shape.num_kv_heads:
             raise ValueError(f"{shape.num_heads} query heads do not split over {shape.num_kv_heads} KV heads")
         self.shape = shape
-        self.dense_min_tokens = dense_min_tokens
+        self.dense = DensePrefill(shape, dense_min_tokens)
         self.group = shape.num_heads // shape.num_kv_heads
         self.group_p = _next_power_of_two(self.group)
         self.head_dim_p = max(16, _next_power_of_two(shape.head_dim))
@@ -115,10 +105,10 @@ class TritonPagedAttention(AttentionBackend):
     def build_metadata(
         self, layout: StepLayout, device: torch.device, pad_to: int | None = None, width: int | None = None
     ) -> TritonMetadata:
-        host, sections, width, dense = self._pack(layout, pad_to, width)
+        host, sections, width, dense_rows = self._pack(layout, pad_to, width)
         packed = host_to_device(host, device)
         metadata = self._views(packed, sections, pad_to, width)
-        metadata.dense = dense
+        metadata.dense_rows = dense_rows
         small = [launch for launch in metadata.launches if launch.config == self.small]
         if pad_to is not None and small:
             metadata.splits = split_count(small[0].num_tiles, self.shape.num_kv_heads)
@@ -169,8 +159,8 @@ class TritonPagedAttention(AttentionBackend):
         parts = [slots, starts, q_padded, ctx_padded, tables.reshape(-1)]
         sections = [(name, part.shape[0]) for name, part in zip(("slots", "starts", "q_lens", "ctx_lens", "tables"), parts)]
         dense = np.zeros(batch, dtype=bool)
-        if pad_to is None and self.dense_min_tokens is not None and not self.shape.sliding_window:
-            dense[:real] = (q_lens == ctx_lens) & (q_lens >= self.dense_min_tokens)
+        if pad_to is None:  # graph-captured steps keep every sequence on the paged kernel
+            dense[:real] = self.dense.takes(q_lens, ctx_lens)
         for config, seqs, firsts in self._tiles(q_padded, ~dense):
             sections.append((config, len(seqs)))
             parts += [seqs, firsts]
@@ -232,49 +222,12 @@ class TritonPagedAttention(AttentionBackend):
         for launch in metadata.launches:
             splits = metadata.splits if launch.config == self.small else 1
             self._attend(kernels, q, k_cache, v_cache, out, metadata, launch, splits)
-        for start, length in metadata.dense:
-            self._attend_dense(q, v, k_cache, out, metadata.slot_mapping, start, length)
+        for start, length in metadata.dense_rows:
+            self.dense.attend(q, v, k_cache, out, metadata.slot_mapping, start, length)
         return out
 
-    def _attend_dense(self, q, v, k_cache, out, slot_mapping, start: int, length: int) -> None:
-        """Causal SDPA of one fresh prompt over its own rows. Its keys come back from the
-        cache, where the store just wrote them rotated; values are never rotated."""
-        shape = self.shape
-        rows = slice(start, start + length)
-        keys = k_cache.view(-1, shape.num_kv_heads, shape.head_dim).index_select(0, slot_mapping[rows])
-        out[rows] = self._dense_causal(q[rows], keys, v[rows])[:length]
-
-    def _dense_causal(self, q, k, v) -> torch.Tensor:
-        """[n, heads, D] causal attention, computed on copies zero-padded to the next bucket."""
-        length = q.shape[0]
-        padded = _round_up(length, DENSE_BUCKET_TOKENS)
-
-        def heads_first(x):  # token-major like x (a plain copy), seen as [1, heads, padded, D]
-            buffer = x.new_empty((padded, x.shape[1], x.shape[2]))
-            buffer[:length] = x
-            buffer[length:] = 0
-            return buffer.transpose(0, 1).unsqueeze(0)
-
-        attended = F.scaled_dot_product_attention(
-            heads_first(q), heads_first(k), heads_first(v),
-            is_causal=True, scale=self.shape.scale, enable_gqa=self.group > 1,
-        )  # fmt: skip
-        return attended[0].transpose(0, 1)
-
     def prepare_prefill(self, max_tokens: int, dtype: torch.dtype, device: torch.device) -> int:
-        """Runs the dense path once per bucket a chunk of up to `max_tokens` (the longest fresh
-        chunk a step can hold) pads to, so no request pays for building a kernel plan.
-        Returns the count."""
-        if self.dense_min_tokens is None:
-            return 0
-        shape = self.shape
-        first, last = (_round_up(n, DENSE_BUCKET_TOKENS) for n in (self.dense_min_tokens, max_tokens))
-        lengths = range(first, last + 1, DENSE_BUCKET_TOKENS)
-        for length in lengths:
-            q = torch.zeros((length, shape.num_heads, shape.head_dim), dtype=dtype, device=device)
-            kv = torch.zeros((length, shape.num_kv_heads, shape.head_dim), dtype=dtype, device=device)
-            self._dense_causal(q, kv, kv)
-        return len(lengths)
+        return self.dense.prepare(max_tokens, dtype, device)
 
     def _store(self, kernels, q, k, v, k_cache, v_cache, metadata: TritonMetadata, rotary) -> None:
         """Writes the step's k/v into their slots; with rotary (fusable), rotates q in place and
@@ -324,10 +277,6 @@ class TritonPagedAttention(AttentionBackend):
                 SPLITS=splits, GROUP=self.group, GROUP_P=self.group_p, BLOCK_Q=config.block_q,
                 HEAD_DIM=shape.head_dim, HEAD_DIM_P=self.head_dim_p, num_warps=4,
             )  # fmt: skip
-
-
-def _round_up(value: int, multiple: int) -> int:
-    return -(-value // multiple) * multiple
 
 
 def _aligned(count: int) -> int:

@@ -16,8 +16,8 @@ pytest.importorskip("triton")
 
 from shard_server.attention.base import AttentionShape, StepLayout, slot_mapping  # noqa: E402
 from shard_server.attention.reference import ReferenceAttention  # noqa: E402
+from shard_server.attention.dense_prefill import DENSE_BUCKET_TOKENS, DENSE_PREFILL_MIN_TOKENS  # noqa: E402
 from shard_server.attention.triton_paged import (  # noqa: E402
-    DENSE_PREFILL_MIN_TOKENS,
     MAX_SPLITS,
     SPLIT_TARGET_PROGRAMS,
     TritonPagedAttention,
@@ -102,7 +102,7 @@ def test_dense_prefill_path_equals_reference(case, heads, kv_heads):
     metadata = compare(specs, heads=heads, kv_heads=kv_heads, dense_min_tokens=2)
     starts = [sum(n for n, _ in specs[:i]) for i in range(len(specs))]
     fresh = {(start, n) for start, (n, ctx) in zip(starts, specs) if n == ctx and n >= 2}
-    assert set(metadata.dense) == fresh and fresh
+    assert set(metadata.dense_rows) == fresh and fresh
     tiled = {int(s) for launch in metadata.launches for s in launch.tile_seq.tolist()}
     assert tiled == {i for i, (start, (n, ctx)) in enumerate(zip(starts, specs)) if (start, n) not in fresh}
 
@@ -110,10 +110,10 @@ def test_dense_prefill_path_equals_reference(case, heads, kv_heads):
 def test_dense_path_is_never_taken_under_a_sliding_window_or_in_a_padded_step():
     backend = TritonPagedAttention(AttentionShape(4, 2, 16, 0.25, sliding_window=3), dense_min_tokens=1)
     layout = StepLayout([9], [9], [[0, 1, 2]], 4)
-    assert backend.build_metadata(layout, torch.device(DEVICE)).dense == ()
+    assert backend.build_metadata(layout, torch.device(DEVICE)).dense_rows == ()
     backend = TritonPagedAttention(AttentionShape(4, 2, 16, 0.25), dense_min_tokens=1)
-    assert backend.build_metadata(layout, torch.device(DEVICE)).dense == ((0, 9),)
-    assert backend.build_metadata(StepLayout([1], [1], [[0]], 4), torch.device(DEVICE), pad_to=2).dense == ()
+    assert backend.build_metadata(layout, torch.device(DEVICE)).dense_rows == ((0, 9),)
+    assert backend.build_metadata(StepLayout([1], [1], [[0]], 4), torch.device(DEVICE), pad_to=2).dense_rows == ()
 
 
 @pytest.mark.parametrize("heads,kv_heads", [(4, 4), (6, 2), (8, 1), (16, 2)])
@@ -267,7 +267,7 @@ def test_gpu_split_kv_long_contexts(dtype):
 def test_gpu_dense_prefill_with_decodes_and_a_cached_chunk(dtype):
     metadata = compare([(2048, 2048), (1100, 1100), (1, 100), (300, 1000), (100, 100)], heads=32, kv_heads=8,
                        dim=128, block=16, dtype=dtype, device="cuda", atol=2e-2)  # fmt: skip
-    assert [length for _, length in metadata.dense] == [2048, 1100]  # 1100: padded to a bucket
+    assert [length for _, length in metadata.dense_rows] == [2048, 1100]  # 1100: padded to a bucket
 
 
 @needs_cuda
@@ -293,29 +293,28 @@ def test_every_metadata_section_starts_16_byte_aligned(query_lens):
         assert all(view.data_ptr() % 16 == 0 for view in views), [view.storage_offset() for view in views]
 
 
-def test_prepare_prefill_runs_every_bucket_up_to_the_step_budget(monkeypatch):
-    from shard_server.attention import triton_paged
-
-    backend = TritonPagedAttention(AttentionShape(4, 2, 16, 0.25), dense_min_tokens=300)
+def test_prepare_runs_every_bucket_a_chunk_of_the_step_budget_pads_to(monkeypatch):
+    dense = TritonPagedAttention(AttentionShape(4, 2, 16, 0.25), dense_min_tokens=300).dense
     seen = []
-    original = backend._dense_causal
-    monkeypatch.setattr(backend, "_dense_causal", lambda q, k, v: seen.append(q.shape[0]) or original(q, k, v))
-    bucket = triton_paged.DENSE_BUCKET_TOKENS
+    original = dense.causal
+    monkeypatch.setattr(dense, "causal", lambda q, k, v: seen.append(q.shape[0]) or original(q, k, v))
+    bucket = DENSE_BUCKET_TOKENS
     # A chunk of 4 buckets + 7 tokens pads to 5 buckets.
-    assert backend.prepare_prefill(4 * bucket + 7, torch.float32, torch.device("cpu")) == 4
+    assert dense.prepare(4 * bucket + 7, torch.float32, torch.device("cpu")) == 4
     assert seen == [2 * bucket, 3 * bucket, 4 * bucket, 5 * bucket]
     seen.clear()
-    assert backend.prepare_prefill(3 * bucket, torch.float32, torch.device("cpu")) == 2 and seen == [2 * bucket, 3 * bucket]
-    assert TritonPagedAttention(AttentionShape(4, 2, 16, 0.25), None).prepare_prefill(4096, torch.float32, "cpu") == 0
+    assert dense.prepare(3 * bucket, torch.float32, torch.device("cpu")) == 2 and seen == [2 * bucket, 3 * bucket]
+    backend = TritonPagedAttention(AttentionShape(4, 2, 16, 0.25), None)
+    assert backend.prepare_prefill(4096, torch.float32, torch.device("cpu")) == 0
 
 
 def test_a_prompt_not_a_multiple_of_the_bucket_is_padded_without_changing_its_rows():
     """Padding at the end: causal masking keeps it out of every real row."""
-    backend = TritonPagedAttention(AttentionShape(4, 2, 16, 0.25), dense_min_tokens=1)
+    dense = TritonPagedAttention(AttentionShape(4, 2, 16, 0.25), dense_min_tokens=1).dense
     gen = torch.Generator().manual_seed(0)
     q = torch.randn(37, 4, 16, generator=gen)
     k, v = torch.randn(37, 2, 16, generator=gen), torch.randn(37, 2, 16, generator=gen)
-    got = backend._dense_causal(q, k, v)[:37]
+    got = dense.causal(q, k, v)[:37]
     expand = lambda x: x.repeat_interleave(2, dim=1).transpose(0, 1)  # noqa: E731
     expected = torch.nn.functional.scaled_dot_product_attention(
         q.transpose(0, 1), expand(k), expand(v), is_causal=True, scale=0.25
@@ -328,5 +327,5 @@ def test_the_registry_turns_the_dense_path_on_for_half_precision_only(dtype, den
     from shard_server.attention.registry import create_backend
 
     backend = create_backend("triton", AttentionShape(4, 2, 16, 0.25), dtype)
-    assert (backend.dense_min_tokens == DENSE_PREFILL_MIN_TOKENS) == dense
-    assert (backend.dense_min_tokens is None) == (not dense)
+    assert (backend.dense.min_tokens == DENSE_PREFILL_MIN_TOKENS) == dense
+    assert (backend.dense.min_tokens is None) == (not dense)
