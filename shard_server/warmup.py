@@ -13,6 +13,7 @@ prefill plans, one per length bucket).
 
 from __future__ import annotations
 
+import atexit
 import gc
 import time
 from dataclasses import dataclass
@@ -115,9 +116,12 @@ def _freeze_long_lived_objects() -> None:
     """Moves every object alive now (modules, tensors' wrappers, imported code: ~200k of them)
     out of the garbage collector's reach. They live as long as the process, and each full
     collection would otherwise walk them all while serving, stalling the step loop (90-180 ms
-    for the demo model's shard on a 2-core machine)."""
+    for the demo model's shard on a 2-core machine). They are unfrozen at exit, so that the
+    interpreter's last collection frees them (else Triton's bindings report them leaked)."""
     gc.collect()
     gc.freeze()
+    atexit.unregister(gc.unfreeze)  # registered once however often warmup runs
+    atexit.register(gc.unfreeze)
 
 
 def _decode_graphs(runner: ModelRunner, wanted: tuple[int, ...], max_batch_size: int):

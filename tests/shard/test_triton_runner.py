@@ -113,3 +113,24 @@ def test_warmup_freezes_the_objects_alive_after_it(tiny_model_dirs):
         assert gc.get_freeze_count() > 1000  # the model's modules and parameters among them
     finally:
         gc.unfreeze()
+
+
+def test_a_process_that_warmed_up_exits_without_binding_leak_reports(tiny_model_dirs):
+    """Frozen objects escape the interpreter's last collection unless unfrozen at exit; then
+    Triton's nanobind bindings print leak reports, which break the JSON log lines."""
+    import subprocess
+    import sys
+
+    script = f"""
+import torch
+from shard_server.attention import triton_kernels  # noqa: F401
+from shard_server.warmup import PoolSizing, warmup
+from tests.shard.test_triton_runner import make_runner
+runner = make_runner({str(tiny_model_dirs["llama"])!r}, "reference", torch.device("cpu"))
+warmup(runner, 64, 8, PoolSizing(1024, 0.05, ()))
+print("warmed up")
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "warmed up" in done.stdout
+    assert "leaked" not in done.stderr, done.stderr[-2000:]
