@@ -28,7 +28,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import gpu_report  # noqa: E402
+from bench import gpu_report, step_log  # noqa: E402
 from bench.gpu_busy import ServerWindow  # noqa: E402
 from bench.gpu_http_load import clients_for, percentile, streams  # noqa: E402
 
@@ -108,7 +108,8 @@ def start_server(args, port: int, timeout_s: float = 400.0) -> tuple[subprocess.
     router = bindir / "textgen-router"
     router.unlink(missing_ok=True)
     router.symlink_to(args.router_binary.resolve())
-    env = dict(os.environ, PATH=f"{bindir}:{os.environ['PATH']}", PYTHONPATH=str(repo))
+    # The router's per-step debug records go to textgen.log: the mix's step summary reads them.
+    env = dict(os.environ, PATH=f"{bindir}:{os.environ['PATH']}", PYTHONPATH=str(repo), LOG_LEVEL=step_log.LOG_FILTER)
     flags = [*SERVER_FLAGS, *args.server_flag]
     if "--num-shard" not in flags:
         # The launcher, like TGI, shards over every visible GPU by default; the bars are for one.
@@ -194,8 +195,11 @@ def phase_textgen(args) -> dict:
         result["d_tpot_p50_s"], result["d_tpot_p99_s"] = percentile(tpots, 0.5), percentile(tpots, 0.99)
         result["d_itl_p50_s"], result["d_itl_p99_s"] = percentile(gaps, 0.5), percentile(gaps, 0.99)
         requests = [(prompts.text(n_in), n_out) for n_in, n_out in MIX]
+        log_start = (args.out / "textgen.log").stat().st_size
         with ServerWindow(url) as window:
             res, wall = streams(url, requests, processes=clients_for(len(requests)))
+        time.sleep(0.5)  # the last steps' records reach the log
+        result["b_steps"] = step_log.summary(step_log.read(args.out / "textgen.log", log_start))
         result["b_client_processes"] = clients_for(len(requests))
         result["b_server"] = window.summary(wall_s=wall)  # the clients start a few seconds in
         errors = [r.error for r in res if r.error]

@@ -32,6 +32,17 @@ struct Launched<'a> {
     sent_at: Instant,
     /// False for a step that only releases sequences.
     computes: bool,
+    shape: StepShape,
+}
+
+/// What a step computes, for its debug record.
+#[derive(Debug, Clone, Copy)]
+struct StepShape {
+    id: u64,
+    sequences: usize,
+    /// Sequences computing one token (decodes); the rest are prefill chunks.
+    decodes: usize,
+    tokens: u32,
 }
 
 pub async fn run<E: StepExecutor>(
@@ -83,6 +94,7 @@ pub async fn run<E: StepExecutor>(
         if step.computes {
             let ran_for = answered_at.saturating_duration_since(step.sent_at.max(last_answer));
             metrics::histogram!(STEP_DURATION).record(ran_for.as_secs_f64());
+            log_step(&step.shape, ran_for, result.as_ref().ok());
         }
         last_answer = answered_at;
         let deliveries = match result {
@@ -116,6 +128,12 @@ fn launch<'a, E: StepExecutor>(
     state.deliver(planned.events);
     record_queue_gauges(state);
     let computes = !planned.request.sequences.is_empty();
+    let shape = StepShape {
+        id: planned.request.step_id,
+        sequences: planned.request.sequences.len(),
+        decodes: planned.request.sequences.iter().filter(|s| s.num_tokens == 1).count(),
+        tokens: planned.num_tokens,
+    };
     if computes {
         metrics::histogram!(STEP_BATCH_SIZE).record(planned.request.sequences.len() as f64);
         metrics::histogram!(STEP_TOKENS).record(f64::from(planned.num_tokens));
@@ -125,7 +143,22 @@ fn launch<'a, E: StepExecutor>(
         trace,
         sent_at: Instant::now(),
         computes,
+        shape,
     }
+}
+
+/// One line per computed step at debug level (`--log-level textgen_router=debug`): what a
+/// workload's time went to, step by step, without a tracing collector.
+fn log_step(shape: &StepShape, ran_for: std::time::Duration, response: Option<&pb::StepResponse>) {
+    tracing::debug!(
+        step = shape.id,
+        sequences = shape.sequences,
+        decodes = shape.decodes,
+        tokens = shape.tokens,
+        ran_us = ran_for.as_micros() as u64,
+        device_us = response.map_or(0, |r| r.device_ns / 1_000),
+        "step"
+    );
 }
 
 /// Answers every submission with `message`: the scheduler cannot run (bad config).

@@ -1,0 +1,75 @@
+"""The router's per-step debug records (`textgen_router::scheduler::step_loop=debug`), read
+back from a server log and summarised: where a workload's wall time went, step by step.
+
+A record is one log line with `step=… sequences=… decodes=… tokens=… ran_us=… device_us=…`
+(plain or JSON logs: the fields are matched by name).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+LOG_FILTER = "info,textgen_router::scheduler::step_loop=debug"
+FIELDS = ("step", "sequences", "decodes", "tokens", "ran_us", "device_us")
+_PATTERN = re.compile(r"".join(rf"\W+{name}\W+(\d+)" for name in FIELDS))
+# Decode-only steps are grouped by batch size: the mix's batch falls from 256 to ~77.
+BATCH_EDGES = (1, 32, 96, 192, 256, 1 << 30)
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    step: int
+    sequences: int
+    decodes: int
+    tokens: int
+    ran_us: int
+    device_us: int
+
+    @property
+    def prefill_tokens(self) -> int:
+        return self.tokens - self.decodes
+
+
+def read(path: Path, start: int = 0, end: int | None = None) -> list[StepRecord]:
+    """The records in bytes [start, end) of the log at `path`."""
+    with open(path, "rb") as log:
+        log.seek(start)
+        text = log.read(None if end is None else max(0, end - start)).decode(errors="replace")
+    records = []
+    for line in text.splitlines():
+        if "step" in line and (match := _PATTERN.search(line)):
+            records.append(StepRecord(*(int(v) for v in match.groups())))
+    return records
+
+
+def summary(records: list[StepRecord]) -> dict:
+    """Steps carrying prefill chunks, then decode-only steps by batch size: count, total and
+    mean time; and when the last prefill chunk ran (the point past which only decodes are left)."""
+    prefill = [r for r in records if r.prefill_tokens > 0]
+    decode = [r for r in records if r.prefill_tokens == 0]
+    out = {"steps": len(records), "ran_s": _seconds(records), "device_s": _seconds(records, "device_us"),
+           "prefill_steps": _group(prefill), "decode_steps": {}}  # fmt: skip
+    if prefill:
+        out["prefill_steps"]["tokens"] = sum(r.prefill_tokens for r in prefill)
+        out["prefill_steps"]["decode_rows"] = sum(r.decodes for r in prefill)
+        last = max(i for i, r in enumerate(records) if r.prefill_tokens > 0)
+        out["last_prefill_at_s"] = _seconds(records[: last + 1])
+    for low, high in zip(BATCH_EDGES, BATCH_EDGES[1:]):
+        group = [r for r in decode if low <= r.sequences < high]
+        if group:
+            out["decode_steps"][f"batch {low}-{high - 1}" if high < 1 << 30 else f"batch {low}+"] = _group(group)
+    return out
+
+
+def _group(records: list[StepRecord]) -> dict:
+    if not records:
+        return {"count": 0}
+    ran = _seconds(records)
+    return {"count": len(records), "ran_s": ran, "mean_ms": 1e3 * ran / len(records),
+            "mean_batch": sum(r.sequences for r in records) / len(records)}  # fmt: skip
+
+
+def _seconds(records: list[StepRecord], field: str = "ran_us") -> float:
+    return sum(getattr(r, field) for r in records) / 1e6

@@ -1,0 +1,50 @@
+"""The router's step records read back from a log, and their summary."""
+
+from bench import step_log
+
+PLAIN = "2026-12-01T11:30:00.1Z DEBUG textgen_router::scheduler::step_loop: step step={} sequences={} decodes={} tokens={} ran_us={} device_us={}"
+JSON = '{{"timestamp":"2026-12-01T11:30:00.1Z","level":"DEBUG","fields":{{"message":"step","step":{},"sequences":{},"decodes":{},"tokens":{},"ran_us":{},"device_us":{}}},"target":"textgen_router::scheduler::step_loop"}}'
+
+
+def write_log(tmp_path, lines):
+    path = tmp_path / "textgen.log"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_plain_and_json_records_are_read_and_other_lines_ignored(tmp_path):
+    path = write_log(tmp_path, [
+        "INFO launcher: shard 0 ready",
+        PLAIN.format(1, 3, 0, 3000, 200_000, 199_000),
+        JSON.format(2, 3, 3, 3, 8_000, 7_900),
+        "DEBUG something else step=9 sequences=1",  # missing fields: not a record
+    ])  # fmt: skip
+    records = step_log.read(path)
+    assert [r.step for r in records] == [1, 2]
+    assert records[0].prefill_tokens == 3000 and records[1].prefill_tokens == 0
+    assert records[1].device_us == 7_900
+
+
+def test_reading_from_an_offset_skips_earlier_steps(tmp_path):
+    first = PLAIN.format(1, 1, 1, 1, 5_000, 0)
+    path = write_log(tmp_path, [first, PLAIN.format(2, 1, 1, 1, 5_000, 0)])
+    assert [r.step for r in step_log.read(path, start=len(first) + 1)] == [2]
+
+
+def test_summary_splits_prefill_steps_from_decode_batches(tmp_path):
+    lines = [PLAIN.format(1, 8, 0, 8192, 200_000, 0), PLAIN.format(2, 72, 64, 8192, 190_000, 0)]
+    lines += [PLAIN.format(3 + i, 256, 256, 256, 12_000, 0) for i in range(10)]
+    lines += [PLAIN.format(13 + i, 77, 77, 77, 8_000, 0) for i in range(5)]
+    summary = step_log.summary(step_log.read(write_log(tmp_path, lines)))
+    assert summary["steps"] == 17
+    assert summary["prefill_steps"]["count"] == 2
+    assert summary["prefill_steps"]["tokens"] == 8192 + 8128
+    assert abs(summary["last_prefill_at_s"] - 0.39) < 1e-9
+    decode = summary["decode_steps"]
+    assert decode["batch 256+"]["count"] == 10 and abs(decode["batch 256+"]["mean_ms"] - 12.0) < 1e-9
+    assert decode["batch 32-95"]["count"] == 5 and decode["batch 32-95"]["mean_batch"] == 77
+
+
+def test_an_empty_log_summarises_to_no_steps(tmp_path):
+    summary = step_log.summary(step_log.read(write_log(tmp_path, ["nothing here"])))
+    assert summary["steps"] == 0 and summary["prefill_steps"] == {"count": 0}
