@@ -64,11 +64,17 @@ def summary(records: list[StepRecord]) -> dict:
 
 
 def _group(records: list[StepRecord]) -> dict:
+    """Count, time and mean batch of a group; its median step, and the time its steps spent
+    past 1.25x that median (hiccups: a steady decode's steps barely differ)."""
     if not records:
         return {"count": 0}
     ran = _seconds(records)
+    times = sorted(r.ran_us for r in records)
+    median = times[len(times) // 2]
+    slow = [t for t in times if t > 1.25 * median]
     return {"count": len(records), "ran_s": ran, "mean_ms": 1e3 * ran / len(records),
-            "mean_batch": sum(r.sequences for r in records) / len(records)}  # fmt: skip
+            "median_ms": median / 1e3, "mean_batch": sum(r.sequences for r in records) / len(records),
+            "slow_steps": len(slow), "slow_excess_s": sum(t - median for t in slow) / 1e6}  # fmt: skip
 
 
 def _seconds(records: list[StepRecord], field: str = "ran_us") -> float:

@@ -48,3 +48,11 @@ def test_summary_splits_prefill_steps_from_decode_batches(tmp_path):
 def test_an_empty_log_summarises_to_no_steps(tmp_path):
     summary = step_log.summary(step_log.read(write_log(tmp_path, ["nothing here"])))
     assert summary["steps"] == 0 and summary["prefill_steps"] == {"count": 0}
+
+
+def test_hiccups_are_the_time_past_the_median_of_slow_steps(tmp_path):
+    times = [8_000] * 9 + [13_000, 9_000]  # one step 5 ms late; 9 ms is within 1.25x of 8
+    lines = [PLAIN.format(i, 77, 77, 77, t, 0) for i, t in enumerate(times)]
+    group = step_log.summary(step_log.read(write_log(tmp_path, lines)))["decode_steps"]["batch 32-95"]
+    assert group["median_ms"] == 8.0
+    assert group["slow_steps"] == 1 and abs(group["slow_excess_s"] - 0.005) < 1e-9
