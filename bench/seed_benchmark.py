@@ -213,7 +213,7 @@ def serve_and_run(args) -> tuple[dict, float]:
         work = Path(tmp)
         port = free_port()
         launch = SimpleNamespace(out=work, work=work, router_binary=args.router_binary, model_dir=args.model_dir,
-                                 server_flag=server_flags(args, work))  # fmt: skip
+                                 server_flag=server_flags(args, work), client_cpus=0)  # fmt: skip
         try:
             process, startup_s = start_server(launch, port, args.startup_timeout)
         except RuntimeError as exc:  # the log lives in the temporary folder: show its end

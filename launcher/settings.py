@@ -32,6 +32,7 @@ class Settings:
     device: str | None
     attention: str | None
     cuda_graphs: str | None
+    kv_cache_dtype: str | None
     kv_cache_tokens: int | None
     cuda_memory_fraction: float | None
     max_concurrent_requests: int | None

@@ -24,7 +24,7 @@ import torch
 from .cuda_graphs import DEFAULT_SIZES as DEFAULT_GRAPH_SIZES
 from .cuda_graphs import parse_sizes
 from .distributed import init_parallel
-from .kv_cache import KVSpec
+from .kv_cache import KV_CACHE_DTYPES, KVSpec
 from .models.config import ModelConfig
 from .models.registry import build_model
 from .models.sharding import check_shardable, shard_heads
@@ -53,6 +53,7 @@ class ServeConfig:
     dtype: str | None = None  # float32 on CPU, bfloat16 on CUDA
     device: str | None = None  # cuda when available
     kv_cache_tokens: int = 32768
+    kv_cache_dtype: str | None = None  # the model dtype
     cuda_memory_fraction: float = 1.0
     attention: str | None = None  # triton on CUDA, reference elsewhere
     cuda_graphs: str = ",".join(map(str, DEFAULT_GRAPH_SIZES))
@@ -77,6 +78,9 @@ class ServeConfig:
     def torch_dtype(self, device: torch.device) -> torch.dtype:
         return DTYPES[self.dtype or ("bfloat16" if device.type == "cuda" else "float32")]
 
+    def kv_dtype(self, model_dtype: torch.dtype) -> torch.dtype:
+        return KV_CACHE_DTYPES[self.kv_cache_dtype] if self.kv_cache_dtype else model_dtype
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -98,6 +102,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--kv-cache-tokens", type=int, default=d.kv_cache_tokens, help="CPU KV pool size in tokens"
     )
+    serve.add_argument(
+        "--kv-cache-dtype", choices=sorted(KV_CACHE_DTYPES), default=None,
+        help="store the KV cache in fp8 (half the memory of bf16); default: the model dtype",
+    )  # fmt: skip
     serve.add_argument("--cuda-memory-fraction", type=float, default=d.cuda_memory_fraction)
     serve.add_argument(
         "--attention", choices=["reference", "triton"], default=None, help="default: triton on CUDA, else reference"
@@ -183,12 +191,14 @@ def load_service(
         num_kv_heads=shard_heads(model_config, parallel).num_kv_heads,
         head_dim=model_config.head_dim,
         block_size=config.block_size,
-        dtype=dtype,
+        dtype=config.kv_dtype(dtype),
     )
     runner = ModelRunner(model, spec, device)
     identity = ShardIdentity(model_config.model_type, parallel, attention)
     sizing = PoolSizing(config.kv_cache_tokens, config.cuda_memory_fraction, parse_sizes(config.cuda_graphs))
-    log.info("loaded %s (%s, %s) from %s", model_config.model_type, dtype, device, config.model_path)
+    log.info(
+        "loaded %s (%s, %s; KV cache %s) from %s", model_config.model_type, dtype, device, spec.dtype, config.model_path
+    )
     tracer = build_tracer(trace, config.rank, config.world_size)
     return ShardService(runner, identity, sizing, tracer, worker)
 

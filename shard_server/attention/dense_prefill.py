@@ -35,14 +35,18 @@ class DensePrefill:
             return np.zeros(len(query_lens), dtype=bool)
         return (query_lens == context_lens) & (query_lens >= self.min_tokens)
 
-    def attend(self, q, v, k_cache, out, slot_mapping, start: int, length: int) -> None:
+    def attend(self, q, v, k_cache, v_cache, out, slot_mapping, start: int, length: int) -> None:
         """Writes the attention of the prompt in rows [start, start + length) into `out`. Its
         keys come back from the cache, where the store just wrote them rotated; values are
-        never rotated."""
+        never rotated, so they come from the cache only when it holds them narrower (fp8)."""
         shape = self.shape
         rows = slice(start, start + length)
-        keys = k_cache.view(-1, shape.num_kv_heads, shape.head_dim).index_select(0, slot_mapping[rows])
-        out[rows] = self.causal(q[rows], keys, v[rows])[:length]
+
+        def stored(cache):
+            return cache.view(-1, shape.num_kv_heads, shape.head_dim).index_select(0, slot_mapping[rows]).to(q.dtype)
+
+        values = stored(v_cache) if v_cache.dtype != v.dtype else v[rows]
+        out[rows] = self.causal(q[rows], stored(k_cache), values)[:length]
 
     def causal(self, q, k, v) -> torch.Tensor:
         """[n, heads, D] causal attention, computed on copies zero-padded to the next bucket."""

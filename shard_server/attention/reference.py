@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from ..kv_cache import write_rows
 from .base import AttentionBackend, AttentionShape, StepLayout, slot_mapping
 
 PADDING_WASTE_LIMIT = 2.0  # pad chunks together while padded work <= this x real work
@@ -134,8 +135,10 @@ class ReferenceAttention(AttentionBackend):
             q, k = rotary.apply(q, k)
         k_flat = k_cache.view(-1, *k_cache.shape[2:])
         v_flat = v_cache.view(-1, *v_cache.shape[2:])
-        k_flat.index_copy_(0, metadata.slot_mapping, k)
-        v_flat.index_copy_(0, metadata.slot_mapping, v)
+        write_rows(k_flat, metadata.slot_mapping, k)
+        write_rows(v_flat, metadata.slot_mapping, v)
+        if k_flat.dtype != k.dtype:  # a narrower pool (fp8): every chunk reads what it stored
+            k, v = (flat.index_select(0, metadata.slot_mapping).to(q.dtype) for flat in (k_flat, v_flat))
         groups = metadata.groups
         if len(groups) == 1 and groups[0].query_rows is None and not metadata.chunks:
             return self._group(q, k_flat, v_flat, groups[0])  # pure decode step
@@ -153,8 +156,8 @@ class ReferenceAttention(AttentionBackend):
         query = rows.view(group.batch, group.max_query, *q.shape[1:]).transpose(1, 2)
         out = F.scaled_dot_product_attention(
             query,
-            k_flat[group.key_slots].transpose(1, 2),
-            v_flat[group.key_slots].transpose(1, 2),
+            k_flat[group.key_slots].to(q.dtype).transpose(1, 2),
+            v_flat[group.key_slots].to(q.dtype).transpose(1, 2),
             attn_mask=group.mask,
             scale=self.shape.scale,
             enable_gqa=True,
@@ -166,7 +169,7 @@ class ReferenceAttention(AttentionBackend):
         if chunk.context_slots is None:
             keys, values = k[chunk.start : chunk.end], v[chunk.start : chunk.end]
         else:
-            keys, values = k_flat[chunk.context_slots], v_flat[chunk.context_slots]
+            keys, values = (flat[chunk.context_slots].to(q.dtype) for flat in (k_flat, v_flat))
         out = F.scaled_dot_product_attention(
             query,
             keys.transpose(0, 1).unsqueeze(0),

@@ -1,6 +1,7 @@
 """Triton kernels of the `triton` attention backend, over the shared paged KV layout.
 
 `store_kv`: copies each new token's k/v row into its cache slot (slot < 0: padding, skipped).
+An fp8 pool (KV_MAX > 0) gets the values saturated at +-KV_MAX, then cast.
 
 `rotary_store_kv`: the same with rotary applied on the way, and each token's q heads rotated
 in place: one pass instead of an in-place rotary kernel followed by the store.
@@ -10,7 +11,8 @@ of BLOCK_Q consecutive query tokens of one sequence and one KV head, with all th
 heads that share that KV head (GQA) stacked as rows: BLOCK_M = BLOCK_Q * GROUP_P rows. It
 streams the sequence's keys and values through its block table, BLOCK_N tokens at a time,
 with an online softmax in float32, masking causally (key position <= query position, and
-inside the sliding window if any). Decodes and prefill chunks differ only in BLOCK_Q.
+inside the sliding window if any). Decodes and prefill chunks differ only in BLOCK_Q. Keys and
+values are read in the pool's dtype and widened to the queries' before the dots.
 
 Split-KV: with SPLITS > 1 the keys of each tile are split into SPLITS ranges (program_id 2),
 and each program writes its unnormalised partial output with its running max and sum;
@@ -39,6 +41,7 @@ def _store_kv(
     v_row_stride,
     WIDTH: tl.constexpr,  # num_kv_heads * head_dim
     WIDTH_P: tl.constexpr,  # next power of two
+    KV_MAX: tl.constexpr,  # an fp8 pool's largest finite value; 0.0: the pool is not fp8
 ):
     token = tl.program_id(0)
     slot = tl.load(slots_ptr + token).to(tl.int64)
@@ -47,8 +50,16 @@ def _store_kv(
         mask = cols < WIDTH
         k = tl.load(k_ptr + token * k_row_stride + cols, mask=mask)
         v = tl.load(v_ptr + token * v_row_stride + cols, mask=mask)
-        tl.store(k_cache_ptr + slot * WIDTH + cols, k, mask=mask)
-        tl.store(v_cache_ptr + slot * WIDTH + cols, v, mask=mask)
+        tl.store(k_cache_ptr + slot * WIDTH + cols, _for_pool(k, k_cache_ptr, KV_MAX), mask=mask)
+        tl.store(v_cache_ptr + slot * WIDTH + cols, _for_pool(v, v_cache_ptr, KV_MAX), mask=mask)
+
+
+@triton.jit
+def _for_pool(x, cache_ptr, KV_MAX: tl.constexpr):
+    """x in the pool's dtype; into an fp8 pool saturated at +-KV_MAX first."""
+    if KV_MAX > 0:
+        x = tl.clamp(x.to(tl.float32), -KV_MAX, KV_MAX)
+    return x.to(cache_ptr.dtype.element_ty)
 
 
 def _rotary_store_kv(
@@ -70,6 +81,7 @@ def _rotary_store_kv(
     KV_HEADS: tl.constexpr,
     KV_HEADS_P: tl.constexpr,
     HALF: tl.constexpr,
+    KV_MAX: tl.constexpr,  # as in _store_kv
 ):
     token = tl.program_id(0).to(tl.int64)
     position = tl.load(positions_ptr + token).to(tl.int64)
@@ -93,12 +105,14 @@ def _rotary_store_kv(
         k2 = tl.load(k_ptr + token * k_row_stride + within + HALF, mask=kv_mask, other=0.0)
         ka, kb = k1.to(tl.float32), k2.to(tl.float32)  # new names: a branch may not reshape qa, qb
         k_slot = k_cache_ptr + slot * (KV_HEADS * 2 * HALF) + within
-        tl.store(k_slot, (ka * cos - kb * sin).to(k1.dtype), mask=kv_mask)
-        tl.store(k_slot + HALF, (kb * cos + ka * sin).to(k1.dtype), mask=kv_mask)
+        # Rounded to the model dtype first, as the unfused rotary would leave them.
+        k_lo, k_hi = (ka * cos - kb * sin).to(k1.dtype), (kb * cos + ka * sin).to(k1.dtype)
+        tl.store(k_slot, _for_pool(k_lo, k_cache_ptr, KV_MAX), mask=kv_mask)
+        tl.store(k_slot + HALF, _for_pool(k_hi, k_cache_ptr, KV_MAX), mask=kv_mask)
         v_slot = v_cache_ptr + slot * (KV_HEADS * 2 * HALF) + within
         v_row = v_ptr + token * v_row_stride + within
-        tl.store(v_slot, tl.load(v_row, mask=kv_mask), mask=kv_mask)
-        tl.store(v_slot + HALF, tl.load(v_row + HALF, mask=kv_mask), mask=kv_mask)
+        tl.store(v_slot, _for_pool(tl.load(v_row, mask=kv_mask), v_cache_ptr, KV_MAX), mask=kv_mask)
+        tl.store(v_slot + HALF, _for_pool(tl.load(v_row + HALF, mask=kv_mask), v_cache_ptr, KV_MAX), mask=kv_mask)
 
 
 @triton.jit
@@ -184,7 +198,7 @@ def _paged_attention(
         slot = block.to(tl.int64) * PAGE + keys % PAGE
         kv_offsets = slot[:, None] * (KV_HEADS * HEAD_DIM) + kv_base + dims[None, :]
         kv_mask = key_ok[:, None] & dim_ok[None, :]
-        k = tl.load(k_cache_ptr + kv_offsets, mask=kv_mask, other=0.0)
+        k = tl.load(k_cache_ptr + kv_offsets, mask=kv_mask, other=0.0).to(q.dtype)
         if IEEE:
             scores = tl.dot(q, tl.trans(k), input_precision="ieee")
         else:
@@ -198,7 +212,7 @@ def _paged_attention(
         p = tl.exp2(scores - m_safe[:, None])
         alpha = tl.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_cache_ptr + kv_offsets, mask=kv_mask, other=0.0)
+        v = tl.load(v_cache_ptr + kv_offsets, mask=kv_mask, other=0.0).to(q.dtype)
         if IEEE:
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
         else:

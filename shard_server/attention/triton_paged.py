@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from ..device_copy import copy_into, host_to_device
+from ..kv_cache import fp8_max
 from .base import AttentionBackend, AttentionShape, StepLayout
 from .dense_prefill import DENSE_PREFILL_MIN_TOKENS, DensePrefill
 from .triton_kernels import kernels_for
@@ -223,7 +224,7 @@ class TritonPagedAttention(AttentionBackend):
             splits = metadata.splits if launch.config == self.small else 1
             self._attend(kernels, q, k_cache, v_cache, out, metadata, launch, splits)
         for start, length in metadata.dense_rows:
-            self.dense.attend(q, v, k_cache, out, metadata.slot_mapping, start, length)
+            self.dense.attend(q, v, k_cache, v_cache, out, metadata.slot_mapping, start, length)
         return out
 
     def prepare_prefill(self, max_tokens: int, dtype: torch.dtype, device: torch.device) -> int:
@@ -238,7 +239,7 @@ class TritonPagedAttention(AttentionBackend):
             width = shape.num_kv_heads * shape.head_dim
             kernels.store_kv[(tokens,)](
                 k, v, k_cache, v_cache, metadata.slot_mapping, k.stride(0), v.stride(0),
-                WIDTH=width, WIDTH_P=_next_power_of_two(width),
+                WIDTH=width, WIDTH_P=_next_power_of_two(width), KV_MAX=fp8_max(k_cache.dtype),
             )  # fmt: skip
             return
         cos, sin = rotary.rotary.cos, rotary.rotary.sin
@@ -247,7 +248,7 @@ class TritonPagedAttention(AttentionBackend):
             q.stride(0), k.stride(0), v.stride(0), cos.stride(0),
             Q_HEADS=shape.num_heads, Q_HEADS_P=_next_power_of_two(shape.num_heads),
             KV_HEADS=shape.num_kv_heads, KV_HEADS_P=_next_power_of_two(shape.num_kv_heads),
-            HALF=shape.head_dim // 2, num_warps=4,
+            HALF=shape.head_dim // 2, KV_MAX=fp8_max(k_cache.dtype), num_warps=4,
         )  # fmt: skip
 
     def _attend(self, kernels, q, k_cache, v_cache, out, metadata: TritonMetadata, launch: TileLaunch, splits: int):

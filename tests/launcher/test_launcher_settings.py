@@ -70,6 +70,8 @@ def test_sharded_flag_with_and_without_value():
     (["--max-batch-size", "-3"], "positive integer"),
     (["--cuda-memory-fraction", "1.5"], r"\(0, 1\]"),
     (["--dtype", "float64"], "invalid choice"),
+    (["--kv-cache-dtype", "fp8"], "invalid choice"),
+    (["--kv-cache-dtype", "int8"], "invalid choice"),
     (["--no-such-flag"], "unrecognized arguments"),
 ])
 def test_invalid_flags_get_clear_errors(argv, message):

@@ -23,16 +23,30 @@ METADATA = {name: "*i32" for name in ("slots_ptr", "tile_seq_ptr", "tile_first_p
                                       "query_lens_ptr", "context_lens_ptr", "block_tables_ptr")}  # fmt: skip
 LLAMA_8B = dict(KV_HEADS=8, GROUP=4, GROUP_P=4, PAGE=16, HEAD_DIM=128, HEAD_DIM_P=128, IEEE=False, WINDOW=0)
 SPLIT = dict(METADATA, out_ptr="*fp32", partial_ml_ptr="*fp32")
+FP8_POOL = {"k_cache_ptr": "*fp8e4nv", "v_cache_ptr": "*fp8e4nv"}  # --kv-cache-dtype fp8_e4m3fn
 
 # name: (module, kernel, constexprs, pointer types other than bf16)
 CASES = {
-    "store_kv": ("shard_server.attention.triton_kernels", "store_kv_kernel", dict(WIDTH=1024, WIDTH_P=1024), METADATA),
+    "store_kv": ("shard_server.attention.triton_kernels", "store_kv_kernel",
+                 dict(WIDTH=1024, WIDTH_P=1024, KV_MAX=0.0), METADATA),  # fmt: skip
+    "store_kv_fp8": ("shard_server.attention.triton_kernels", "store_kv_kernel",
+                     dict(WIDTH=1024, WIDTH_P=1024, KV_MAX=448.0), dict(METADATA, **FP8_POOL)),  # fmt: skip
     "rotary_store_kv": (
         "shard_server.attention.triton_kernels",
         "rotary_store_kv_kernel",
-        dict(Q_HEADS=32, Q_HEADS_P=32, KV_HEADS=8, KV_HEADS_P=8, HALF=64),
+        dict(Q_HEADS=32, Q_HEADS_P=32, KV_HEADS=8, KV_HEADS_P=8, HALF=64, KV_MAX=0.0),
         dict(METADATA, positions_ptr="*i64"),
     ),
+    "rotary_store_kv_fp8_e5m2": (
+        "shard_server.attention.triton_kernels",
+        "rotary_store_kv_kernel",
+        dict(Q_HEADS=32, Q_HEADS_P=32, KV_HEADS=8, KV_HEADS_P=8, HALF=64, KV_MAX=57344.0),
+        dict(METADATA, positions_ptr="*i64", k_cache_ptr="*fp8e5", v_cache_ptr="*fp8e5"),
+    ),
+    "decode_attention_fp8": ("shard_server.attention.triton_kernels", "paged_attention_kernel",
+                             dict(LLAMA_8B, BLOCK_Q=4, BLOCK_N=64, SPLITS=16), dict(SPLIT, **FP8_POOL)),  # fmt: skip
+    "prefill_attention_fp8": ("shard_server.attention.triton_kernels", "paged_attention_kernel",
+                              dict(LLAMA_8B, BLOCK_Q=32, BLOCK_N=64, SPLITS=1), dict(METADATA, **FP8_POOL)),  # fmt: skip
     "decode_attention": ("shard_server.attention.triton_kernels", "paged_attention_kernel",
                          dict(LLAMA_8B, BLOCK_Q=4, BLOCK_N=64, SPLITS=1), METADATA),  # fmt: skip
     "split_decode_attention": ("shard_server.attention.triton_kernels", "paged_attention_kernel",

@@ -25,11 +25,11 @@ CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not CUDA, reason="CUDA graphs need a GPU")
 
 
-def make_runner(directory, attention, device, dtype=torch.float32, num_blocks=256, block_size=4):
+def make_runner(directory, attention, device, dtype=torch.float32, num_blocks=256, block_size=4, kv_dtype=None):
     config = ModelConfig.from_dict(read_config(directory))
     with WeightStore(directory) as store:
         model = build_model(config, store, ParallelContext(), attention, dtype, device)
-    spec = KVSpec(config.num_hidden_layers, config.num_key_value_heads, config.head_dim, block_size, dtype)
+    spec = KVSpec(config.num_hidden_layers, config.num_key_value_heads, config.head_dim, block_size, kv_dtype or dtype)
     runner = ModelRunner(model, spec, device)
     runner.allocate_kv_cache(num_blocks)
     return runner
@@ -134,3 +134,34 @@ print("warmed up")
     assert done.returncode == 0, done.stderr[-2000:]
     assert "warmed up" in done.stdout
     assert "leaked" not in done.stderr, done.stderr[-2000:]
+
+
+FP8 = [torch.float8_e4m3fn, torch.float8_e5m2]
+
+
+@needs_cuda
+@pytest.mark.parametrize("kv_dtype", FP8, ids=str)
+def test_on_an_fp8_pool_triton_gives_the_reference_greedy_tokens_eager_and_from_graphs(tiny_model_dirs, kv_dtype):
+    device = torch.device("cuda")
+    prompts = [[(5 * i + 11 * b) % 150 for i in range(9 + 4 * b)] for b in range(3)]
+    results = {}
+    for attention, graphs in (("reference", ()), ("triton", ()), ("triton", (1, 2, 4))):
+        runner = make_runner(tiny_model_dirs["llama"], attention, device, kv_dtype=kv_dtype)
+        warmup(runner, 64, 4, PoolSizing(1024, 0.05, graphs))
+        assert runner.kv_cache.data.dtype == kv_dtype
+        results[attention, graphs] = _decode_batch(runner, prompts, new_tokens=10)
+    assert results["triton", ()] == results["reference", ()]
+    assert results["triton", (1, 2, 4)] == results["triton", ()]
+
+
+@needs_cuda
+def test_warmup_fits_twice_the_blocks_in_fp8_as_in_bf16(tiny_model_dirs):
+    device = torch.device("cuda")
+    blocks = {}
+    for kv_dtype in (torch.bfloat16, torch.float8_e4m3fn):
+        runner = make_runner(tiny_model_dirs["llama"], "triton", device, dtype=torch.bfloat16, kv_dtype=kv_dtype)
+        warmup(runner, 64, 4, PoolSizing(1024, 0.05, ()))
+        blocks[kv_dtype] = runner.kv_cache.num_blocks
+        del runner
+        torch.cuda.empty_cache()
+    assert 1.9 <= blocks[torch.float8_e4m3fn] / blocks[torch.bfloat16] <= 2.1
