@@ -21,8 +21,9 @@ def greedy_tokens(url: str, prompt: str, new_tokens: int = 12) -> list[int]:
     return [token["id"] for token in response.json()["details"]["tokens"]]
 
 
-def test_the_shard_stores_its_kv_cache_in_fp8(fp8_server):
+def test_the_shard_stores_its_kv_cache_in_fp8_and_info_names_the_model_dtype(fp8_server):
     assert "KV cache torch.float8_e4m3fn" in fp8_server.log()
+    assert httpx.get(fp8_server.url + "/info", timeout=10).json()["model_dtype"] == "float32"
 
 
 def test_greedy_answers_stay_close_to_transformers(fp8_server, reference):

@@ -83,6 +83,11 @@ class ModelRunner:
     def block_size(self) -> int:
         return self.kv_spec.block_size
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """The model's compute dtype (the KV pool's may be narrower: fp8)."""
+        return next(self.model.parameters()).dtype
+
     def allocate_kv_cache(self, num_blocks: int) -> None:
         if self.graphs is not None:
             self.graphs.release()  # they point into the old pool

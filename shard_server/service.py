@@ -102,7 +102,7 @@ class ShardService(pb_grpc.TextGenerationShardServicer):
         runner, cfg = self.runner, self.runner.config
         return pb.InfoResponse(
             model_type=self.identity.model_type,
-            dtype=_DTYPE_NAMES.get(runner.kv_spec.dtype, str(runner.kv_spec.dtype)),
+            dtype=_DTYPE_NAMES.get(runner.dtype, str(runner.dtype)),
             device_type=runner.device.type,
             block_size=runner.block_size,
             vocab_size=cfg.vocab_size,

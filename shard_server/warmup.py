@@ -90,7 +90,7 @@ def warmup(runner: ModelRunner, max_tokens: int, max_batch_size: int, sizing: Po
         torch.cuda.reset_peak_memory_stats(runner.device)
     runner.allocate_kv_cache(blocks_needed)
     runner.step(request)
-    prepared = runner.backend.prepare_prefill(max_tokens, runner.kv_spec.dtype, runner.device)
+    prepared = runner.backend.prepare_prefill(max_tokens, runner.dtype, runner.device)
     if prepared:
         log.info("prepared %d dense prefill shapes", prepared)
     graphs, sizes = _decode_graphs(runner, sizing.cuda_graph_sizes, max_batch_size)

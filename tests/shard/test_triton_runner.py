@@ -89,6 +89,16 @@ def test_warmup_prepares_the_dense_prefill_shapes_for_the_step_budget(tiny_model
     assert calls == [(64, torch.float32, device)]
 
 
+def test_an_fp8_pool_prepares_the_dense_shapes_in_the_model_dtype(tiny_model_dirs, monkeypatch):
+    """The dense path runs on the queries' dtype; the pool's fp8 has no SDPA (run 14 failed so)."""
+    device = torch.device("cuda" if CUDA else "cpu")
+    runner = make_runner(tiny_model_dirs["llama"], "triton", device, kv_dtype=torch.float8_e4m3fn)
+    calls = []
+    monkeypatch.setattr(runner.backend, "prepare_prefill", lambda *args: calls.append(args) or 0)
+    warmup(runner, 64, 8, PoolSizing(1024, 0.05, ()))
+    assert calls == [(64, torch.float32, device)] and runner.dtype == torch.float32
+
+
 @needs_cuda
 @pytest.mark.parametrize("batch", [1, 3, 8])
 def test_graph_replay_equals_eager_decode(tiny_model_dirs, batch):
