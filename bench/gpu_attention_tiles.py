@@ -4,7 +4,10 @@ For each case the backend's launch config (prefill tiles or decode tiles) is rep
 candidate; every candidate's output is checked against the shipped config's (bf16, 2e-2) and
 timed with CUDA events (median of do_bench). The shipped config is the first of each list.
 
-    python3 bench/gpu_attention_tiles.py OUT_JSON
+    python3 bench/gpu_attention_tiles.py OUT_JSON [--kv-dtype fp8_e4m3fn] [--decode-only]
+
+With `--kv-dtype` the pool is stored in that dtype (`--kv-cache-dtype`): fp8 halves the bytes
+a decode reads, and the kernel widens each key and value tile before its dots.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from shard_server.attention.base import AttentionShape, StepLayout  # noqa: E402
 from shard_server.attention.triton_paged import TileConfig, TritonPagedAttention  # noqa: E402
+from shard_server.kv_cache import KV_CACHE_DTYPES, to_cache_dtype  # noqa: E402
 
 HEADS, KV_HEADS, DIM, PAGE = 32, 8, 128, 16
 CASES = {
@@ -33,10 +37,11 @@ LARGE = [TileConfig(32, 64, 8, 2)] + [TileConfig(q, n, w, s) for q, n, w, s in [
     (32, 64, 8, 3), (32, 128, 8, 2), (32, 128, 8, 3), (32, 32, 4, 3), (32, 64, 4, 2), (32, 64, 4, 3),
     (16, 64, 4, 2), (16, 64, 4, 3), (16, 128, 4, 2), (32, 128, 4, 2)]]  # fmt: skip
 SMALL = [TileConfig(4, 64, 4, 2)] + [TileConfig(4, n, w, s) for n, w, s in [
-    (64, 4, 3), (128, 4, 2), (128, 8, 2), (32, 4, 2), (32, 2, 2), (64, 2, 2), (128, 4, 3)]]  # fmt: skip
+    (64, 4, 3), (128, 4, 2), (128, 8, 2), (32, 4, 2), (32, 2, 2), (64, 2, 2), (128, 4, 3),
+    (64, 4, 4), (128, 4, 4), (256, 8, 2), (128, 2, 3)]]  # fmt: skip
 
 
-def build(specs, device, seed=0):
+def build(specs, device, seed=0, kv_dtype=torch.bfloat16):
     gen = torch.Generator(device=device).manual_seed(seed)
     rng = random.Random(seed)
     blocks = [-(-ctx // PAGE) for _, ctx in specs]
@@ -53,17 +58,26 @@ def build(specs, device, seed=0):
     k = torch.randn((tokens, KV_HEADS, DIM), generator=gen, device=device, dtype=torch.bfloat16)
     v = torch.randn_like(k)
     layout = StepLayout([n for n, _ in specs], [c for _, c in specs], tables, PAGE)
-    return layout, q, k, v, k_cache, v_cache
+    return layout, q, k, v, to_cache_dtype(k_cache, kv_dtype), to_cache_dtype(v_cache, kv_dtype)
 
 
 def main() -> None:
     import triton.testing
 
-    out = Path(sys.argv[1])
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--kv-dtype", choices=sorted(KV_CACHE_DTYPES), default=None)
+    parser.add_argument("--decode-only", action="store_true")
+    args = parser.parse_args()
+    kv_dtype = KV_CACHE_DTYPES[args.kv_dtype] if args.kv_dtype else torch.bfloat16
     device = torch.device("cuda")
-    results = {}
+    results = {"kv_dtype": str(kv_dtype)}
     for name, (which, specs) in CASES.items():
-        layout, q, k, v, k_cache, v_cache = build(specs, device)
+        if args.decode_only and which != "small":
+            continue
+        layout, q, k, v, k_cache, v_cache = build(specs, device, kv_dtype=kv_dtype)
         backend = TritonPagedAttention(AttentionShape(HEADS, KV_HEADS, DIM, DIM**-0.5))
         shipped = getattr(backend, which)
         candidates = LARGE if which == "large" else SMALL
@@ -88,7 +102,7 @@ def main() -> None:
         best = min((r for r in rows if "ms" in r and r["max_abs_diff_vs_shipped"] < 2e-2), key=lambda r: r["ms"])
         print(f"{name}: shipped {rows[0].get('ms', float('nan')):.3f} ms, best {best['ms']:.3f} ms {best['config']}",
               flush=True)  # fmt: skip
-    out.write_text(json.dumps(results, indent=1))
+    args.out.write_text(json.dumps(results, indent=1))
 
 
 if __name__ == "__main__":

@@ -44,7 +44,7 @@ CASES = {
         dict(METADATA, positions_ptr="*i64", k_cache_ptr="*fp8e5", v_cache_ptr="*fp8e5"),
     ),
     "decode_attention_fp8": ("shard_server.attention.triton_kernels", "paged_attention_kernel",
-                             dict(LLAMA_8B, BLOCK_Q=4, BLOCK_N=64, SPLITS=16), dict(SPLIT, **FP8_POOL)),  # fmt: skip
+                             dict(LLAMA_8B, BLOCK_Q=4, BLOCK_N=128, SPLITS=16), dict(SPLIT, **FP8_POOL)),  # fmt: skip
     "prefill_attention_fp8": ("shard_server.attention.triton_kernels", "paged_attention_kernel",
                               dict(LLAMA_8B, BLOCK_Q=32, BLOCK_N=64, SPLITS=1), dict(METADATA, **FP8_POOL)),  # fmt: skip
     "decode_attention": ("shard_server.attention.triton_kernels", "paged_attention_kernel",
