@@ -274,7 +274,8 @@ def main() -> None:
     parser.add_argument("--phases", default=",".join(PHASES))
     parser.add_argument("--phase", help=argparse.SUPPRESS)  # internal: run one phase in this process
     # Sharing cores, the 8 client processes preempted the shard's threads: steps came up to
-    # 5 ms late, ~0.4 s of the mix's 7.7 s (run 11 vs 12). A server's clients are elsewhere.
+    # 5 ms late, ~0.4 s of the mix's 7.7 s (runs 11-12 vs 13, bench/results/mix_steps_h200.json).
+    # A server's clients are elsewhere.
     parser.add_argument("--client-cpus", type=int, default=6, help="cores kept for the HTTP clients (0: shared)")
     parser.add_argument("--server-flag", action="append", default=[], help="extra launcher flag (repeatable)")
     args = parser.parse_args()
