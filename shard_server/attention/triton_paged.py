@@ -121,14 +121,23 @@ class TritonPagedAttention(AttentionBackend):
         return metadata
 
     def refill(self, metadata: TritonMetadata, layout: StepLayout) -> None:
-        """Rewrites a padded metadata buffer in place for a layout of the same shape."""
-        host, _, _, _ = self._pack(layout, metadata.pad_to, metadata.width)
-        if host.shape != metadata.packed.shape:
+        """Rewrites a padded metadata buffer in place for a layout of the same shape. Of the
+        block tables (last in the buffer) only the columns this step reads are written: the
+        captured width covers the model's whole context (8,192 columns for a 131k-token
+        Llama 3.1), and the kernel never reads a column past a sequence's own blocks."""
+        host, sections, _, _ = self._pack(layout, metadata.pad_to, metadata.width, only_used_columns=True)
+        tables = sections[-1][1]
+        head = host[: host.shape[0] - _aligned(tables)]
+        if head.shape[0] != metadata.packed.shape[0] - _aligned(metadata.block_tables.numel()):
             raise ValueError("refill needs a layout packing to the same shape as the captured one")
-        copy_into(metadata.packed, host)
+        columns = tables // metadata.block_tables.shape[0]
+        copy_into(metadata.packed[: head.shape[0]], head)
+        copy_into(metadata.block_tables[:, :columns], host[head.shape[0] : head.shape[0] + tables].view(-1, columns))
 
-    def _pack(self, layout: StepLayout, pad_to: int | None, width: int | None):
-        """One int32 host buffer with every section, built without per-sequence numpy calls."""
+    def _pack(self, layout: StepLayout, pad_to: int | None, width: int | None, only_used_columns: bool = False):
+        """One int32 host buffer with every section, built without per-sequence numpy calls;
+        the block tables come last, `width` columns wide (only as wide as this step reads with
+        `only_used_columns`)."""
         bs = layout.block_size
         q_lens = np.asarray(layout.query_lens, dtype=np.int32)
         ctx_lens = np.asarray(layout.context_lens, dtype=np.int32)
@@ -141,14 +150,16 @@ class TritonPagedAttention(AttentionBackend):
         width = max(1, needed) if width is None else width
         if needed > width:
             raise ValueError(f"a block table of {needed} blocks exceeds the width {width}")
-        tables = np.zeros((batch, width), dtype=np.int32)
+        tables = np.zeros((batch, max(1, needed) if only_used_columns else width), dtype=np.int32)
         if real:
+            total = int(used.sum())
             flat = np.fromiter(
                 itertools.chain.from_iterable(t[:u] for t, u in zip(layout.block_tables, used.tolist())),
                 dtype=np.int32,
-                count=int(used.sum()),
+                count=total,
             )
-            tables[:real][np.arange(width)[None, :] < used[:, None]] = flat
+            rows = np.repeat(np.arange(real), used)
+            tables[rows, np.arange(total) - np.repeat(np.cumsum(used) - used, used)] = flat
         tokens = int(q_lens.sum())
         extra = batch - real
         starts = np.zeros(batch, dtype=np.int32)
@@ -162,14 +173,16 @@ class TritonPagedAttention(AttentionBackend):
         # Padding: one query token each, no context.
         q_padded = np.concatenate([q_lens, np.ones(extra, dtype=np.int32)])
         ctx_padded = np.concatenate([ctx_lens, np.zeros(extra, dtype=np.int32)])
-        parts = [slots, starts, q_padded, ctx_padded, tables.reshape(-1)]
-        sections = [(name, part.shape[0]) for name, part in zip(("slots", "starts", "q_lens", "ctx_lens", "tables"), parts)]
+        parts = [slots, starts, q_padded, ctx_padded]
+        sections = [(name, part.shape[0]) for name, part in zip(("slots", "starts", "q_lens", "ctx_lens"), parts)]
         dense = np.zeros(batch, dtype=bool)
         if pad_to is None:  # graph-captured steps keep every sequence on the paged kernel
             dense[:real] = self.dense.takes(q_lens, ctx_lens)
         for config, seqs, firsts in self._tiles(q_padded, ~dense):
             sections.append((config, len(seqs)))
             parts += [seqs, firsts]
+        sections.append(("tables", tables.size))
+        parts.append(tables.reshape(-1))
         packed = np.concatenate([np.pad(part, (0, _aligned(len(part)) - len(part))) for part in parts])
         dense_rows = tuple((int(starts[i]), int(q_lens[i])) for i in np.flatnonzero(dense))
         return torch.from_numpy(packed), sections, width, dense_rows

@@ -162,6 +162,21 @@ def test_padded_metadata_and_refill_match_unpadded():
     torch.testing.assert_close(cache_a[0], cache_b[0], atol=0, rtol=0)  # padding wrote no slot
 
 
+def test_refill_writes_only_the_block_table_columns_the_step_reads():
+    """A graph's table spans the model's whole context; a step writes the columns it uses, the
+    rest keep whatever an earlier step left (never read: the kernel stops at each sequence's
+    own blocks)."""
+    backend = TritonPagedAttention(AttentionShape(4, 2, 16, 0.25))
+    device = torch.device(DEVICE)
+    metadata = backend.build_metadata(StepLayout([1], [3], [[0]], 4), device, pad_to=4, width=64)
+    metadata.block_tables.fill_(-7)
+    backend.refill(metadata, StepLayout([1, 1], [5, 2], [[9, 4, 8], [3]], 4))
+    tables = metadata.block_tables.cpu()
+    assert tables[:, :2].tolist() == [[9, 4], [3, 0], [0, 0], [0, 0]]
+    assert (tables[:, 2:] == -7).all()
+    assert metadata.context_lens.cpu().tolist() == [5, 2, 0, 0]
+
+
 def compare_split(specs, pad_to, heads=4, kv_heads=2, dim=16, block=4, dtype=torch.float32, device=DEVICE,
                   atol=1e-4, seed=0):  # fmt: skip
     """A decode step padded as a CUDA graph pads it: its keys split over several programs."""
