@@ -53,6 +53,13 @@ CASES = {
                                dict(LLAMA_8B, BLOCK_Q=4, BLOCK_N=64, SPLITS=16), SPLIT),  # fmt: skip
     "prefill_attention": ("shard_server.attention.triton_kernels", "paged_attention_kernel",
                           dict(LLAMA_8B, BLOCK_Q=32, BLOCK_N=64, SPLITS=1), METADATA),  # fmt: skip
+    # The decode prototype in bench/ (to be measured on the GPU; it must at least compile).
+    "decode_rows_prototype_fp8": ("bench.gpu_fp8_decode_prototype", "_decode_rows",
+                                  dict(KV_HEADS=8, GROUP=4, GROUP_P=4, BLOCK_N=16, PAGE=16, HEAD_DIM=128,
+                                       HEAD_DIM_P=128, SPLITS=1), dict(METADATA, **FP8_POOL)),  # fmt: skip
+    "decode_rows_prototype_fp8_split": ("bench.gpu_fp8_decode_prototype", "_decode_rows",
+                                        dict(KV_HEADS=8, GROUP=4, GROUP_P=4, BLOCK_N=32, PAGE=16, HEAD_DIM=128,
+                                             HEAD_DIM_P=128, SPLITS=16), dict(SPLIT, **FP8_POOL)),  # fmt: skip
     "combine_splits": (
         "shard_server.attention.triton_kernels",
         "combine_splits_kernel",
