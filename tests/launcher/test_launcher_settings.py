@@ -84,6 +84,15 @@ def test_invalid_env_twin_names_the_variable():
         parse(MAX_BATCH_SIZE="lots")
     with pytest.raises(UsageError, match="DTYPE.*not one of"):
         parse(DTYPE="float64")
+    with pytest.raises(UsageError, match="KV_CACHE_DTYPE.*not one of"):
+        parse(KV_CACHE_DTYPE="fp8")
+
+
+def test_kv_cache_dtype_from_the_flag_or_its_env_twin():
+    assert parse().kv_cache_dtype is None  # the shard's default: the model dtype
+    assert parse("--kv-cache-dtype", "fp8_e4m3fn").kv_cache_dtype == "fp8_e4m3fn"
+    assert parse(KV_CACHE_DTYPE="fp8_e5m2").kv_cache_dtype == "fp8_e5m2"
+    assert parse("--kv-cache-dtype", "fp8_e4m3fn", KV_CACHE_DTYPE="fp8_e5m2").kv_cache_dtype == "fp8_e4m3fn"
 
 
 def test_legacy_max_input_length_maps_to_max_input_tokens():
