@@ -32,11 +32,11 @@ class StepRecord:
         return self.tokens - self.decodes
 
 
-def read(path: Path, start: int = 0, end: int | None = None) -> list[StepRecord]:
-    """The records in bytes [start, end) of the log at `path`."""
+def read(path: Path, start: int = 0) -> list[StepRecord]:
+    """The records of the log at `path` from byte `start` on."""
     with open(path, "rb") as log:
         log.seek(start)
-        text = log.read(None if end is None else max(0, end - start)).decode(errors="replace")
+        text = log.read().decode(errors="replace")
     records = []
     for line in text.splitlines():
         if "step" in line and (match := _PATTERN.search(line)):

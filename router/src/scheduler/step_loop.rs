@@ -32,7 +32,8 @@ struct Launched<'a> {
     sent_at: Instant,
     /// False for a step that only releases sequences.
     computes: bool,
-    shape: StepShape,
+    /// Only while debug records are on: nothing is counted per step otherwise.
+    shape: Option<StepShape>,
 }
 
 /// What a step computes, for its debug record.
@@ -94,7 +95,9 @@ pub async fn run<E: StepExecutor>(
         if step.computes {
             let ran_for = answered_at.saturating_duration_since(step.sent_at.max(last_answer));
             metrics::histogram!(STEP_DURATION).record(ran_for.as_secs_f64());
-            log_step(&step.shape, ran_for, result.as_ref().ok());
+            if let Some(shape) = &step.shape {
+                log_step(shape, ran_for, result.as_ref().ok());
+            }
         }
         last_answer = answered_at;
         let deliveries = match result {
@@ -128,12 +131,12 @@ fn launch<'a, E: StepExecutor>(
     state.deliver(planned.events);
     record_queue_gauges(state);
     let computes = !planned.request.sequences.is_empty();
-    let shape = StepShape {
+    let shape = (computes && tracing::enabled!(tracing::Level::DEBUG)).then(|| StepShape {
         id: planned.request.step_id,
         sequences: planned.request.sequences.len(),
         decodes: planned.request.sequences.iter().filter(|s| s.num_tokens == 1).count(),
         tokens: planned.num_tokens,
-    };
+    });
     if computes {
         metrics::histogram!(STEP_BATCH_SIZE).record(planned.request.sequences.len() as f64);
         metrics::histogram!(STEP_TOKENS).record(f64::from(planned.num_tokens));
