@@ -53,13 +53,6 @@ CASES = {
                                dict(LLAMA_8B, BLOCK_Q=4, BLOCK_N=64, SPLITS=16), SPLIT),  # fmt: skip
     "prefill_attention": ("shard_server.attention.triton_kernels", "paged_attention_kernel",
                           dict(LLAMA_8B, BLOCK_Q=32, BLOCK_N=64, SPLITS=1), METADATA),  # fmt: skip
-    # The decode prototype in bench/ (to be measured on the GPU; it must at least compile).
-    "decode_rows_prototype_fp8": ("bench.gpu_fp8_decode_prototype", "_decode_rows",
-                                  dict(KV_HEADS=8, GROUP=4, GROUP_P=4, BLOCK_N=16, PAGE=16, HEAD_DIM=128,
-                                       HEAD_DIM_P=128, SPLITS=1), dict(METADATA, **FP8_POOL)),  # fmt: skip
-    "decode_rows_prototype_fp8_split": ("bench.gpu_fp8_decode_prototype", "_decode_rows",
-                                        dict(KV_HEADS=8, GROUP=4, GROUP_P=4, BLOCK_N=32, PAGE=16, HEAD_DIM=128,
-                                             HEAD_DIM_P=128, SPLITS=16), dict(SPLIT, **FP8_POOL)),  # fmt: skip
     "combine_splits": (
         "shard_server.attention.triton_kernels",
         "combine_splits_kernel",
@@ -74,7 +67,12 @@ CASES = {
                      {"max_ptr": "*fp32", "arg_ptr": "*i32", "sum_ptr": "*fp32", "ids_ptr": "*i64",
                       "logprobs_ptr": "*fp32"}),  # fmt: skip
     "skinny_matmul": ("shard_server.kernels.skinny_matmul", "_skinny_matmul_kernel",
-                      dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=256), {}),  # fmt: skip
+                      dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=256, SCALED=False), {}),  # fmt: skip
+    "skinny_matmul_fp8_weights": ("shard_server.kernels.skinny_matmul", "_skinny_matmul_kernel",
+                                  dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=256, SCALED=True),
+                                  {"w_ptr": "*fp8e4nv", "w_scale_ptr": "*fp32"}),  # fmt: skip
+    "quantize_rows_fp8": ("shard_server.kernels.fp8_matmul", "_quantize_rows_kernel",
+                          dict(FP8_MAX=448.0, TINY=1e-12, BLOCK=1024), {"out_ptr": "*fp8e4nv", "scale_ptr": "*fp32"}),
     "rotary": ("shard_server.kernels.rotary", "_rotary_kernel",
                dict(Q_HEADS=32, Q_HEADS_P=32, K_HEADS=8, K_HEADS_P=8, HALF=64), {"positions_ptr": "*i64"}),  # fmt: skip
 }
