@@ -120,6 +120,9 @@ OPTIONS: tuple[Option, ...] = (
            default="1,2,4,8,16,24,32,48,64,96,128,160,192,224,256"),
     _shard("--kv-cache-dtype", "Store the KV cache in fp8: half the memory per token of bf16.",
            choices=("fp8_e4m3fn", "fp8_e5m2"), default="the model's dtype"),
+    _shard("--quantize", "Quantize the linear weights at load: fp8 (e4m3, a scale per output feature; "
+           "half the weight memory of bf16; GPUs with fp8 tensor cores, sm_89+).", choices=("fp8",),
+           default="none"),
     _shard("--kv-cache-tokens", "KV pool size in tokens on CPU.", positive_int,
            default="set by the shard"),
     _shard("--cuda-memory-fraction", "Share of GPU memory the shard may use.", fraction,
@@ -199,7 +202,6 @@ class Unsupported:
 
 _NOT_YET = "not implemented in textgen yet"
 UNSUPPORTED: tuple[Unsupported, ...] = (
-    Unsupported("--quantize", "quantized weights are " + _NOT_YET),
     Unsupported("--speculate", "speculative decoding is " + _NOT_YET),
     Unsupported("--lora-adapters", "LoRA adapters are " + _NOT_YET),
     Unsupported("--trust-remote-code", "textgen runs only its own model code", False),

@@ -33,6 +33,7 @@ class Settings:
     attention: str | None
     cuda_graphs: str | None
     kv_cache_dtype: str | None
+    quantize: str | None
     kv_cache_tokens: int | None
     cuda_memory_fraction: float | None
     max_concurrent_requests: int | None

@@ -15,7 +15,7 @@ import os
 import signal
 import sys
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import grpc
@@ -54,6 +54,7 @@ class ServeConfig:
     device: str | None = None  # cuda when available
     kv_cache_tokens: int = 32768
     kv_cache_dtype: str | None = None  # the model dtype
+    quantize: str | None = None  # "fp8": linear weights in fp8, quantized at load
     cuda_memory_fraction: float = 1.0
     attention: str | None = None  # triton on CUDA, reference elsewhere
     cuda_graphs: str = ",".join(map(str, DEFAULT_GRAPH_SIZES))
@@ -106,6 +107,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--kv-cache-dtype", choices=sorted(KV_CACHE_DTYPES), default=None,
         help="store the KV cache in fp8 (half the memory of bf16); default: the model dtype",
     )  # fmt: skip
+    serve.add_argument(
+        "--quantize", choices=["fp8"], default=None,
+        help="fp8: quantize the linear weights to fp8 (e4m3, a scale per output feature) at load",
+    )
     serve.add_argument("--cuda-memory-fraction", type=float, default=d.cuda_memory_fraction)
     serve.add_argument(
         "--attention", choices=["reference", "triton"], default=None, help="default: triton on CUDA, else reference"
@@ -175,7 +180,7 @@ def load_service(
     device = config.torch_device()
     dtype = config.torch_dtype(device)
     torch.set_num_threads(len(os.sched_getaffinity(0)))
-    model_config = ModelConfig.from_dict(read_config(config.model_path))
+    model_config = replace(ModelConfig.from_dict(read_config(config.model_path)), quantize=config.quantize)
     check_shardable(model_config, config.world_size)  # fail before the rendezvous, naming the numbers
     parallel = init_parallel(config.rank, config.world_size, config.master_addr, config.master_port, device)
     attention = config.attention_backend(device)
@@ -197,7 +202,8 @@ def load_service(
     identity = ShardIdentity(model_config.model_type, parallel, attention)
     sizing = PoolSizing(config.kv_cache_tokens, config.cuda_memory_fraction, parse_sizes(config.cuda_graphs))
     log.info(
-        "loaded %s (%s, %s; KV cache %s) from %s", model_config.model_type, dtype, device, spec.dtype, config.model_path
+        "loaded %s (%s%s, %s; KV cache %s) from %s", model_config.model_type, dtype,
+        " with fp8 weights" if config.quantize else "", device, spec.dtype, config.model_path,
     )
     tracer = build_tracer(trace, config.rank, config.world_size)
     return ShardService(runner, identity, sizing, tracer, worker)

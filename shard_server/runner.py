@@ -85,8 +85,8 @@ class ModelRunner:
 
     @property
     def dtype(self) -> torch.dtype:
-        """The model's compute dtype (the KV pool's may be narrower: fp8)."""
-        return next(self.model.parameters()).dtype
+        """The model's compute dtype (the KV pool's and the linear weights' may be narrower: fp8)."""
+        return self.model.embed_tokens.weight.dtype
 
     def allocate_kv_cache(self, num_blocks: int) -> None:
         if self.graphs is not None:

@@ -42,9 +42,10 @@ CUBLAS_FROM_FEATURES = 16384
 CUBLAS_UP_TO_ROWS = 8
 
 
-def config_for(rows: int, features: int, depth: int) -> SkinnyConfig | None:
-    """The config for an [rows, depth] x [features, depth]^T product; None: cuBLAS is faster."""
-    if features >= CUBLAS_FROM_FEATURES and rows <= CUBLAS_UP_TO_ROWS:
+def config_for(rows: int, features: int, depth: int, weights_fp8: bool = False) -> SkinnyConfig | None:
+    """The config for an [rows, depth] x [features, depth]^T product; None: cuBLAS is faster.
+    cuBLAS has no bf16 x fp8 product, so fp8 weights always get a config."""
+    if features >= CUBLAS_FROM_FEATURES and rows <= CUBLAS_UP_TO_ROWS and not weights_fp8:
         return None
     if depth >= 2 * features:
         return DEEP
@@ -52,8 +53,9 @@ def config_for(rows: int, features: int, depth: int) -> SkinnyConfig | None:
 
 
 @triton.jit
-def _skinny_matmul_kernel(x_ptr, w_ptr, out_ptr, M, N, K, x_stride, w_stride, out_stride, BLOCK_M: tl.constexpr,
-                          BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
+def _skinny_matmul_kernel(x_ptr, w_ptr, w_scale_ptr, out_ptr, M, N, K, x_stride, w_stride, out_stride,
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                          SCALED: tl.constexpr):  # fmt: skip
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)  # output features
     rows = tl.arange(0, BLOCK_M)
     row_ok = rows < M
@@ -64,7 +66,9 @@ def _skinny_matmul_kernel(x_ptr, w_ptr, out_ptr, M, N, K, x_stride, w_stride, ou
         k_ok = ks < K
         x = tl.load(x_ptr + rows[:, None] * x_stride + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
         w = tl.load(w_ptr + cols[:, None] * w_stride + ks[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
-        acc += tl.dot(x, tl.trans(w))
+        acc += tl.dot(x, tl.trans(w.to(x.dtype)))  # fp8 weights widen exactly to bf16/fp16
+    if SCALED:  # one float32 scale per output feature (fp8 weights)
+        acc *= tl.load(w_scale_ptr + cols, mask=col_ok, other=0.0)[None, :]
     out = out_ptr + rows[:, None] * out_stride + cols[None, :]
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
 
@@ -81,14 +85,17 @@ def skinny_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
     )
 
 
-def skinny_matmul(x: torch.Tensor, weight: torch.Tensor, config: SkinnyConfig = SQUARE) -> torch.Tensor:
-    """x [M, K] @ weight[N, K]^T -> [M, N], for M <= 16 (see `skinny_applies`)."""
+def skinny_matmul(x: torch.Tensor, weight: torch.Tensor, config: SkinnyConfig = SQUARE,
+                  weight_scale: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+    """x [M, K] @ weight[N, K]^T -> [M, N], for M <= 16 (see `skinny_applies`); an fp8 weight
+    comes with `weight_scale`, one float32 per output feature."""
     rows, k = x.shape
     n = weight.shape[0]
     out = torch.empty((rows, n), dtype=x.dtype, device=x.device)
     _skinny_matmul_kernel[(triton.cdiv(n, config.block_n),)](
-        x, weight, out, rows, n, k, x.stride(0), weight.stride(0), out.stride(0),
-        BLOCK_M=MAX_ROWS, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+        x, weight, weight if weight_scale is None else weight_scale, out, rows, n, k, x.stride(0),
+        weight.stride(0), out.stride(0), BLOCK_M=MAX_ROWS, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+        SCALED=weight_scale is not None,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip
     return out

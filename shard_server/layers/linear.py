@@ -5,6 +5,10 @@ projections into one matmul (q/k/v, gate/up): each projection is sliced on its o
 so the fused matrix holds this rank's q rows, then its k rows, then its v rows.
 `RowParallelLinear` splits input features and all-reduces the partial sums. The matmul itself is
 `project`: the skinny Triton kernel at decode batch sizes, cuBLAS otherwise.
+
+With `fp8=True` (`--quantize fp8`) a layer keeps its weight in fp8 with one float32 scale per
+output feature, quantized on the device as each slice loads, so the bf16 model is never
+resident; `fp8_linear` does the product.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import torch
 from torch import nn
 
 from ..distributed import ParallelContext, RowRange
+from ..kernels.fp8_matmul import FP8, fp8_linear, quantize_rows_reference
 from ..kernels.skinny_matmul import project
 from ..weights import WeightStore
 
@@ -21,7 +26,28 @@ def _empty(shape, dtype, device) -> nn.Parameter:
     return nn.Parameter(torch.empty(shape, dtype=dtype, device=device), requires_grad=False)
 
 
-class ColumnParallelLinear(nn.Module):
+class _Weight(nn.Module):
+    """A [out, in] weight, in the model dtype or in fp8 with per-row scales, and its product."""
+
+    def _init_weight(self, shape, fp8: bool, dtype, device) -> None:
+        self.weight = _empty(shape, FP8 if fp8 else dtype, device)
+        self.weight_scale = _empty((shape[0], 1), torch.float32, device) if fp8 else None
+
+    def _set_rows(self, rows: slice, value: torch.Tensor) -> None:
+        if self.weight_scale is None:
+            self.weight[rows].copy_(value)
+            return
+        quantized, scale = quantize_rows_reference(value.to(self.weight.device))
+        self.weight[rows].copy_(quantized)
+        self.weight_scale[rows].copy_(scale)
+
+    def _product(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if self.weight_scale is not None:
+            return fp8_linear(x, self.weight, self.weight_scale, bias)
+        return project(x, self.weight, bias)
+
+
+class ColumnParallelLinear(_Weight):
     """Output features split across ranks. `parts` are this rank's rows of each fused weight
     (e.g. its q, k and v rows), stacked in order into one matrix."""
 
@@ -32,11 +58,12 @@ class ColumnParallelLinear(nn.Module):
         bias: bool,
         dtype: torch.dtype,
         device: torch.device,
+        fp8: bool = False,
     ):
         super().__init__()
         self.parts = list(parts)
         total = sum(part.size for part in self.parts)
-        self.weight = _empty((total, in_features), dtype, device)
+        self._init_weight((total, in_features), fp8, dtype, device)
         self.bias = _empty((total,), dtype, device) if bias else None
 
     def load(self, store: WeightStore, prefixes: list[str]) -> None:
@@ -45,16 +72,16 @@ class ColumnParallelLinear(nn.Module):
         offset = 0
         for prefix, part in zip(prefixes, self.parts):
             rows = slice(offset, offset + part.size)
-            self.weight[rows].copy_(store.get_rows(f"{prefix}.weight", part.start, part.end))
+            self._set_rows(rows, store.get_rows(f"{prefix}.weight", part.start, part.end))
             if self.bias is not None:
                 self.bias[rows].copy_(store.get_rows(f"{prefix}.bias", part.start, part.end))
             offset += part.size
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return project(x, self.weight, self.bias)
+        return self._product(x, self.bias)
 
 
-class RowParallelLinear(nn.Module):
+class RowParallelLinear(_Weight):
     def __init__(
         self,
         in_features: int,
@@ -63,20 +90,21 @@ class RowParallelLinear(nn.Module):
         ctx: ParallelContext,
         dtype: torch.dtype,
         device: torch.device,
+        fp8: bool = False,
     ):
         super().__init__()
         self.ctx = ctx
         self.in_features = in_features
         start, end = ctx.split(in_features, "input features")
-        self.weight = _empty((out_features, end - start), dtype, device)
+        self._init_weight((out_features, end - start), fp8, dtype, device)
         self.bias = _empty((out_features,), dtype, device) if bias else None
 
     def load(self, store: WeightStore, prefix: str) -> None:
         start, end = self.ctx.split(self.in_features)
-        self.weight.copy_(store.get_cols(f"{prefix}.weight", start, end))
+        self._set_rows(slice(None), store.get_cols(f"{prefix}.weight", start, end))
         if self.bias is not None:
             self.bias.copy_(store.get(f"{prefix}.bias"))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.ctx.all_reduce(project(x, self.weight))
+        out = self.ctx.all_reduce(self._product(x, None))
         return out if self.bias is None else out + self.bias

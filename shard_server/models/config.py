@@ -38,6 +38,7 @@ class ModelConfig:
     qk_norm: bool  # per-head RMSNorm on q and k (Qwen3)
     sliding_window: int | None
     rope_scaling: RopeScaling = field(default_factory=RopeScaling)
+    quantize: str | None = None  # "fp8": linear weights quantized at load (--quantize fp8)
 
     @classmethod
     def from_dict(cls, raw: dict) -> ModelConfig:
@@ -45,6 +46,12 @@ class ModelConfig:
         if model_type not in LLAMA_FAMILY:
             raise UnsupportedModelError(
                 f"model_type {model_type!r} is not supported (supported: {', '.join(LLAMA_FAMILY)})"
+            )
+        if raw.get("quantization_config"):
+            method = raw["quantization_config"].get("quant_method", "unknown")
+            raise UnsupportedModelError(
+                f"the checkpoint is pre-quantized ({method!r}), which textgen does not load; serve the "
+                "bf16/fp16 checkpoint, with --quantize fp8 for fp8 weights"
             )
         if raw.get("hidden_act", "silu") != "silu":
             raise UnsupportedModelError(f"hidden_act {raw['hidden_act']!r} is not supported")

@@ -24,6 +24,11 @@ from .config import ModelConfig
 from .sharding import even_rows, shard_heads
 
 
+def _fp8(cfg: ModelConfig) -> bool:
+    """Whether the decoder's linear weights are fp8 (the embeddings and the LM head never are)."""
+    return cfg.quantize == "fp8"
+
+
 class LlamaAttention(nn.Module):
     def __init__(self, cfg: ModelConfig, ctx: ParallelContext, backend: AttentionBackend, dtype, device):
         super().__init__()
@@ -35,10 +40,10 @@ class LlamaAttention(nn.Module):
         self.backend = backend
         q_rows, kv_rows = heads.q_rows(d), heads.kv_rows(d)
         self.qkv_proj = ColumnParallelLinear(
-            cfg.hidden_size, [q_rows, kv_rows, kv_rows], cfg.attention_bias, dtype, device
+            cfg.hidden_size, [q_rows, kv_rows, kv_rows], cfg.attention_bias, dtype, device, _fp8(cfg)
         )
         self.o_proj = RowParallelLinear(
-            cfg.num_attention_heads * d, cfg.hidden_size, False, ctx, dtype, device
+            cfg.num_attention_heads * d, cfg.hidden_size, False, ctx, dtype, device, _fp8(cfg)
         )
         self.q_norm = self.k_norm = None
         if cfg.qk_norm:
@@ -70,8 +75,8 @@ class LlamaMLP(nn.Module):
         super().__init__()
         size = cfg.intermediate_size
         rows = even_rows(size, ctx)
-        self.gate_up_proj = ColumnParallelLinear(cfg.hidden_size, [rows, rows], False, dtype, device)
-        self.down_proj = RowParallelLinear(size, cfg.hidden_size, False, ctx, dtype, device)
+        self.gate_up_proj = ColumnParallelLinear(cfg.hidden_size, [rows, rows], False, dtype, device, _fp8(cfg))
+        self.down_proj = RowParallelLinear(size, cfg.hidden_size, False, ctx, dtype, device, _fp8(cfg))
 
     def load(self, store: WeightStore, prefix: str) -> None:
         self.gate_up_proj.load(store, [f"{prefix}.gate_proj", f"{prefix}.up_proj"])

@@ -34,7 +34,7 @@ def test_set_values_go_to_the_child_that_uses_them():
     s = settings("--max-batch-prefill-tokens", "512", "--dtype", "bfloat16",
                  "--kv-cache-tokens", "4096", "--json-output", "--otlp-endpoint", "http://c:4317",
                  "--master-port", "29600", "--cuda-memory-fraction", "0.9",
-                 "--kv-cache-dtype", "fp8_e4m3fn", MAX_CONCURRENT_REQUESTS="16")
+                 "--kv-cache-dtype", "fp8_e4m3fn", "--quantize", "fp8", MAX_CONCURRENT_REQUESTS="16")
     router = router_command(EXE, s, MODEL, 1)
     shard = shard_command(EXE, s, MODEL, 0, 1)
     assert _pairs(router) >= {("--max-concurrent-requests", "16"),
@@ -43,8 +43,8 @@ def test_set_values_go_to_the_child_that_uses_them():
     assert "--json-output" in router and "--json-output" in shard
     assert _pairs(shard) >= {("--dtype", "bfloat16"), ("--kv-cache-tokens", "4096"),
                              ("--master-port", "29600"), ("--cuda-memory-fraction", "0.9"),
-                             ("--kv-cache-dtype", "fp8_e4m3fn")}
-    assert "--dtype" not in router and "--kv-cache-dtype" not in router and "--max-batch-prefill-tokens" not in shard
+                             ("--kv-cache-dtype", "fp8_e4m3fn"), ("--quantize", "fp8")}
+    assert "--dtype" not in router and "--kv-cache-dtype" not in router and "--quantize" not in router and "--max-batch-prefill-tokens" not in shard
 
 
 def _pairs(argv):

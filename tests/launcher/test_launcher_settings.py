@@ -72,6 +72,9 @@ def test_sharded_flag_with_and_without_value():
     (["--dtype", "float64"], "invalid choice"),
     (["--kv-cache-dtype", "fp8"], "invalid choice"),
     (["--kv-cache-dtype", "int8"], "invalid choice"),
+    (["--quantize", "gptq"], "invalid choice"),
+    (["--quantize", "FP8"], "invalid choice"),
+    (["--quantize", ""], "non-empty value"),
     (["--no-such-flag"], "unrecognized arguments"),
 ])
 def test_invalid_flags_get_clear_errors(argv, message):
@@ -86,6 +89,14 @@ def test_invalid_env_twin_names_the_variable():
         parse(DTYPE="float64")
     with pytest.raises(UsageError, match="KV_CACHE_DTYPE.*not one of"):
         parse(KV_CACHE_DTYPE="fp8")
+    with pytest.raises(UsageError, match="QUANTIZE.*not one of"):
+        parse(QUANTIZE="awq")
+
+
+def test_quantize_from_the_flag_or_its_env_twin():
+    assert parse().quantize is None  # bf16/fp16 weights, as the checkpoint has them
+    assert parse("--quantize", "fp8").quantize == "fp8"
+    assert parse(QUANTIZE="fp8").quantize == "fp8"
 
 
 def test_kv_cache_dtype_from_the_flag_or_its_env_twin():
@@ -129,9 +140,9 @@ def test_unsupported_flags_fail_clearly(flag):
 
 
 def test_unsupported_env_twin_fails_too():
-    with pytest.raises(UsageError, match="QUANTIZE.*not supported"):
-        parse(QUANTIZE="gptq")
-    assert parse(QUANTIZE="").model_id  # an empty variable is not a setting
+    with pytest.raises(UsageError, match="SPECULATE.*not supported"):
+        parse(SPECULATE="2")
+    assert parse(SPECULATE="").model_id  # an empty variable is not a setting
 
 
 def test_help_names_child_defaults_and_env_twins():

@@ -5,6 +5,8 @@ the reference backend's greedy tokens. Graph capture needs CUDA: those cases com
 replay against eager steps on the same GPU.
 """
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -25,8 +27,9 @@ CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not CUDA, reason="CUDA graphs need a GPU")
 
 
-def make_runner(directory, attention, device, dtype=torch.float32, num_blocks=256, block_size=4, kv_dtype=None):
-    config = ModelConfig.from_dict(read_config(directory))
+def make_runner(directory, attention, device, dtype=torch.float32, num_blocks=256, block_size=4, kv_dtype=None,
+                quantize=None):  # fmt: skip
+    config = replace(ModelConfig.from_dict(read_config(directory)), quantize=quantize)
     with WeightStore(directory) as store:
         model = build_model(config, store, ParallelContext(), attention, dtype, device)
     spec = KVSpec(config.num_hidden_layers, config.num_key_value_heads, config.head_dim, block_size, kv_dtype or dtype)
