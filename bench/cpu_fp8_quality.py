@@ -1,10 +1,11 @@
-"""Greedy answers of the demo model with each `--kv-cache-dtype` against transformers (fp32, CPU).
+"""Greedy answers of the demo model with fp8 KV caches and fp8 weights against transformers (fp32, CPU).
 
-For the model dtype's pool and each fp8 format, the full stack serves the demo model; each
-prompt's greedy tokens are compared position by position with transformers' `generate`, and
-the first position where they differ is reported.
+For each variant (the plain model, each `--kv-cache-dtype`, `--quantize fp8`, and fp8 weights
+over an e4m3 pool) the full stack serves the demo model; each prompt's greedy tokens are
+compared position by position with transformers' `generate`, and the first position where
+they differ is reported.
 
-    python3 bench/cpu_kv_dtype_quality.py [--new-tokens 32]
+    python3 bench/cpu_fp8_quality.py [--new-tokens 32]
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ from server import Server  # noqa: E402
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Water boils at", "Once upon a time",
            "The three primary colours are", "import numpy as np"]  # fmt: skip
-POOLS = {"model dtype": (), "fp8_e4m3fn": ("--kv-cache-dtype", "fp8_e4m3fn"),
-         "fp8_e5m2": ("--kv-cache-dtype", "fp8_e5m2")}  # fmt: skip
+VARIANTS = {"model dtype": (), "kv fp8_e4m3fn": ("--kv-cache-dtype", "fp8_e4m3fn"),
+            "kv fp8_e5m2": ("--kv-cache-dtype", "fp8_e5m2"), "weights fp8": ("--quantize", "fp8"),
+            "weights fp8, kv fp8_e4m3fn": ("--quantize", "fp8", "--kv-cache-dtype", "fp8_e4m3fn")}  # fmt: skip
 
 
 def main() -> None:
@@ -44,7 +46,7 @@ def main() -> None:
         with torch.inference_mode():
             expected.append(model.generate(ids, max_new_tokens=args.new_tokens, do_sample=False)[0, ids.shape[1]:].tolist())
     results = {}
-    for name, flags in POOLS.items():
+    for name, flags in VARIANTS.items():
         server = Server(*flags)
         try:
             agree = total = 0
