@@ -60,7 +60,7 @@ def main() -> None:
                   + (f", best skinny {entry['best_skinny_fp8']}" if "best_skinny_fp8" in entry else ""),
                   flush=True)  # fmt: skip
         del weights, quantized
-    out.write_text(json.dumps(results, indent=1))
+        out.write_text(json.dumps(results, indent=1))  # after each shape: a cut-short run keeps its part
 
 
 if __name__ == "__main__":
