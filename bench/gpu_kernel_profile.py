@@ -11,7 +11,7 @@ decode shapes (batch 256 at context 512, batch 80 at context 1280), one 2048-tok
 (the TTFT case; again with the dense prefill path off) and one mixed step (64 decodes plus
 8,128 prompt tokens).
 
-    python3 bench/gpu_kernel_profile.py MODEL_DIR OUT_JSON [CASE ...]
+    python3 bench/gpu_kernel_profile.py MODEL_DIR OUT_JSON [--quantize fp8] [CASE ...]
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from shard_server.pb import generate_pb2 as pb  # noqa: E402
 GROUPS = [
     ("attention", r"paged_attention|attention|flash|combine_splits"),
     ("store_kv", r"store_kv"),
+    ("fp8_quantize", r"quantize_rows"),
     ("rotary", r"rotary"),
     ("norm", r"rmsnorm"),
     ("silu_mul", r"silu"),
@@ -184,8 +185,12 @@ def paged_only(runner, case):
 
 
 def main() -> None:
-    model_dir, out = Path(sys.argv[1]), Path(sys.argv[2])
-    runner, _ = parity_runner(model_dir, graph_sizes=(1, 80, 256), memory_fraction=0.85)
+    model_dir, out, *wanted = sys.argv[1:]
+    quantize = None
+    if wanted[:1] == ["--quantize"]:
+        quantize, wanted = wanted[1], wanted[2:]
+    runner, _ = parity_runner(Path(model_dir), graph_sizes=(1, 80, 256), memory_fraction=0.85, quantize=quantize)
+    out = Path(out)
     results = {}
     cases = [
         ("decode_b1_ctx256", lambda: decode_case(runner, 1, 256)),
@@ -196,7 +201,7 @@ def main() -> None:
         ("prefill_2048_paged_attention", lambda: paged_only(runner, lambda: prefill_case(runner, [2048]))),
         ("mixed_64x512_plus_8x1016", lambda: prefill_case(runner, [1016] * 8, decodes=64)),
     ]
-    wanted = set(sys.argv[3:])
+    wanted = set(wanted)
     for name, case in cases:
         if wanted and name not in wanted:
             continue

@@ -5,6 +5,7 @@ on the same model in one process: 8 prompts x 128 new tokens, decoded as one bat
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import torch
 
@@ -105,14 +106,15 @@ def compare_backends(runner: ModelRunner, shape, text_vocab: int, prompts: int =
     }
 
 
-def parity_runner(model_dir, graph_sizes=(1, 2, 4, 8), memory_fraction: float = 0.4) -> tuple[ModelRunner, object]:  # noqa: E501
+def parity_runner(model_dir, graph_sizes=(1, 2, 4, 8), memory_fraction: float = 0.4,
+                  quantize: str | None = None) -> tuple[ModelRunner, object]:  # fmt: skip
     from shard_server.distributed import ParallelContext
     from shard_server.kv_cache import KVSpec
     from shard_server.models.config import ModelConfig
     from shard_server.models.registry import attention_shape, build_model
     from shard_server.weights import WeightStore, read_config
 
-    cfg = ModelConfig.from_dict(read_config(model_dir))
+    cfg = replace(ModelConfig.from_dict(read_config(model_dir)), quantize=quantize)
     device = torch.device("cuda")
     ctx = ParallelContext()
     with WeightStore(model_dir) as store:

@@ -27,6 +27,7 @@ from shard_server.weights import WeightStore, read_config  # noqa: E402
 from .test_triton_runner import make_runner  # noqa: E402
 
 CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if CUDA else "cpu"  # the kernel cases: compiled on a GPU, interpreted on CPU
 needs_cuda = pytest.mark.skipif(not CUDA, reason="cuBLASLt's fp8 product and arbitrary-value rounding need a GPU")
 
 
@@ -70,7 +71,7 @@ def _exact_rows(rows: int, k: int, seed: int) -> torch.Tensor:
 
 @pytest.mark.parametrize("k", [64, 1500])  # 1500: two blocks and a masked tail
 def test_the_quantize_kernel_equals_the_reference(k):
-    x = _exact_rows(6, k, seed=1).half()
+    x = _exact_rows(6, k, seed=1).half().to(DEVICE)
     with fused_kernels(True, on_cpu=True):
         q, scale = quantize_rows(x)
     want_q, want_scale = quantize_rows_reference(x)
@@ -90,8 +91,8 @@ def test_the_cpu_product_is_w8a8_arithmetic():
 @pytest.mark.parametrize("rows", [1, 3, 16])
 @pytest.mark.parametrize("k", [256, 300])
 def test_few_rows_stream_the_fp8_weight_and_keep_activations_exact(rows, k):
-    x = _randn(rows, k, seed=4).half()
-    wq, ws = quantize_rows_reference(_randn(80, k, seed=5))  # 80 outputs: a masked feature block
+    x = _randn(rows, k, seed=4, device=DEVICE).half()
+    wq, ws = quantize_rows_reference(_randn(80, k, seed=5, device=DEVICE))  # 80 outputs: a masked feature block
     with fused_kernels(True, on_cpu=True):
         got = fp8_linear(x, wq, ws)
     want = x.float() @ dequantized(wq, ws).T  # weight-only: no activation rounding
