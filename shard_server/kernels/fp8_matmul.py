@@ -3,9 +3,9 @@
 A weight row is stored as round(row / scale) in fp8 with scale = max|row| / 448, so every row
 uses fp8's whole range. The product picks its path by the number of rows:
 
-- few rows (decode of small batches): the skinny kernel streams the fp8 weight, widens it to
-  the activation dtype in registers and scales its outputs: half the bytes of bf16 and the
-  activations stay exact, since at these sizes the time is the weight's bytes alone;
+- up to 128 rows (decodes): the skinny kernel streams the fp8 weight, widens it to the
+  activation dtype in registers and scales its outputs: half the bytes of bf16, and the
+  activations stay exact, since at these sizes the time is the weight's bytes;
 - more rows: each activation row is quantized the same way (its own scale, computed on the
   fly) and cuBLASLt multiplies fp8 by fp8 (`torch._scaled_mm`), at twice bf16's tensor rate;
 - on CPU (tests, the demo model), or shapes cuBLASLt refuses: the same w8a8 arithmetic in
@@ -64,22 +64,26 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return out, scale
 
 
+def w8a8_product(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor) -> torch.Tensor:
+    """x [M, K] quantized row by row, times the fp8 weight: cuBLASLt on CUDA, float32 elsewhere."""
+    if x.is_cuda and weight.shape[0] % 16 == 0 and weight.shape[1] % 16 == 0:  # cuBLASLt's alignment
+        xq, x_scale = quantize_rows(x.contiguous())
+        return torch._scaled_mm(xq, weight.t(), scale_a=x_scale, scale_b=weight_scale.view(1, -1), out_dtype=x.dtype)
+    xq, x_scale = quantize_rows_reference(x)
+    return ((xq.float() @ weight.float().t()) * x_scale * weight_scale.view(1, -1)).to(x.dtype)
+
+
 def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
                bias: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
     """x [..., K] @ (weight [N, K] fp8 * weight_scale [N, 1])^T (+ bias) -> [..., N] in x's dtype."""
-    from .skinny_matmul import MAX_ROWS, config_for, skinny_matmul
+    from .skinny_matmul import FP8_WEIGHT_ROWS, config_for, skinny_matmul
 
     flat = x.reshape(-1, x.shape[-1])
-    if use_fused(flat) and 0 < flat.shape[0] <= MAX_ROWS and flat.dtype != torch.float32 and flat.stride(1) == 1:
+    if use_fused(flat) and 0 < flat.shape[0] <= FP8_WEIGHT_ROWS and flat.dtype != torch.float32 and flat.stride(1) == 1:
         config = config_for(flat.shape[0], weight.shape[0], weight.shape[1], weights_fp8=True)
         out = skinny_matmul(flat, weight, config, weight_scale)
-    elif flat.is_cuda and weight.shape[0] % 16 == 0 and weight.shape[1] % 16 == 0:  # cuBLASLt's alignment
-        xq, x_scale = quantize_rows(flat.contiguous())
-        out = torch._scaled_mm(xq, weight.t(), scale_a=x_scale, scale_b=weight_scale.view(1, -1),
-                               out_dtype=flat.dtype)  # fmt: skip
     else:
-        xq, x_scale = quantize_rows_reference(flat)
-        out = ((xq.float() @ weight.float().t()) * x_scale * weight_scale.view(1, -1)).to(flat.dtype)
+        out = w8a8_product(flat, weight, weight_scale)
     if bias is not None:
         out = out + bias
     return out.view(*x.shape[:-1], weight.shape[0])

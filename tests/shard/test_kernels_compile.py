@@ -71,6 +71,9 @@ CASES = {
     "skinny_matmul_fp8_weights": ("shard_server.kernels.skinny_matmul", "_skinny_matmul_kernel",
                                   dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=256, SCALED=True),
                                   {"w_ptr": "*fp8e4nv", "w_scale_ptr": "*fp32"}),  # fmt: skip
+    "skinny_matmul_fp8_weights_tall": ("shard_server.kernels.skinny_matmul", "_skinny_matmul_kernel",
+                                       dict(BLOCK_M=128, BLOCK_N=32, BLOCK_K=128, SCALED=True),
+                                       {"w_ptr": "*fp8e4nv", "w_scale_ptr": "*fp32"}),  # fmt: skip
     "quantize_rows_fp8": ("shard_server.kernels.fp8_matmul", "_quantize_rows_kernel",
                           dict(FP8_MAX=448.0, TINY=1e-12, BLOCK=1024), {"out_ptr": "*fp8e4nv", "scale_ptr": "*fp32"}),
     "rotary": ("shard_server.kernels.rotary", "_rotary_kernel",
