@@ -3,9 +3,9 @@
 A weight row is stored as round(row / scale) in fp8 with scale = max|row| / 448, so every row
 uses fp8's whole range. The product picks its path by the number of rows:
 
-- up to 128 rows (decodes): the skinny kernel streams the fp8 weight, widens it to the
-  activation dtype in registers and scales its outputs: half the bytes of bf16, and the
-  activations stay exact, since at these sizes the time is the weight's bytes;
+- up to 16 rows (decodes of small batches): the skinny kernel streams the fp8 weight, widens
+  it to the activation dtype in registers and scales its outputs: half the bytes of bf16, and
+  the activations stay exact;
 - more rows: each activation row is quantized the same way (its own scale, computed on the
   fly) and cuBLASLt multiplies fp8 by fp8 (`torch._scaled_mm`), at twice bf16's tensor rate;
 - on CPU (tests, the demo model), or shapes cuBLASLt refuses: the same w8a8 arithmetic in

@@ -22,9 +22,9 @@ import triton.language as tl
 from .dispatch import use_fused
 
 MAX_ROWS = 16  # one tensor-core tile of rows
-# fp8 weights: cuBLASLt's fp8 product streams small-M weights at 1-2.6 TB/s (M=64, bench/results/
-# fp8_matmul_h200.json), so the weight-only kernel serves up to here, its row tile growing.
-FP8_WEIGHT_ROWS = 128
+# fp8 weights take the weight-only kernel up to here too: at 64-128 rows, with its row tile
+# grown to 128, it ran 1.4-2.5x slower than cuBLASLt's fp8 product (bench/results/fp8_matmul_h200.json).
+FP8_WEIGHT_ROWS = MAX_ROWS
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,6 @@ WIDE = SkinnyConfig(block_n=64, block_k=256, num_warps=4, num_stages=4)  # qkv 4
 DEEP = SkinnyConfig(block_n=32, block_k=512, num_warps=4, num_stages=3)  # down 14336 -> 4096: 30.4 vs 31.2
 SQUARE = SkinnyConfig(block_n=32, block_k=256, num_warps=4, num_stages=4)  # o 4096 -> 4096: 11.5 vs 13.4
 # gate_up (4096 -> 28672) stays with cuBLAS up to 8 rows: 55.7 µs against the best config's 57.6.
-TALL = SkinnyConfig(block_n=32, block_k=128, num_warps=4, num_stages=3)  # fp8 weights, 17-128 rows
 CUBLAS_FROM_FEATURES = 16384
 CUBLAS_UP_TO_ROWS = 8
 
@@ -49,8 +48,6 @@ CUBLAS_UP_TO_ROWS = 8
 def config_for(rows: int, features: int, depth: int, weights_fp8: bool = False) -> SkinnyConfig | None:
     """The config for an [rows, depth] x [features, depth]^T product; None: cuBLAS is faster.
     cuBLAS has no bf16 x fp8 product, so fp8 weights always get a config."""
-    if rows > MAX_ROWS:
-        return TALL
     if features >= CUBLAS_FROM_FEATURES and rows <= CUBLAS_UP_TO_ROWS and not weights_fp8:
         return None
     if depth >= 2 * features:
@@ -94,10 +91,9 @@ def skinny_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
 def skinny_matmul(x: torch.Tensor, weight: torch.Tensor, config: SkinnyConfig = SQUARE,
                   weight_scale: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
     """x [M, K] @ weight[N, K]^T -> [M, N], for M <= 16 (see `skinny_applies`); an fp8 weight
-    comes with `weight_scale`, one float32 per output feature, and may take up to
-    `FP8_WEIGHT_ROWS` rows (one tile of all of them per program: the weight streams once)."""
+    comes with `weight_scale`, one float32 per output feature."""
     rows, k = x.shape
-    block_m = max(MAX_ROWS, triton.next_power_of_2(rows))
+    block_m = max(MAX_ROWS, triton.next_power_of_2(rows))  # one tile of every row: the weight streams once
     n = weight.shape[0]
     out = torch.empty((rows, n), dtype=x.dtype, device=x.device)
     _skinny_matmul_kernel[(triton.cdiv(n, config.block_n),)](

@@ -89,7 +89,7 @@ def test_the_cpu_product_is_w8a8_arithmetic():
     assert rel_l2(got, x @ w.T) < 0.08
 
 
-@pytest.mark.parametrize("rows", [1, 3, 16, 40])  # 40: a 64-row tile
+@pytest.mark.parametrize("rows", [1, 3, 16])
 @pytest.mark.parametrize("k", [256, 300])
 def test_few_rows_stream_the_fp8_weight_and_keep_activations_exact(rows, k):
     x = _randn(rows, k, seed=4, device=DEVICE).half()
