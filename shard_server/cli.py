@@ -24,6 +24,7 @@ import torch
 from .cuda_graphs import DEFAULT_SIZES as DEFAULT_GRAPH_SIZES
 from .cuda_graphs import parse_sizes
 from .distributed import init_parallel
+from .kernels.fp8_matmul import require_fp8_support
 from .kv_cache import KV_CACHE_DTYPES, KVSpec
 from .models.config import ModelConfig
 from .models.registry import build_model
@@ -182,6 +183,8 @@ def load_service(
     torch.set_num_threads(len(os.sched_getaffinity(0)))
     model_config = replace(ModelConfig.from_dict(read_config(config.model_path)), quantize=config.quantize)
     check_shardable(model_config, config.world_size)  # fail before the rendezvous, naming the numbers
+    if config.quantize == "fp8":
+        require_fp8_support(device)
     parallel = init_parallel(config.rank, config.world_size, config.master_addr, config.master_port, device)
     attention = config.attention_backend(device)
     with WeightStore(config.model_path) as store:

@@ -26,6 +26,14 @@ _TINY = 1e-12  # an all-zero row gets this scale instead of a division by zero
 _BLOCK = 1024
 
 
+def require_fp8_support(device: torch.device) -> None:
+    """fp8 products need fp8 tensor cores (compute capability 8.9+: Ada, Hopper); CPUs emulate them."""
+    if device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 9):
+        major, minor = torch.cuda.get_device_capability(device)
+        raise ValueError(f"--quantize fp8 needs a GPU with fp8 tensor cores (compute capability 8.9+); "
+                         f"{torch.cuda.get_device_name(device)} is {major}.{minor}")  # fmt: skip
+
+
 def quantize_rows_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """[M, K] -> (fp8 [M, K], float32 scales [M, 1]) with x ~= fp8 * scale, row by row."""
     wide = x.float()

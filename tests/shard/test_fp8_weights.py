@@ -167,6 +167,18 @@ def test_the_shard_cli_takes_quantize_fp8_only():
             parse_config([*base, "--quantize", bad])
 
 
+def test_gpus_without_fp8_tensor_cores_are_refused_by_name(monkeypatch):
+    from shard_server.kernels.fp8_matmul import require_fp8_support
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100")
+    with pytest.raises(ValueError, match="8.9\\+.*A100 is 8.0"):
+        require_fp8_support(torch.device("cuda", 0))
+    require_fp8_support(torch.device("cpu"))  # emulated in float32
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    require_fp8_support(torch.device("cuda", 0))
+
+
 @needs_cuda
 @pytest.mark.parametrize("rows", [1, 8, 16, 17, 80, 128, 129, 300])
 @pytest.mark.parametrize("features,depth", [(6144, 4096), (4096, 14336), (28672, 4096)])

@@ -12,6 +12,7 @@
 
 import multiprocessing
 import socket
+from dataclasses import replace
 
 import pytest
 import torch
@@ -35,8 +36,8 @@ NEW_TOKENS = 8
 SAMPLING = pb.SamplingParameters(do_sample=True, temperature=1.3, seed=20240607)
 
 
-def load_rank_model(directory, parallel):
-    config = ModelConfig.from_dict(read_config(directory))
+def load_rank_model(directory, parallel, quantize=None):
+    config = replace(ModelConfig.from_dict(read_config(directory)), quantize=quantize)
     with WeightStore(directory) as store:
         return build_model(config, store, parallel, "reference", torch.float32, CPU)
 
@@ -70,8 +71,8 @@ def _rank_main(rank: int, world: int, directories, port: int, what: str, results
     try:
         outputs = []
         for directory in directories:  # one rendezvous for several models: spawning is slow
-            model = load_rank_model(directory, parallel)
-            if what == "logits":
+            model = load_rank_model(directory, parallel, "fp8" if what == "logits_fp8" else None)
+            if what in ("logits", "logits_fp8"):
                 result = {"logits": prefill_logits(model, parallel)}
             else:
                 result = generations(model, parallel)
@@ -127,6 +128,23 @@ def test_two_ranks_match_one(tiny_model_dirs):
                 outputs[rank][index]["logits"], expected, atol=1e-4, rtol=1e-4,
                 msg=f"{families[index]} rank {rank}"
             )
+
+
+def test_two_ranks_with_fp8_weights_stay_near_one(tiny_model_dirs):
+    """Column-parallel slices hold whole rows, so their fp8 rows and scales are one rank's; the
+    row-parallel ones (o, down) scale their half rows, and their halves of each activation row,
+    on their own: other roundings of the same size, so two ranks sit as near the unquantized
+    model as one rank does."""
+    directory = tiny_model_dirs["qwen2"]
+    outputs = run_ranks(2, [directory], "logits_fp8")
+    one = prefill_logits(load_rank_model(directory, ParallelContext(), "fp8"), ParallelContext())
+    plain = prefill_logits(load_rank_model(directory, ParallelContext()), ParallelContext())
+    two = outputs[0][0]["logits"]
+    assert torch.equal(two, outputs[1][0]["logits"])  # the all-gathered logits: same bytes
+    def drift(logits):
+        return float((logits - plain).norm() / plain.norm())
+
+    assert 0 < drift(two) < min(0.2, 1.5 * drift(one)), (drift(two), drift(one))
 
 
 @pytest.fixture(scope="module")
