@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from .dispatch import use_fused
+from .skinny_matmul import FP8_WEIGHT_ROWS, config_for, skinny_matmul
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = float(torch.finfo(FP8).max)  # 448
@@ -84,8 +85,6 @@ def w8a8_product(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tens
 def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
                bias: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
     """x [..., K] @ (weight [N, K] fp8 * weight_scale [N, 1])^T (+ bias) -> [..., N] in x's dtype."""
-    from .skinny_matmul import FP8_WEIGHT_ROWS, config_for, skinny_matmul
-
     flat = x.reshape(-1, x.shape[-1])
     if use_fused(flat) and 0 < flat.shape[0] <= FP8_WEIGHT_ROWS and flat.dtype != torch.float32 and flat.stride(1) == 1:
         config = config_for(flat.shape[0], weight.shape[0], weight.shape[1], weights_fp8=True)
