@@ -5,7 +5,7 @@ over an e4m3 pool) the full stack serves the demo model; each prompt's greedy to
 compared position by position with transformers' `generate`, and the first position where
 they differ is reported.
 
-    python3 bench/cpu_fp8_quality.py [--new-tokens 32]
+    python3 bench/cpu_fp8_quality.py [--new-tokens 32] [--out bench/results/cpu_fp8_quality.json]
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--out", type=Path, help="write the results here as JSON")
     args = parser.parse_args()
     directory = ensure_demo_model()
     tokenizer = AutoTokenizer.from_pretrained(directory)
@@ -62,6 +63,10 @@ def main() -> None:
             server.stop()
         results[name] = {"positionwise": f"{agree}/{total}", "first_fork": forks}
         print(name, json.dumps(results[name]), flush=True)
+    if args.out:
+        record = {"command": "python3 bench/cpu_fp8_quality.py --new-tokens %d" % args.new_tokens,
+                  "prompts": PROMPTS, "variants": {name: list(flags) for name, flags in VARIANTS.items()}, **results}
+        args.out.write_text(json.dumps(record, indent=1))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,10 @@
 """Greedy tokens and logits of the triton backend (with CUDA graphs) against `reference`,
 on the same model in one process: 8 prompts x 128 new tokens, decoded as one batch; and the
-`reference` backend against itself with the batch split in two (the model's noise floor)."""
+`reference` backend against itself with the batch split in two (the model's noise floor).
+
+In bf16 a random model's greedy tokens fork under any change of rounding (the noise floor is
+far below 99 %), so the same comparison also runs in float32 (no TF32): there rounding moves
+logits by ~1e-6, and a kernel that computes another function shows up as forked tokens."""
 
 from __future__ import annotations
 
@@ -107,7 +111,7 @@ def compare_backends(runner: ModelRunner, shape, text_vocab: int, prompts: int =
 
 
 def parity_runner(model_dir, graph_sizes=(1, 2, 4, 8), memory_fraction: float = 0.4,
-                  quantize: str | None = None) -> tuple[ModelRunner, object]:  # fmt: skip
+                  quantize: str | None = None, dtype: torch.dtype = torch.bfloat16) -> tuple[ModelRunner, object]:  # fmt: skip
     from shard_server.distributed import ParallelContext
     from shard_server.kv_cache import KVSpec
     from shard_server.models.config import ModelConfig
@@ -118,8 +122,8 @@ def parity_runner(model_dir, graph_sizes=(1, 2, 4, 8), memory_fraction: float = 
     device = torch.device("cuda")
     ctx = ParallelContext()
     with WeightStore(model_dir) as store:
-        model = build_model(cfg, store, ctx, "triton", torch.bfloat16, device)
-    spec = KVSpec(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, 16, torch.bfloat16)
+        model = build_model(cfg, store, ctx, "triton", dtype, device)
+    spec = KVSpec(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, 16, dtype)
     runner = ModelRunner(model, spec, device)
     warmup(runner, 4096, max(graph_sizes), PoolSizing(0, memory_fraction, tuple(graph_sizes)))
     return runner, attention_shape(cfg, ctx)

@@ -32,6 +32,7 @@ def summarize(m: dict) -> dict:
     c = tg.get("c_ttft_2048_s")
     hf_b = (hf.get("b_generate_batch") or {}).get("tokens_per_s")
     p50, p99 = tg.get("d_tpot_p50_s"), tg.get("d_tpot_p99_s")
+    parity = m.get("parity") or {}
     return {
         "a_decode_tok_s": a,
         "a_roofline_tok_s": roofline_tok_s,
@@ -48,6 +49,8 @@ def summarize(m: dict) -> dict:
         # CUDA-event device time over wall time, inside one long single-stream decode.
         "gpu_idle_fraction_steady_decode": (tg.get("a_steady_decode") or {}).get("device_idle_fraction"),
         "gpu_idle_fraction_mix": (tg.get("b_server") or {}).get("device_idle_fraction"),
+        "parity_agreement_bfloat16": parity.get("positionwise_token_agreement"),
+        "parity_agreement_float32": (parity.get("float32") or {}).get("positionwise_token_agreement"),
     }
 
 
@@ -58,6 +61,8 @@ BARS = [
     ("(b) output tok/s", "b_output_tok_s", ">=", 12000.0),
     ("(c) TTFT 2048 / compute roofline", "c_ratio_to_roofline", "<=", 1.3),
     ("(d) TPOT p99 / p50", "d_p99_over_p50", "<=", 2.0),
+    ("parity: greedy tokens = reference, bf16", "parity_agreement_bfloat16", ">=", 0.99),
+    ("parity: greedy tokens = reference, float32", "parity_agreement_float32", ">=", 0.99),
 ]
 
 
@@ -80,6 +85,10 @@ def markdown(summary: dict, merged: dict) -> str:
         if floor:  # reference against itself, the batch split in two
             lines.append(f"| noise floor (reference vs itself): greedy agreement | {floor['positionwise_token_agreement']:.4f} |")
             lines.append(f"| noise floor (reference vs itself): logits rel L2 | {floor['first_step_logits_rel_l2']:.3g} |")
+        fp32 = parity.get("float32")
+        if fp32:  # the same comparison with float32 weights and activations
+            lines.append(f"| parity in float32: positionwise greedy agreement | {fp32['positionwise_token_agreement']:.4f} |")
+            lines.append(f"| parity in float32: first-step logits rel L2 | {fp32['first_step_logits_rel_l2']:.3g} |")
     failed = [f"{p}: {v.get('error')}" for p, v in merged.items() if not v.get("ok")]
     if failed:
         lines += ["", "Failed phases: " + "; ".join(failed)]

@@ -91,10 +91,19 @@ def _numel(shape) -> int:
 
 
 def phase_parity(args) -> dict:
+    """bf16 (the served dtype; its noise floor is reported beside it), then float32."""
+    import torch
+
     from bench.gpu_parity import compare_backends, parity_runner
 
     runner, shape = parity_runner(args.model_dir)
-    return compare_backends(runner, shape, TEXT_VOCAB)
+    result = compare_backends(runner, shape, TEXT_VOCAB)
+    del runner
+    gc.collect()
+    torch.cuda.empty_cache()
+    runner, shape = parity_runner(args.model_dir, dtype=torch.float32)
+    result["float32"] = compare_backends(runner, shape, TEXT_VOCAB)
+    return result
 
 
 # -- textgen over HTTP ------------------------------------------------------------------------
