@@ -1,9 +1,14 @@
-"""`--quantize fp8` on the real stack: the shard holds fp8 weights, answers stay near the model's.
+"""`--quantize fp8` on the real stack: the shard holds fp8 weights, answers stay near the model's;
+an fp8 checkpoint (compressed-tensors, per-channel scales) serves without the flag.
 
 On the demo model (135M parameters, its activations rounded to fp8 on CPU too) greedy answers
 fork from transformers' sooner than with bf16/fp32 weights: bench/cpu_fp8_quality.py measures
 by how much. Here: the server serves, and answers share most of their tokens with the model's.
 """
+import shutil
+import sys
+from pathlib import Path
+
 import httpx
 import pytest
 
@@ -37,3 +42,25 @@ def test_streaming_and_a_bad_request_leave_it_serving(fp8_server):
     bad = httpx.post(fp8_server.url + "/generate", json={"inputs": "x", "parameters": {"max_new_tokens": -1}}, timeout=30)
     assert bad.status_code == 422
     assert greedy_tokens(fp8_server.url, PROMPTS[0], new_tokens=4)
+
+
+@pytest.fixture(scope="module")
+def fp8_checkpoint_server(demo_model_dir, tmp_path_factory):
+    """The demo model written as an fp8 checkpoint, the way quantization tools publish one."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from tests.shard.fp8_checkpoints import write_fp8_checkpoint
+
+    target = tmp_path_factory.mktemp("demo-fp8")
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        shutil.copy(demo_model_dir / name, target / name)
+    write_fp8_checkpoint(demo_model_dir, target)
+    srv = Server("--model-id", str(target))
+    yield srv
+    srv.stop()
+
+
+def test_an_fp8_checkpoint_answers_as_the_model_quantized_at_load(fp8_checkpoint_server, fp8_server):
+    """Per-channel scales are what --quantize fp8 computes from the fp32 demo weights."""
+    assert "with fp8 weights" in fp8_checkpoint_server.log()
+    for prompt in PROMPTS:
+        assert greedy_tokens(fp8_checkpoint_server.url, prompt) == greedy_tokens(fp8_server.url, prompt), prompt

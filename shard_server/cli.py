@@ -15,7 +15,7 @@ import os
 import signal
 import sys
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -181,9 +181,9 @@ def load_service(
     device = config.torch_device()
     dtype = config.torch_dtype(device)
     torch.set_num_threads(len(os.sched_getaffinity(0)))
-    model_config = replace(ModelConfig.from_dict(read_config(config.model_path)), quantize=config.quantize)
+    model_config = ModelConfig.from_dict(read_config(config.model_path)).with_quantize(config.quantize)
     check_shardable(model_config, config.world_size)  # fail before the rendezvous, naming the numbers
-    if config.quantize == "fp8":
+    if model_config.quantize == "fp8":
         require_fp8_support(device)
     parallel = init_parallel(config.rank, config.world_size, config.master_addr, config.master_port, device)
     attention = config.attention_backend(device)
@@ -206,7 +206,7 @@ def load_service(
     sizing = PoolSizing(config.kv_cache_tokens, config.cuda_memory_fraction, parse_sizes(config.cuda_graphs))
     log.info(
         "loaded %s (%s%s, %s; KV cache %s) from %s", model_config.model_type, dtype,
-        " with fp8 weights" if config.quantize else "", device, spec.dtype, config.model_path,
+        " with fp8 weights" if model_config.quantize else "", device, spec.dtype, config.model_path,
     )
     tracer = build_tracer(trace, config.rank, config.world_size)
     return ShardService(runner, identity, sizing, tracer, worker)

@@ -16,7 +16,8 @@ from safetensors import safe_open
 
 INDEX_NAME = "model.safetensors.index.json"
 _DTYPE_BYTES = {
-    "F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1
+    "F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "I64": 8, "I32": 4, "I16": 2, "I8": 1,
+    "U8": 1, "BOOL": 1,
 }
 
 

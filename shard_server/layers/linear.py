@@ -6,9 +6,10 @@ so the fused matrix holds this rank's q rows, then its k rows, then its v rows.
 `RowParallelLinear` splits input features and all-reduces the partial sums. The matmul itself is
 `project`: the skinny Triton kernel at decode batch sizes, cuBLAS otherwise.
 
-With `fp8=True` (`--quantize fp8`) a layer keeps its weight in fp8 with one float32 scale per
-output feature, quantized on the device as each slice loads, so the bf16 model is never
-resident; `fp8_linear` does the product.
+With `fp8=True` (`--quantize fp8`, or an fp8 checkpoint) a layer keeps its weight in fp8 with
+one float32 scale per output feature; `fp8_linear` does the product. A checkpoint's fp8 slice
+is copied with its `weight_scale` (per tensor or per channel: both are per-row scales); any
+other slice is quantized on the device as it loads, so the bf16 model is never resident.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from torch import nn
 from ..distributed import ParallelContext, RowRange
 from ..kernels.fp8_matmul import FP8, fp8_linear, quantize_rows_reference
 from ..kernels.skinny_matmul import project
-from ..weights import WeightStore
+from ..weights import WeightsError, WeightStore
 
 
 def _empty(shape, dtype, device) -> nn.Parameter:
@@ -33,18 +34,39 @@ class _Weight(nn.Module):
         self.weight = _empty(shape, FP8 if fp8 else dtype, device)
         self.weight_scale = _empty((shape[0], 1), torch.float32, device) if fp8 else None
 
-    def _set_rows(self, rows: slice, value: torch.Tensor) -> None:
-        if self.weight_scale is None:
+    def _set_rows(self, rows: slice, value: torch.Tensor, store: WeightStore, prefix: str, start: int) -> None:
+        """Fills `rows` of the weight with `value`, the checkpoint's rows [start, ...) of `prefix`."""
+        if value.dtype == FP8:
+            if self.weight_scale is None:
+                raise WeightsError(f"{prefix}.weight is fp8 but config.json declares no fp8 quantization")
             self.weight[rows].copy_(value)
-            return
-        quantized, scale = quantize_rows_reference(value.to(self.weight.device))
-        self.weight[rows].copy_(quantized)
-        self.weight_scale[rows].copy_(scale)
+            self.weight_scale[rows].copy_(_checkpoint_scale(store, prefix, start, value.shape[0]))
+        elif value.dtype.itemsize == 1:
+            raise WeightsError(f"{prefix}.weight is {value.dtype}; of 8-bit weights only fp8 e4m3 loads")
+        elif self.weight_scale is None:
+            self.weight[rows].copy_(value)
+        else:
+            quantized, scale = quantize_rows_reference(value.to(self.weight.device))
+            self.weight[rows].copy_(quantized)
+            self.weight_scale[rows].copy_(scale)
 
     def _product(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if self.weight_scale is not None:
             return fp8_linear(x, self.weight, self.weight_scale, bias)
         return project(x, self.weight, bias)
+
+
+def _checkpoint_scale(store: WeightStore, prefix: str, start: int, rows: int) -> torch.Tensor:
+    """[rows, 1] float32 scales of checkpoint rows [start, start + rows) of `prefix`'s fp8 weight."""
+    name = f"{prefix}.weight_scale"
+    if name not in store:
+        raise WeightsError(f"{prefix}.weight is fp8 but the checkpoint has no {name}")
+    scale = store.get(name).float().reshape(-1, 1)
+    if scale.shape[0] == 1:  # one scale for the whole tensor
+        return scale.expand(rows, 1)
+    if scale.shape[0] < start + rows:
+        raise WeightsError(f"{name} has {scale.shape[0]} scales; rows up to {start + rows} need one each")
+    return scale[start : start + rows]
 
 
 class ColumnParallelLinear(_Weight):
@@ -72,7 +94,7 @@ class ColumnParallelLinear(_Weight):
         offset = 0
         for prefix, part in zip(prefixes, self.parts):
             rows = slice(offset, offset + part.size)
-            self._set_rows(rows, store.get_rows(f"{prefix}.weight", part.start, part.end))
+            self._set_rows(rows, store.get_rows(f"{prefix}.weight", part.start, part.end), store, prefix, part.start)
             if self.bias is not None:
                 self.bias[rows].copy_(store.get_rows(f"{prefix}.bias", part.start, part.end))
             offset += part.size
@@ -101,7 +123,7 @@ class RowParallelLinear(_Weight):
 
     def load(self, store: WeightStore, prefix: str) -> None:
         start, end = self.ctx.split(self.in_features)
-        self._set_rows(slice(None), store.get_cols(f"{prefix}.weight", start, end))
+        self._set_rows(slice(None), store.get_cols(f"{prefix}.weight", start, end), store, prefix, 0)
         if self.bias is not None:
             self.bias.copy_(store.get(f"{prefix}.bias"))
 

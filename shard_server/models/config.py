@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+
+from .errors import UnsupportedModelError
+from .quantization import checkpoint_quantization
+
+__all__ = ["LLAMA_FAMILY", "ModelConfig", "RopeScaling", "UnsupportedModelError"]
 
 LLAMA_FAMILY = ("llama", "mistral", "qwen2", "qwen3")
-
-
-class UnsupportedModelError(ValueError):
-    pass
 
 
 @dataclass(frozen=True)
@@ -38,7 +39,7 @@ class ModelConfig:
     qk_norm: bool  # per-head RMSNorm on q and k (Qwen3)
     sliding_window: int | None
     rope_scaling: RopeScaling = field(default_factory=RopeScaling)
-    quantize: str | None = None  # "fp8": linear weights quantized at load (--quantize fp8)
+    quantize: str | None = None  # "fp8": fp8 linear weights (an fp8 checkpoint, or --quantize fp8)
 
     @classmethod
     def from_dict(cls, raw: dict) -> ModelConfig:
@@ -46,12 +47,6 @@ class ModelConfig:
         if model_type not in LLAMA_FAMILY:
             raise UnsupportedModelError(
                 f"model_type {model_type!r} is not supported (supported: {', '.join(LLAMA_FAMILY)})"
-            )
-        if raw.get("quantization_config"):
-            method = raw["quantization_config"].get("quant_method", "unknown")
-            raise UnsupportedModelError(
-                f"the checkpoint is pre-quantized ({method!r}), which textgen does not load; serve the "
-                "bf16/fp16 checkpoint, with --quantize fp8 for fp8 weights"
             )
         if raw.get("hidden_act", "silu") != "silu":
             raise UnsupportedModelError(f"hidden_act {raw['hidden_act']!r} is not supported")
@@ -75,7 +70,13 @@ class ModelConfig:
             qk_norm=model_type == "qwen3",
             sliding_window=_sliding_window(raw),
             rope_scaling=_rope_scaling(raw),
+            quantize=checkpoint_quantization(raw),
         )
+
+    def with_quantize(self, flag: str | None) -> ModelConfig:
+        """The config served under `--quantize flag`: the flag quantizes an unquantized
+        checkpoint; an fp8 checkpoint is fp8 with or without it."""
+        return replace(self, quantize=flag or self.quantize)
 
 
 def _rope_param(raw: dict, key: str, default):

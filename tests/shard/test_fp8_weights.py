@@ -23,8 +23,9 @@ from shard_server.kernels.fp8_matmul import FP8, FP8_MAX, fp8_linear, quantize_r
 from shard_server.kernels.skinny_matmul import FP8_WEIGHT_ROWS  # noqa: E402
 from shard_server.models.config import ModelConfig, UnsupportedModelError  # noqa: E402
 from shard_server.models.registry import build_model  # noqa: E402
-from shard_server.weights import WeightStore, read_config  # noqa: E402
+from shard_server.weights import WeightsError, WeightStore, read_config  # noqa: E402
 
+from .fp8_checkpoints import COMPRESSED_TENSORS, write_fp8_checkpoint  # noqa: E402
 from .test_triton_runner import make_runner  # noqa: E402
 
 CUDA = torch.cuda.is_available()
@@ -150,10 +151,92 @@ def test_fp8_logits_stay_near_the_unquantized_models(tiny_model_dirs, family):
     assert torch.equal(logits["fp8"].argmax(-1)[-1], logits[None].argmax(-1)[-1])
 
 
-def test_a_pre_quantized_checkpoint_is_refused_naming_its_method(tiny_model_dirs):
+def _prefill_logits(directory, quantize=None):
+    from shard_server.attention.base import StepLayout
+    from shard_server.kv_cache import KVCache, KVSpec
+
+    device = torch.device("cpu")
+    cfg = ModelConfig.from_dict(read_config(directory)).with_quantize(quantize)
+    with WeightStore(directory) as store:
+        model = build_model(cfg, store, ParallelContext(), "reference", torch.float32, device)
+    cache = KVCache(KVSpec(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, 4, torch.float32), 8, device)
+    metadata = model.layers[0].self_attn.backend.build_metadata(StepLayout([13], [13], [[3, 0, 7, 5]], 4), device)
+    ids = torch.tensor([(7 * i + 3) % 150 for i in range(13)])
+    with torch.inference_mode():
+        return model, model.compute_logits(model(ids, torch.arange(13), cache, metadata))
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])  # qwen2: fused qkv with a bias
+def test_an_fp8_checkpoint_loads_as_its_source_quantized_at_load(tiny_model_dirs, tmp_path, family):
+    """Per-channel scales are exactly what --quantize fp8 computes: the same weights, the same logits."""
+    fp8_dir = write_fp8_checkpoint(tiny_model_dirs[family], tmp_path / "fp8")
+    model, logits = _prefill_logits(fp8_dir)  # no flag: the checkpoint declares its fp8
+    assert model.config.quantize == "fp8" and model.layers[0].mlp.down_proj.weight.dtype == FP8
+    _, want = _prefill_logits(tiny_model_dirs[family], quantize="fp8")
+    assert torch.equal(logits, want)
+
+
+def test_per_tensor_scales_fill_each_fused_parts_rows(tiny_model_dirs, tmp_path):
+    source = tiny_model_dirs["llama"]
+    fp8_dir = write_fp8_checkpoint(source, tmp_path / "fp8", per_tensor=True)
+    model, logits = _prefill_logits(fp8_dir)
+    with WeightStore(fp8_dir) as store:
+        scales = [float(store.get(f"model.layers.0.self_attn.{p}.weight_scale")) for p in ("q_proj", "k_proj", "v_proj")]
+        rows = [store.get(f"model.layers.0.self_attn.{p}.weight").shape[0] for p in ("q_proj", "k_proj", "v_proj")]
+    got = model.layers[0].self_attn.qkv_proj.weight_scale.flatten().tolist()
+    assert got == [s for s, n in zip(scales, rows) for _ in range(n)] and len(set(scales)) == 3
+    _, plain = _prefill_logits(source)
+    assert rel_l2(logits, plain) < 0.3  # one scale per tensor rounds coarser than one per row
+
+
+def test_an_fp8_tensor_without_its_declaration_or_scale_is_refused(tiny_model_dirs, tmp_path):
+    import json
+
+    fp8_dir = write_fp8_checkpoint(tiny_model_dirs["llama"], tmp_path / "fp8")
+    config = read_config(fp8_dir)
+    del config["quantization_config"]
+    (fp8_dir / "config.json").write_text(json.dumps(config))
+    with pytest.raises(WeightsError, match="fp8 but config.json declares no fp8 quantization"):
+        _prefill_logits(fp8_dir)
+    _prefill_logits(fp8_dir, quantize="fp8")  # declared by the flag instead: loads
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(fp8_dir / "model.safetensors"))
+    del tensors["model.layers.1.mlp.down_proj.weight_scale"]
+    save_file(tensors, str(fp8_dir / "model.safetensors"))
+    with pytest.raises(WeightsError, match="no model.layers.1.mlp.down_proj.weight_scale"):
+        _prefill_logits(fp8_dir, quantize="fp8")
+
+
+def test_the_store_counts_fp8_tensors_as_one_byte(tiny_model_dirs, tmp_path):
+    source, fp8_dir = tiny_model_dirs["llama"], write_fp8_checkpoint(tiny_model_dirs["llama"], tmp_path / "fp8")
+    with WeightStore(source) as plain, WeightStore(fp8_dir) as fp8:
+        name = "model.layers.0.mlp.down_proj.weight"
+        shrink = plain.get(name).numel() * (plain.get(name).element_size() - 1)
+        assert 0 < fp8.total_bytes() < plain.total_bytes() - shrink
+
+
+@pytest.mark.parametrize("quantization,message", [
+    ({"quant_method": "gptq", "bits": 4}, "\\('gptq'\\): only fp8 checkpoints load"),
+    ({"quant_method": "fp8", "weight_block_size": [128, 128]}, "block-wise fp8 scales"),
+    ({**COMPRESSED_TENSORS, "format": "pack-quantized"}, "format 'pack-quantized' is not fp8"),
+    ({**COMPRESSED_TENSORS, "config_groups": {"g": {"weights": {"type": "int", "num_bits": 4, "strategy": "group"}}}},
+     "group 'g' has weights \\('int', 4, 'group'\\)"),
+    ({**COMPRESSED_TENSORS, "config_groups": {"g": {"weights": {"type": "float", "num_bits": 8, "strategy": "block"}}}},
+     "per tensor or channel"),
+])  # fmt: skip
+def test_other_pre_quantized_checkpoints_are_refused_naming_the_method(tiny_model_dirs, quantization, message):
     raw = read_config(tiny_model_dirs["llama"])
-    with pytest.raises(UnsupportedModelError, match="pre-quantized \\('gptq'\\).*--quantize fp8"):
-        ModelConfig.from_dict({**raw, "quantization_config": {"quant_method": "gptq", "bits": 4}})
+    with pytest.raises(UnsupportedModelError, match=f"pre-quantized.*{message}.*--quantize fp8"):
+        ModelConfig.from_dict({**raw, "quantization_config": quantization})
+
+
+@pytest.mark.parametrize("quantization", [COMPRESSED_TENSORS, {"quant_method": "fbgemm_fp8"},
+                                          {"quant_method": "fp8", "activation_scheme": "dynamic"}])  # fmt: skip
+def test_fp8_checkpoints_are_recognised(tiny_model_dirs, quantization):
+    cfg = ModelConfig.from_dict({**read_config(tiny_model_dirs["llama"]), "quantization_config": quantization})
+    assert cfg.quantize == "fp8" and cfg.with_quantize(None).quantize == "fp8" and cfg.with_quantize("fp8").quantize == "fp8"
+    assert ModelConfig.from_dict(read_config(tiny_model_dirs["llama"])).with_quantize(None).quantize is None
 
 
 def test_the_shard_cli_takes_quantize_fp8_only():

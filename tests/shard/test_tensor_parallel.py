@@ -12,7 +12,6 @@
 
 import multiprocessing
 import socket
-from dataclasses import replace
 
 import pytest
 import torch
@@ -37,7 +36,7 @@ SAMPLING = pb.SamplingParameters(do_sample=True, temperature=1.3, seed=20240607)
 
 
 def load_rank_model(directory, parallel, quantize=None):
-    config = replace(ModelConfig.from_dict(read_config(directory)), quantize=quantize)
+    config = ModelConfig.from_dict(read_config(directory)).with_quantize(quantize)
     with WeightStore(directory) as store:
         return build_model(config, store, parallel, "reference", torch.float32, CPU)
 
@@ -130,17 +129,23 @@ def test_two_ranks_match_one(tiny_model_dirs):
             )
 
 
-def test_two_ranks_with_fp8_weights_stay_near_one(tiny_model_dirs):
-    """Column-parallel slices hold whole rows, so their fp8 rows and scales are one rank's; the
-    row-parallel ones (o, down) scale their half rows, and their halves of each activation row,
-    on their own: other roundings of the same size, so two ranks sit as near the unquantized
-    model as one rank does."""
-    directory = tiny_model_dirs["qwen2"]
+@pytest.mark.parametrize("checkpoint", ["quantized at load", "fp8 checkpoint"])
+def test_two_ranks_with_fp8_weights_stay_near_one(tiny_model_dirs, tmp_path, checkpoint):
+    """Column-parallel slices hold whole rows, so their fp8 rows and scales are one rank's. The
+    row-parallel ones (o, down) quantize their halves of each activation row on their own (and,
+    quantizing at load, their half weight rows): other roundings of the same size, so two ranks
+    sit as near the unquantized model as one rank does. An fp8 checkpoint's scales are sliced
+    by each rank's rows of q, k and v."""
+    from .fp8_checkpoints import write_fp8_checkpoint
+
+    source = tiny_model_dirs["qwen2"]
+    directory = source if checkpoint == "quantized at load" else write_fp8_checkpoint(source, tmp_path / "fp8")
     outputs = run_ranks(2, [directory], "logits_fp8")
     one = prefill_logits(load_rank_model(directory, ParallelContext(), "fp8"), ParallelContext())
-    plain = prefill_logits(load_rank_model(directory, ParallelContext()), ParallelContext())
+    plain = prefill_logits(load_rank_model(source, ParallelContext()), ParallelContext())
     two = outputs[0][0]["logits"]
     assert torch.equal(two, outputs[1][0]["logits"])  # the all-gathered logits: same bytes
+
     def drift(logits):
         return float((logits - plain).norm() / plain.norm())
 
