@@ -62,6 +62,8 @@ def _checkpoint_scale(store: WeightStore, prefix: str, start: int, rows: int) ->
     if name not in store:
         raise WeightsError(f"{prefix}.weight is fp8 but the checkpoint has no {name}")
     scale = store.get(name).float().reshape(-1, 1)
+    if not (torch.isfinite(scale).all() and (scale >= 0).all()):
+        raise WeightsError(f"{name} holds scales that are negative, inf or nan")
     if scale.shape[0] == 1:  # one scale for the whole tensor
         return scale.expand(rows, 1)
     if scale.shape[0] < start + rows:

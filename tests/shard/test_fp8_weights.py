@@ -189,7 +189,7 @@ def test_per_tensor_scales_fill_each_fused_parts_rows(tiny_model_dirs, tmp_path)
     assert rel_l2(logits, plain) < 0.3  # one scale per tensor rounds coarser than one per row
 
 
-def test_an_fp8_tensor_without_its_declaration_or_scale_is_refused(tiny_model_dirs, tmp_path):
+def test_an_fp8_tensor_without_its_declaration_or_with_bad_scales_is_refused(tiny_model_dirs, tmp_path):
     import json
 
     fp8_dir = write_fp8_checkpoint(tiny_model_dirs["llama"], tmp_path / "fp8")
@@ -202,9 +202,20 @@ def test_an_fp8_tensor_without_its_declaration_or_scale_is_refused(tiny_model_di
     from safetensors.torch import load_file, save_file
 
     tensors = load_file(str(fp8_dir / "model.safetensors"))
-    del tensors["model.layers.1.mlp.down_proj.weight_scale"]
-    save_file(tensors, str(fp8_dir / "model.safetensors"))
-    with pytest.raises(WeightsError, match="no model.layers.1.mlp.down_proj.weight_scale"):
+    name = "model.layers.1.mlp.down_proj.weight_scale"
+    for hostile, message in ((float("nan"), "negative, inf or nan"), (-1.0, "negative, inf or nan"), (None, f"no {name}")):
+        edited = dict(tensors)
+        if hostile is None:
+            del edited[name]
+        else:
+            edited[name] = edited[name].clone()
+            edited[name][3] = hostile
+        save_file(edited, str(fp8_dir / "model.safetensors"))
+        with pytest.raises(WeightsError, match=message):
+            _prefill_logits(fp8_dir, quantize="fp8")
+    edited = dict(tensors, **{name: tensors[name][:5]})  # fewer scales than rows
+    save_file(edited, str(fp8_dir / "model.safetensors"))
+    with pytest.raises(WeightsError, match="has 5 scales"):
         _prefill_logits(fp8_dir, quantize="fp8")
 
 
