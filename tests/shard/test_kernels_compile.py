@@ -74,6 +74,11 @@ CASES = {
     "skinny_matmul_fp8_weights_tall": ("shard_server.kernels.skinny_matmul", "_skinny_matmul_kernel",
                                        dict(BLOCK_M=128, BLOCK_N=32, BLOCK_K=128, SCALED=True),
                                        {"w_ptr": "*fp8e4nv", "w_scale_ptr": "*fp32"}),  # fmt: skip
+    # The fp8 x fp8 prototype in bench/ (to be measured on the GPU; it must at least compile).
+    **{f"fp8_rows_gemm_prototype_m{m}": ("bench.gpu_fp8_gemm_prototype", "fp8_rows_gemm_kernel",
+                                         dict(BLOCK_M=m, BLOCK_N=64, BLOCK_K=128),
+                                         {"x_ptr": "*fp8e4nv", "w_ptr": "*fp8e4nv", "x_scale_ptr": "*fp32",
+                                          "w_scale_ptr": "*fp32"}) for m in (64, 256)},  # fmt: skip
     "quantize_rows_fp8": ("shard_server.kernels.fp8_matmul", "_quantize_rows_kernel",
                           dict(FP8_MAX=448.0, TINY=1e-12, BLOCK=1024), {"out_ptr": "*fp8e4nv", "scale_ptr": "*fp32"}),
     "rotary": ("shard_server.kernels.rotary", "_rotary_kernel",
