@@ -5,8 +5,9 @@ fp8 product, which streams the 8B model's weights at 1-2.6 TB/s at those sizes
 (bench/results/fp8_matmul_h200.json); a batch-77 decode's matmuls take 3.6 ms where the 7.5 GB
 of fp8 weights need 1.8 ms. This kernel gives each program a slice of output features and every
 row (one row tile of up to 256, so the weight streams exactly once), multiplies fp8 by fp8 on the
-tensor cores with float32 accumulation, and applies both scales in the epilogue. If it wins on
-the GPU, it becomes `fp8_linear`'s path for 17-256 rows.
+tensor cores with float32 accumulation, and applies both scales in the epilogue. Its loop is the
+skinny kernel's; if it wins on the GPU, that kernel takes an activation-scale epilogue and a
+row tile up to 256 and serves `fp8_linear` for 17-256 rows, rather than a second kernel.
 
     python3 bench/gpu_fp8_gemm_prototype.py OUT_JSON
 

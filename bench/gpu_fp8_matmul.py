@@ -20,8 +20,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.gpu_skinny_matmul import CONFIGS, COPIES, SHAPES, graph_us  # noqa: E402
-from shard_server.kernels.fp8_matmul import fp8_linear, quantize_rows_reference, w8a8_product  # noqa: E402
-from shard_server.kernels.skinny_matmul import FP8_WEIGHT_ROWS, MAX_ROWS, SkinnyConfig, project, skinny_matmul  # noqa: E402,E501
+from shard_server.kernels.fp8_matmul import fp8_linear, quantize_rows_reference  # noqa: E402
+from shard_server.kernels.skinny_matmul import MAX_ROWS, SkinnyConfig, project, skinny_matmul  # noqa: E402
 
 ROWS = (1, 4, 16, 64, 80, 128, 256, 1024, 4096)
 # Half the bytes per weight element: deeper reduction steps and more stages keep as many bytes
@@ -29,10 +29,6 @@ ROWS = (1, 4, 16, 64, 80, 128, 256, 1024, 4096)
 FP8_CONFIGS = CONFIGS + [SkinnyConfig(n, k, w, s) for n, k, w, s in [
     (16, 1024, 4, 3), (16, 1024, 4, 4), (32, 1024, 4, 3), (32, 1024, 4, 4), (32, 1024, 8, 3), (64, 512, 4, 4),
     (64, 512, 8, 4), (64, 1024, 8, 3), (16, 512, 4, 6), (32, 512, 4, 5), (32, 512, 8, 4), (128, 256, 8, 4)]]  # fmt: skip
-# 17-128 rows: the row tile grows to 128, so the reduction step shrinks to fit shared memory.
-TALL_CONFIGS = [SkinnyConfig(n, k, w, s) for n, k, w, s in [
-    (32, 128, 4, 3), (32, 128, 4, 4), (64, 128, 4, 3), (64, 128, 8, 3), (32, 256, 4, 2), (32, 256, 8, 3),
-    (64, 64, 4, 4), (16, 256, 4, 3), (128, 128, 8, 3)]]  # fmt: skip
 
 
 def rel_l2(got: torch.Tensor, want: torch.Tensor) -> float:
@@ -53,11 +49,9 @@ def main() -> None:
             fp8_us = graph_us(lambda wq: fp8_linear(x, *wq), quantized)
             entry = {"bf16_us": bf16_us, "fp8_us": fp8_us, "speedup": bf16_us / fp8_us,
                      "rel_l2_vs_bf16": rel_l2(fp8_linear(x, *quantized[0]), project(x, weights[0]))}  # fmt: skip
-            if rows > MAX_ROWS:
-                entry["w8a8_us"] = graph_us(lambda wq: w8a8_product(x, *wq), quantized)
-            if rows <= FP8_WEIGHT_ROWS:
+            if rows <= MAX_ROWS:
                 configs = []
-                for config in FP8_CONFIGS if rows <= MAX_ROWS else TALL_CONFIGS:
+                for config in FP8_CONFIGS:
                     try:
                         us = graph_us(lambda wq: skinny_matmul(x, wq[0], config, wq[1]), quantized)
                     except Exception as exc:  # a config the compiler refuses

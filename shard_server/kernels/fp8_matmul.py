@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from .dispatch import use_fused
-from .skinny_matmul import FP8_WEIGHT_ROWS, config_for, skinny_matmul
+from .skinny_matmul import config_for, skinny_matmul, skinny_rows
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = float(torch.finfo(FP8).max)  # 448
@@ -86,7 +86,9 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor
                bias: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
     """x [..., K] @ (weight [N, K] fp8 * weight_scale [N, 1])^T (+ bias) -> [..., N] in x's dtype."""
     flat = x.reshape(-1, x.shape[-1])
-    if use_fused(flat) and 0 < flat.shape[0] <= FP8_WEIGHT_ROWS and flat.dtype != torch.float32 and flat.stride(1) == 1:
+    # Past 16 rows a weight-only tile grown to 128 rows ran 1.4-2.5x slower than cuBLASLt's fp8
+    # product (bench/results/fp8_matmul_h200.json, run 5).
+    if use_fused(flat) and skinny_rows(flat):
         config = config_for(flat.shape[0], weight.shape[0], weight.shape[1], weights_fp8=True)
         out = skinny_matmul(flat, weight, config, weight_scale)
     else:

@@ -22,9 +22,6 @@ import triton.language as tl
 from .dispatch import use_fused
 
 MAX_ROWS = 16  # one tensor-core tile of rows
-# fp8 weights take the weight-only kernel up to here too: at 64-128 rows, with its row tile
-# grown to 128, it ran 1.4-2.5x slower than cuBLASLt's fp8 product (bench/results/fp8_matmul_h200.json).
-FP8_WEIGHT_ROWS = MAX_ROWS
 
 
 @dataclass(frozen=True)
@@ -76,16 +73,14 @@ def _skinny_matmul_kernel(x_ptr, w_ptr, w_scale_ptr, out_ptr, M, N, K, x_stride,
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
 
 
+def skinny_rows(x: torch.Tensor) -> bool:
+    """Few half-precision rows with contiguous columns (float32 would round to tf32)."""
+    return x.dim() == 2 and 0 < x.shape[0] <= MAX_ROWS and x.dtype in (torch.bfloat16, torch.float16) and x.stride(1) == 1
+
+
 def skinny_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Few rows, half-precision, rows with contiguous columns (float32 would round to tf32)."""
-    return (
-        x.dim() == 2
-        and 0 < x.shape[0] <= MAX_ROWS
-        and x.dtype in (torch.bfloat16, torch.float16)
-        and weight.dtype == x.dtype
-        and x.stride(1) == 1
-        and weight.stride(1) == 1
-    )
+    """`skinny_rows` against a weight of their dtype with contiguous columns."""
+    return skinny_rows(x) and weight.dtype == x.dtype and weight.stride(1) == 1
 
 
 def skinny_matmul(x: torch.Tensor, weight: torch.Tensor, config: SkinnyConfig = SQUARE,
@@ -93,12 +88,11 @@ def skinny_matmul(x: torch.Tensor, weight: torch.Tensor, config: SkinnyConfig = 
     """x [M, K] @ weight[N, K]^T -> [M, N], for M <= 16 (see `skinny_applies`); an fp8 weight
     comes with `weight_scale`, one float32 per output feature."""
     rows, k = x.shape
-    block_m = max(MAX_ROWS, triton.next_power_of_2(rows))  # one tile of every row: the weight streams once
     n = weight.shape[0]
     out = torch.empty((rows, n), dtype=x.dtype, device=x.device)
     _skinny_matmul_kernel[(triton.cdiv(n, config.block_n),)](
         x, weight, weight if weight_scale is None else weight_scale, out, rows, n, k, x.stride(0),
-        weight.stride(0), out.stride(0), BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+        weight.stride(0), out.stride(0), BLOCK_M=MAX_ROWS, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         SCALED=weight_scale is not None,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip

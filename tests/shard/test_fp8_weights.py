@@ -20,7 +20,7 @@ pytest.importorskip("triton")
 from shard_server.distributed import ParallelContext  # noqa: E402
 from shard_server.kernels.dispatch import fused_kernels  # noqa: E402
 from shard_server.kernels.fp8_matmul import FP8, FP8_MAX, fp8_linear, quantize_rows, quantize_rows_reference  # noqa: E402
-from shard_server.kernels.skinny_matmul import FP8_WEIGHT_ROWS  # noqa: E402
+from shard_server.kernels.skinny_matmul import MAX_ROWS  # noqa: E402
 from shard_server.models.config import ModelConfig, UnsupportedModelError  # noqa: E402
 from shard_server.models.registry import build_model  # noqa: E402
 from shard_server.weights import WeightsError, WeightStore, read_config  # noqa: E402
@@ -282,7 +282,7 @@ def test_gpu_products_at_the_8b_shapes(rows, features, depth):
     got = fp8_linear(x, wq, ws)
     assert got.dtype == torch.bfloat16 and got.shape == (rows, features)
     want = x.float() @ dequantized(wq, ws).T
-    assert rel_l2(got, want) < (0.01 if rows <= FP8_WEIGHT_ROWS else 0.08)  # weight-only vs w8a8
+    assert rel_l2(got, want) < (0.01 if rows <= MAX_ROWS else 0.08)  # weight-only vs w8a8
 
 
 @needs_cuda

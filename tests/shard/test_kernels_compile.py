@@ -71,9 +71,6 @@ CASES = {
     "skinny_matmul_fp8_weights": ("shard_server.kernels.skinny_matmul", "_skinny_matmul_kernel",
                                   dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=256, SCALED=True),
                                   {"w_ptr": "*fp8e4nv", "w_scale_ptr": "*fp32"}),  # fmt: skip
-    "skinny_matmul_fp8_weights_tall": ("shard_server.kernels.skinny_matmul", "_skinny_matmul_kernel",
-                                       dict(BLOCK_M=128, BLOCK_N=32, BLOCK_K=128, SCALED=True),
-                                       {"w_ptr": "*fp8e4nv", "w_scale_ptr": "*fp32"}),  # fmt: skip
     # The fp8 x fp8 prototype in bench/ (to be measured on the GPU; it must at least compile).
     **{f"fp8_rows_gemm_prototype_m{m}": ("bench.gpu_fp8_gemm_prototype", "fp8_rows_gemm_kernel",
                                          dict(BLOCK_M=m, BLOCK_N=64, BLOCK_K=128),
