@@ -7,7 +7,8 @@ timed with CUDA events (median of do_bench). The shipped config is the first of 
     python3 bench/gpu_attention_tiles.py OUT_JSON [--kv-dtype fp8_e4m3fn] [--decode-only]
 
 With `--kv-dtype` the pool is stored in that dtype (`--kv-cache-dtype`): fp8 halves the bytes
-a decode reads, and the kernel widens each key and value tile before its dots.
+a decode reads, and the kernel widens each key and value tile before its dots: to fp16 as
+shipped, and each candidate again with the model's bf16 (the widening the kernel had before).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from shard_server.attention.base import AttentionShape, StepLayout  # noqa: E402
 from shard_server.attention.triton_paged import TileConfig, TritonPagedAttention  # noqa: E402
-from shard_server.kv_cache import KV_CACHE_DTYPES, to_cache_dtype  # noqa: E402
+from shard_server.kv_cache import KV_CACHE_DTYPES, is_fp8, to_cache_dtype  # noqa: E402
 
 HEADS, KV_HEADS, DIM, PAGE = 32, 8, 128, 16
 CASES = {
@@ -79,29 +80,40 @@ def main() -> None:
             continue
         layout, q, k, v, k_cache, v_cache = build(specs, device, kv_dtype=kv_dtype)
         backend = TritonPagedAttention(AttentionShape(HEADS, KV_HEADS, DIM, DIM**-0.5))
-        shipped = getattr(backend, which)
-        candidates = LARGE if which == "large" else SMALL
-        candidates = [replace(c, block_q=shipped.block_q) if which == "small" else c for c in candidates]
+        fp8_pool = is_fp8(kv_dtype)
+        # Over an fp8 pool decode tiles launch with `small_fp8`: that one is shipped and swept.
+        attribute = "small_fp8" if which == "small" and fp8_pool else which
+        shipped = getattr(backend, attribute)
+        if which == "large":
+            candidates = LARGE
+        else:
+            small = [replace(c, block_q=shipped.block_q) for c in SMALL]
+            candidates = [shipped] + [c for c in small if c != shipped]
+        # Over an fp8 pool each candidate also runs with bf16 dots (the shipped kernel's are fp16).
+        variants = [(c, True) for c in candidates] + ([(c, False) for c in candidates] if fp8_pool else [])
         baseline, rows = None, []
-        for config in candidates:
-            setattr(backend, which, config)
+        for config, fp16_dots in variants:
+            setattr(backend, attribute, config)
+            backend.fp16_dots_over_fp8 = fp16_dots
             metadata = backend.build_metadata(layout, device)
             try:
                 got = backend.forward(q, k, v, k_cache, v_cache, metadata)
                 ms = triton.testing.do_bench(lambda: backend.forward(q, k, v, k_cache, v_cache, metadata),
                                              warmup=25, rep=100, return_mode="median")  # fmt: skip
             except Exception as exc:  # a config the compiler refuses (shared memory): say so
-                rows.append({"config": config.__dict__, "error": f"{type(exc).__name__}: {str(exc)[:200]}"})
+                rows.append({"config": config.__dict__, "fp16_dots": fp16_dots,
+                             "error": f"{type(exc).__name__}: {str(exc)[:200]}"})  # fmt: skip
                 continue
             if baseline is None:
                 baseline = got.float()
             error = float((got.float() - baseline).abs().max())
-            rows.append({"config": config.__dict__, "ms": ms, "max_abs_diff_vs_shipped": error})
-        setattr(backend, which, shipped)
+            rows.append({"config": config.__dict__, "fp16_dots": fp16_dots, "ms": ms, "max_abs_diff_vs_shipped": error})
+        setattr(backend, attribute, shipped)
+        backend.fp16_dots_over_fp8 = True
         results[name] = rows
         best = min((r for r in rows if "ms" in r and r["max_abs_diff_vs_shipped"] < 2e-2), key=lambda r: r["ms"])
-        print(f"{name}: shipped {rows[0].get('ms', float('nan')):.3f} ms, best {best['ms']:.3f} ms {best['config']}",
-              flush=True)  # fmt: skip
+        print(f"{name}: shipped {rows[0].get('ms', float('nan')):.3f} ms, best {best['ms']:.3f} ms {best['config']}"
+              f" fp16 dots {best['fp16_dots']}", flush=True)  # fmt: skip
     args.out.write_text(json.dumps(results, indent=1))
 
 

@@ -12,7 +12,9 @@ heads that share that KV head (GQA) stacked as rows: BLOCK_M = BLOCK_Q * GROUP_P
 streams the sequence's keys and values through its block table, BLOCK_N tokens at a time,
 with an online softmax in float32, masking causally (key position <= query position, and
 inside the sliding window if any). Decodes and prefill chunks differ only in BLOCK_Q. Keys and
-values are read in the pool's dtype and widened to the queries' before the dots.
+values are read in the pool's dtype and widened to the queries' before the dots; from an fp8
+pool under bf16 queries the dots run in fp16 (FP16_DOTS), which both fp8 formats and the
+probabilities widen to exactly, and in one instruction per pair rather than several.
 
 Split-KV: with SPLITS > 1 the keys of each tile are split into SPLITS ranges (program_id 2),
 and each program writes its unnormalised partial output with its running max and sum;
@@ -163,6 +165,7 @@ def _paged_attention(
     IEEE: tl.constexpr,  # exact float32 dots (float32 models)
     WINDOW: tl.constexpr,  # sliding window in tokens; 0: none
     SPLITS: tl.constexpr,  # key ranges per tile (program_id 2); 1: no split
+    FP16_DOTS: tl.constexpr,  # an fp8 pool under bf16 queries: the dots run in fp16
 ):
     kv_head = tl.program_id(1)
     seq, first, q_len, row0, q_tok, head, row_ok = _tile_rows(
@@ -173,6 +176,8 @@ def _paged_attention(
     dim_ok = dims < HEAD_DIM
     q_rows = (row0 + q_tok)[:, None] * q_stride_t + head[:, None] * q_stride_h
     q = tl.load(q_ptr + q_rows + dims[None, :], mask=row_ok[:, None] & dim_ok[None, :], other=0.0)
+    if FP16_DOTS:  # keys, values and probabilities then widen to q's fp16, one instruction per pair
+        q = tl.clamp(q.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
     q_pos = ctx - q_len + q_tok  # absolute position of each row's query token
 
     m_i = tl.full([BLOCK_Q * GROUP_P], float("-inf"), tl.float32)

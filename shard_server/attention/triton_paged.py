@@ -106,6 +106,7 @@ class TritonPagedAttention(AttentionBackend):
         # context 1280 0.134 -> 0.118 ms, batch 256 at 512 0.164 -> 0.146 ms; bf16 pool 0.115
         # and 0.155 ms; bench/gpu_attention_tiles.py --kv-dtype fp8_e4m3fn).
         self.small_fp8 = replace(self.small, block_n=128)
+        self.fp16_dots_over_fp8 = True
 
     # -- per-step planning -------------------------------------------------------------
     def build_metadata(
@@ -289,6 +290,7 @@ class TritonPagedAttention(AttentionBackend):
             BLOCK_Q=config.block_q, BLOCK_N=config.block_n, PAGE=k_cache.shape[1],
             HEAD_DIM=shape.head_dim, HEAD_DIM_P=self.head_dim_p,
             IEEE=q.dtype == torch.float32, WINDOW=shape.sliding_window or 0, SPLITS=splits,
+            FP16_DOTS=self.fp16_dots_over_fp8 and is_fp8(k_cache.dtype) and q.dtype == torch.bfloat16,
             num_warps=config.num_warps, num_stages=config.num_stages,
         )  # fmt: skip
         if splits > 1:

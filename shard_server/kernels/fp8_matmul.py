@@ -4,10 +4,13 @@ A weight row is stored as round(row / scale) in fp8 with scale = max|row| / 448,
 uses fp8's whole range. The product picks its path by the number of rows:
 
 - up to 16 rows (decodes of small batches): the skinny kernel streams the fp8 weight, widens
-  it to the activation dtype in registers and scales its outputs: half the bytes of bf16, and
-  the activations stay exact;
+  it in registers (to fp16 where that pays: one instruction per pair, bf16 takes several) and
+  scales its outputs: half the bytes of bf16, and the activations stay exact;
 - more rows: each activation row is quantized the same way (its own scale, computed on the
-  fly) and cuBLASLt multiplies fp8 by fp8 (`torch._scaled_mm`), at twice bf16's tensor rate;
+  fly) and multiplied fp8 by fp8 on the tensor cores: by the skinny kernel in 64-row tiles
+  where it measured faster (`rows_gemm_config`: most shapes up to 192 rows), else by cuBLASLt
+  (`torch._scaled_mm`), which streams a decode batch's weights at only 1-2.9 TB/s but wins
+  once the rows make the product compute-bound;
 - on CPU (tests, the demo model), or shapes cuBLASLt refuses: the same w8a8 arithmetic in
   float32.
 """
@@ -19,12 +22,25 @@ import triton
 import triton.language as tl
 
 from .dispatch import use_fused
-from .skinny_matmul import config_for, skinny_matmul, skinny_rows
+from .skinny_matmul import SkinnyConfig, config_for, launch_rows_product, skinny_matmul, skinny_rows
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = float(torch.finfo(FP8).max)  # 448
 _TINY = 1e-12  # an all-zero row gets this scale instead of a division by zero
 _BLOCK = 1024
+ROWS_GEMM_TILE = 64  # rows per program: Hopper's smallest warpgroup product
+ROWS_GEMM_MAX_ROWS = 192
+# Measured on an H200 over the 8B projections with their rows' quantization, µs per call
+# (bench/gpu_fp8_rows_gemm.py, bench/results/fp8_rows_gemm_h200.json), against cuBLASLt's:
+# at 32 rows qkv 15.4 vs 19.3, o 11.3 vs 16.1, gate_up 36.2 vs 47.4, down 31.2 vs 47.3; at 80
+# qkv 16.4 vs 16.5, o 13.9 vs 16.2, down 40.7 vs 44.4, but gate_up 45.6 vs 45.5 (128: 47.7 vs
+# 39.8); at 192 qkv 20.6 vs 21.9, o 16.4 vs 16.7, gate_up 66.5 vs 72.7, down 46.6 vs 46.7; at
+# 256 cuBLASLt wins every one.
+ROWS_GEMM_NARROW = SkinnyConfig(block_n=32, block_k=256, num_warps=4, num_stages=4)  # up to 64 rows
+ROWS_GEMM_SQUARE = SkinnyConfig(block_n=64, block_k=256, num_warps=4, num_stages=3)  # more rows
+ROWS_GEMM_WIDE = SkinnyConfig(block_n=64, block_k=128, num_warps=4, num_stages=4)  # qkv past 128 rows
+ROWS_GEMM_WIDEST = SkinnyConfig(block_n=128, block_k=128, num_warps=8, num_stages=4)  # gate_up
+WIDEST_FROM_FEATURES = 16384
 
 
 def require_fp8_support(device: torch.device) -> None:
@@ -82,15 +98,42 @@ def w8a8_product(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tens
     return ((xq.float() @ weight.float().t()) * x_scale * weight_scale.view(1, -1)).to(x.dtype)
 
 
+def rows_gemm_config(rows: int, features: int, depth: int) -> SkinnyConfig | None:
+    """The row-tile kernel's config for an fp8 product of `rows` rows; None: cuBLASLt is faster."""
+    if rows > ROWS_GEMM_MAX_ROWS:
+        return None
+    if features >= WIDEST_FROM_FEATURES:
+        return None if 64 < rows <= 128 else ROWS_GEMM_WIDEST
+    if rows <= 64:
+        return ROWS_GEMM_NARROW
+    return ROWS_GEMM_WIDE if features > depth and rows > 128 else ROWS_GEMM_SQUARE
+
+
+def fp8_rows_product(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
+                     config: SkinnyConfig) -> torch.Tensor:  # fmt: skip
+    """`w8a8_product` by the skinny kernel in 64-row tiles (CUDA, or Triton's interpreter)."""
+    xq, x_scale = quantize_rows(x)
+    out = torch.empty((x.shape[0], weight.shape[0]), dtype=x.dtype, device=x.device)
+    launch_rows_product(xq, x_scale, weight, weight_scale.view(-1), out, config, ROWS_GEMM_TILE)
+    return out
+
+
 def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
                bias: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
     """x [..., K] @ (weight [N, K] fp8 * weight_scale [N, 1])^T (+ bias) -> [..., N] in x's dtype."""
     flat = x.reshape(-1, x.shape[-1])
     # Past 16 rows a weight-only tile grown to 128 rows ran 1.4-2.5x slower than cuBLASLt's fp8
-    # product (bench/results/fp8_matmul_h200.json, run 5).
-    if use_fused(flat) and skinny_rows(flat):
-        config = config_for(flat.shape[0], weight.shape[0], weight.shape[1], weights_fp8=True)
-        out = skinny_matmul(flat, weight, config, weight_scale)
+    # product (bench/results/fp8_matmul_h200.json, run 5): there the rows are quantized too.
+    rows, (features, depth) = flat.shape[0], weight.shape
+    fused = use_fused(flat) and flat.stride(1) == 1
+    tiled = rows_gemm_config(rows, features, depth) if fused else None
+    if fused and skinny_rows(flat):
+        # Widening to fp16 pays where the features outnumber the depth (H200, 1 row: qkv 14.8
+        # vs bf16's 19.4 µs, gate_up 40.2 vs 48.4); o and down are ~1 µs faster in bf16.
+        config = config_for(rows, features, depth, weights_fp8=True)
+        out = skinny_matmul(flat, weight, config, weight_scale, fp16_dot=features > depth)
+    elif tiled is not None:
+        out = fp8_rows_product(flat, weight, weight_scale, tiled)
     else:
         out = w8a8_product(flat, weight, weight_scale)
     if bias is not None:

@@ -53,11 +53,13 @@ def config_for(rows: int, features: int, depth: int, weights_fp8: bool = False) 
 
 
 @triton.jit
-def _skinny_matmul_kernel(x_ptr, w_ptr, w_scale_ptr, out_ptr, M, N, K, x_stride, w_stride, out_stride,
+def _skinny_matmul_kernel(x_ptr, x_scale_ptr, w_ptr, w_scale_ptr, out_ptr, M, N, K, x_stride, w_stride, out_stride,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                          SCALED: tl.constexpr):  # fmt: skip
-    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)  # output features
-    rows = tl.arange(0, BLOCK_M)
+                          W_SCALED: tl.constexpr, X_SCALED: tl.constexpr, FP16_DOT: tl.constexpr):  # fmt: skip
+    # Row tiles are the grid's first axis: the programs that read one weight slice run together
+    # and all but the first find it in L2.
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # output features
     row_ok = rows < M
     col_ok = cols < N
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
@@ -66,9 +68,17 @@ def _skinny_matmul_kernel(x_ptr, w_ptr, w_scale_ptr, out_ptr, M, N, K, x_stride,
         k_ok = ks < K
         x = tl.load(x_ptr + rows[:, None] * x_stride + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
         w = tl.load(w_ptr + cols[:, None] * w_stride + ks[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
-        acc += tl.dot(x, tl.trans(w.to(x.dtype)))  # fp8 weights widen exactly to bf16/fp16
-    if SCALED:  # one float32 scale per output feature (fp8 weights)
+        if X_SCALED:  # fp8 rows against fp8 weights: the tensor cores take both as they are
+            acc += tl.dot(x, tl.trans(w))
+        elif FP16_DOT:  # fp8 -> fp16 is one instruction per pair on sm_89+, fp8 -> bf16 several
+            x = tl.clamp(x.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
+            acc += tl.dot(x, tl.trans(w.to(tl.float16)))
+        else:
+            acc += tl.dot(x, tl.trans(w.to(x.dtype)))  # fp8 weights widen exactly to bf16/fp16
+    if W_SCALED:  # one float32 scale per output feature (fp8 weights)
         acc *= tl.load(w_scale_ptr + cols, mask=col_ok, other=0.0)[None, :]
+    if X_SCALED:  # ... and per row (fp8 rows)
+        acc *= tl.load(x_scale_ptr + rows, mask=row_ok, other=0.0)[:, None]
     out = out_ptr + rows[:, None] * out_stride + cols[None, :]
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
 
@@ -84,19 +94,29 @@ def skinny_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 
 def skinny_matmul(x: torch.Tensor, weight: torch.Tensor, config: SkinnyConfig = SQUARE,
-                  weight_scale: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+                  weight_scale: torch.Tensor | None = None, fp16_dot: bool = False) -> torch.Tensor:  # fmt: skip
     """x [M, K] @ weight[N, K]^T -> [M, N], for M <= 16 (see `skinny_applies`); an fp8 weight
-    comes with `weight_scale`, one float32 per output feature."""
+    comes with `weight_scale`, one float32 per output feature. `fp16_dot`: an fp8 weight and
+    the rows (clamped to fp16's range) meet in fp16, exact for both but rows beyond +-65504."""
+    out = torch.empty((x.shape[0], weight.shape[0]), dtype=x.dtype, device=x.device)
+    launch_rows_product(x, None, weight, weight_scale, out, config, MAX_ROWS, fp16_dot)
+    return out
+
+
+def launch_rows_product(x: torch.Tensor, x_scale: torch.Tensor | None, weight: torch.Tensor,
+                        weight_scale: torch.Tensor | None, out: torch.Tensor, config: SkinnyConfig, block_m: int,
+                        fp16_dot: bool = False) -> None:  # fmt: skip
+    """The kernel over `block_m`-row tiles of x into `out`; scales given: fp8 operands."""
     rows, k = x.shape
     n = weight.shape[0]
-    out = torch.empty((rows, n), dtype=x.dtype, device=x.device)
-    _skinny_matmul_kernel[(triton.cdiv(n, config.block_n),)](
-        x, weight, weight if weight_scale is None else weight_scale, out, rows, n, k, x.stride(0),
-        weight.stride(0), out.stride(0), BLOCK_M=MAX_ROWS, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-        SCALED=weight_scale is not None,
+    grid = (triton.cdiv(rows, block_m), triton.cdiv(n, config.block_n))
+    _skinny_matmul_kernel[grid](
+        x, x if x_scale is None else x_scale, weight, weight if weight_scale is None else weight_scale, out,
+        rows, n, k, x.stride(0), weight.stride(0), out.stride(0),
+        BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+        W_SCALED=weight_scale is not None, X_SCALED=x_scale is not None, FP16_DOT=fp16_dot,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip
-    return out
 
 
 def project(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

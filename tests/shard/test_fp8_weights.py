@@ -19,7 +19,20 @@ pytest.importorskip("triton")
 
 from shard_server.distributed import ParallelContext  # noqa: E402
 from shard_server.kernels.dispatch import fused_kernels  # noqa: E402
-from shard_server.kernels.fp8_matmul import FP8, FP8_MAX, fp8_linear, quantize_rows, quantize_rows_reference  # noqa: E402
+from shard_server.kernels.fp8_matmul import (  # noqa: E402
+    FP8,
+    FP8_MAX,
+    ROWS_GEMM_MAX_ROWS,
+    ROWS_GEMM_NARROW,
+    ROWS_GEMM_SQUARE,
+    ROWS_GEMM_WIDE,
+    ROWS_GEMM_WIDEST,
+    fp8_linear,
+    fp8_rows_product,
+    rows_gemm_config,
+    quantize_rows,
+    quantize_rows_reference,
+)
 from shard_server.kernels.skinny_matmul import MAX_ROWS  # noqa: E402
 from shard_server.models.config import ModelConfig, UnsupportedModelError  # noqa: E402
 from shard_server.models.registry import build_model  # noqa: E402
@@ -68,7 +81,7 @@ def _exact_rows(rows: int, k: int, seed: int) -> torch.Tensor:
     """Rows of fp8 values times a power of two, each holding +-448 x its power: quantizing them is exact."""
     values = quantize_rows_reference(_randn(rows, k, seed=seed))[0].float()
     values[:, 0] = FP8_MAX * torch.sign(torch.randn(rows, generator=torch.Generator().manual_seed(seed)))
-    return values * 2.0 ** torch.arange(-rows // 2, rows - rows // 2).unsqueeze(1)
+    return values * 2.0 ** torch.arange(-(rows // 2), rows - rows // 2).unsqueeze(1)
 
 
 @pytest.mark.parametrize("k", [64, 1500])  # 1500: two blocks and a masked tail
@@ -99,6 +112,44 @@ def test_few_rows_stream_the_fp8_weight_and_keep_activations_exact(rows, k):
         got = fp8_linear(x, wq, ws)
     want = x.float() @ dequantized(wq, ws).T  # weight-only: no activation rounding
     torch.testing.assert_close(got.float(), want, atol=2e-2, rtol=2e-3)
+
+
+TABLE_CONFIGS = [ROWS_GEMM_NARROW, ROWS_GEMM_SQUARE, ROWS_GEMM_WIDE, ROWS_GEMM_WIDEST]
+
+
+@pytest.mark.parametrize("rows", [17, 70])  # 70: a second, mostly masked row tile
+@pytest.mark.parametrize("config", TABLE_CONFIGS, ids=lambda c: f"n{c.block_n}k{c.block_k}")
+def test_decode_batches_multiply_fp8_by_fp8_in_row_tiles(rows, config):
+    k = 300  # a masked reduction tail; 200 outputs: a masked feature block for every config
+    x = _exact_rows(5, k, seed=9).repeat(-(-rows // 5), 1)[:rows].half().to(DEVICE)  # exact in fp16 too
+    wq, ws = quantize_rows_reference(_randn(200, k, seed=10, device=DEVICE))
+    xq, xs = quantize_rows_reference(x)
+    with fused_kernels(True, on_cpu=True):
+        got = fp8_rows_product(x, wq, ws, config)
+    want = (xq.float() @ wq.float().T) * xs * ws.view(1, -1)  # w8a8 exactly: the rows quantize exactly
+    # fp16 output rounding; on the GPU also the fp8 tensor cores' narrower accumulation.
+    torch.testing.assert_close(got.float(), want, atol=1e-3 * float(want.abs().max()), rtol=2e-3)
+
+
+def test_fp8_linear_routes_decode_batches_by_the_measured_table():
+    qkv, o, gate_up, down = (6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)
+    assert rows_gemm_config(17, *down) == ROWS_GEMM_NARROW and rows_gemm_config(64, *qkv) == ROWS_GEMM_NARROW
+    assert rows_gemm_config(80, *o) == ROWS_GEMM_SQUARE and rows_gemm_config(192, *down) == ROWS_GEMM_SQUARE
+    assert rows_gemm_config(128, *qkv) == ROWS_GEMM_SQUARE and rows_gemm_config(160, *qkv) == ROWS_GEMM_WIDE
+    assert rows_gemm_config(64, *gate_up) == ROWS_GEMM_WIDEST and rows_gemm_config(192, *gate_up) == ROWS_GEMM_WIDEST
+    assert rows_gemm_config(80, *gate_up) is None and rows_gemm_config(128, *gate_up) is None  # cuBLASLt's
+    assert all(rows_gemm_config(ROWS_GEMM_MAX_ROWS + 1, *shape) is None for shape in (qkv, o, gate_up, down))
+
+
+@pytest.mark.parametrize("rows", [17, 100])
+def test_fp8_linear_of_a_decode_batch_is_w8a8(rows):
+    x = _exact_rows(5, 256, seed=11).repeat(-(-rows // 5), 1)[:rows].half().to(DEVICE)
+    wq, ws = quantize_rows_reference(_randn(96, 256, seed=12, device=DEVICE))
+    xq, xs = quantize_rows_reference(x)
+    with fused_kernels(True, on_cpu=True):
+        got = fp8_linear(x, wq, ws)
+    want = (xq.float() @ wq.float().T) * xs * ws.view(1, -1)
+    torch.testing.assert_close(got.float(), want, atol=1e-3 * float(want.abs().max()), rtol=2e-3)
 
 
 def test_bias_and_leading_dims_are_kept():

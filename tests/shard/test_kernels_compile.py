@@ -21,9 +21,12 @@ REPO = Path(__file__).resolve().parents[2]
 FLOATS = {"scale_log2", "eps"}  # every other scalar argument is an integer
 METADATA = {name: "*i32" for name in ("slots_ptr", "tile_seq_ptr", "tile_first_ptr", "query_starts_ptr",
                                       "query_lens_ptr", "context_lens_ptr", "block_tables_ptr")}  # fmt: skip
-LLAMA_8B = dict(KV_HEADS=8, GROUP=4, GROUP_P=4, PAGE=16, HEAD_DIM=128, HEAD_DIM_P=128, IEEE=False, WINDOW=0)
+LLAMA_8B = dict(KV_HEADS=8, GROUP=4, GROUP_P=4, PAGE=16, HEAD_DIM=128, HEAD_DIM_P=128, IEEE=False, WINDOW=0,
+                FP16_DOTS=False)
 SPLIT = dict(METADATA, out_ptr="*fp32", partial_ml_ptr="*fp32")
 FP8_POOL = {"k_cache_ptr": "*fp8e4nv", "v_cache_ptr": "*fp8e4nv"}  # --kv-cache-dtype fp8_e4m3fn
+SKINNY = dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=256)
+FP8_WEIGHT = {"w_ptr": "*fp8e4nv", "w_scale_ptr": "*fp32"}
 
 # name: (module, kernel, constexprs, pointer types other than bf16)
 CASES = {
@@ -44,9 +47,9 @@ CASES = {
         dict(METADATA, positions_ptr="*i64", k_cache_ptr="*fp8e5", v_cache_ptr="*fp8e5"),
     ),
     "decode_attention_fp8": ("shard_server.attention.triton_kernels", "paged_attention_kernel",
-                             dict(LLAMA_8B, BLOCK_Q=4, BLOCK_N=128, SPLITS=16), dict(SPLIT, **FP8_POOL)),  # fmt: skip
+                             dict(LLAMA_8B, BLOCK_Q=4, BLOCK_N=128, SPLITS=16, FP16_DOTS=True), dict(SPLIT, **FP8_POOL)),  # fmt: skip
     "prefill_attention_fp8": ("shard_server.attention.triton_kernels", "paged_attention_kernel",
-                              dict(LLAMA_8B, BLOCK_Q=32, BLOCK_N=64, SPLITS=1), dict(METADATA, **FP8_POOL)),  # fmt: skip
+                              dict(LLAMA_8B, BLOCK_Q=32, BLOCK_N=64, SPLITS=1, FP16_DOTS=True), dict(METADATA, **FP8_POOL)),  # fmt: skip
     "decode_attention": ("shard_server.attention.triton_kernels", "paged_attention_kernel",
                          dict(LLAMA_8B, BLOCK_Q=4, BLOCK_N=64, SPLITS=1), METADATA),  # fmt: skip
     "split_decode_attention": ("shard_server.attention.triton_kernels", "paged_attention_kernel",
@@ -67,15 +70,16 @@ CASES = {
                      {"max_ptr": "*fp32", "arg_ptr": "*i32", "sum_ptr": "*fp32", "ids_ptr": "*i64",
                       "logprobs_ptr": "*fp32"}),  # fmt: skip
     "skinny_matmul": ("shard_server.kernels.skinny_matmul", "_skinny_matmul_kernel",
-                      dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=256, SCALED=False), {}),  # fmt: skip
+                      dict(SKINNY, W_SCALED=False, X_SCALED=False, FP16_DOT=False), {}),  # fmt: skip
     "skinny_matmul_fp8_weights": ("shard_server.kernels.skinny_matmul", "_skinny_matmul_kernel",
-                                  dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=256, SCALED=True),
-                                  {"w_ptr": "*fp8e4nv", "w_scale_ptr": "*fp32"}),  # fmt: skip
-    # The fp8 x fp8 prototype in bench/ (to be measured on the GPU; it must at least compile).
-    **{f"fp8_rows_gemm_prototype_m{m}": ("bench.gpu_fp8_gemm_prototype", "fp8_rows_gemm_kernel",
-                                         dict(BLOCK_M=m, BLOCK_N=64, BLOCK_K=128),
-                                         {"x_ptr": "*fp8e4nv", "w_ptr": "*fp8e4nv", "x_scale_ptr": "*fp32",
-                                          "w_scale_ptr": "*fp32"}) for m in (64, 256)},  # fmt: skip
+                                  dict(SKINNY, W_SCALED=True, X_SCALED=False, FP16_DOT=False), FP8_WEIGHT),  # fmt: skip
+    "skinny_matmul_fp8_weights_fp16_dot": ("shard_server.kernels.skinny_matmul", "_skinny_matmul_kernel",
+                                           dict(SKINNY, W_SCALED=True, X_SCALED=False, FP16_DOT=True), FP8_WEIGHT),
+    # fp8 rows x fp8 weights in 64-row tiles (`fp8_rows_product`), every config of its table.
+    **{f"fp8_rows_gemm_n{n}_k{k}": ("shard_server.kernels.skinny_matmul", "_skinny_matmul_kernel",
+                                    dict(BLOCK_M=64, BLOCK_N=n, BLOCK_K=k, W_SCALED=True, X_SCALED=True, FP16_DOT=False),
+                                    dict(FP8_WEIGHT, x_ptr="*fp8e4nv", x_scale_ptr="*fp32"))
+       for n, k in ((32, 256), (64, 256), (64, 128), (128, 128))},
     "quantize_rows_fp8": ("shard_server.kernels.fp8_matmul", "_quantize_rows_kernel",
                           dict(FP8_MAX=448.0, TINY=1e-12, BLOCK=1024), {"out_ptr": "*fp8e4nv", "scale_ptr": "*fp32"}),
     "rotary": ("shard_server.kernels.rotary", "_rotary_kernel",
