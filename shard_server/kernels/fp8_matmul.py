@@ -17,16 +17,18 @@ uses fp8's whole range. The product picks its path by the number of rows:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
 
 from .dispatch import use_fused
-from .skinny_matmul import SkinnyConfig, config_for, launch_rows_product, skinny_matmul, skinny_rows
+from .skinny_matmul import MAX_ROWS, SkinnyConfig, config_for, launch_rows_product, skinny_matmul, skinny_rows
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = float(torch.finfo(FP8).max)  # 448
-_TINY = 1e-12  # an all-zero row gets this scale instead of a division by zero
+TINY_SCALE = 1e-12  # an all-zero row gets this scale instead of a division by zero
 _BLOCK = 1024
 ROWS_GEMM_TILE = 64  # rows per program: Hopper's smallest warpgroup product
 ROWS_GEMM_MAX_ROWS = 192
@@ -43,6 +45,27 @@ ROWS_GEMM_WIDEST = SkinnyConfig(block_n=128, block_k=128, num_warps=8, num_stage
 WIDEST_FROM_FEATURES = 16384
 
 
+@dataclass(frozen=True)
+class Fp8Rows:
+    """Activation rows already quantized for an fp8 product, by the kernel that produced them
+    (the norm before qkv and gate_up, the SiLU before down): `quantize_rows` of what it would
+    have returned, so the product is the same and one launch and one pass over the rows fewer."""
+
+    values: torch.Tensor  # fp8 [T, K]
+    scale: torch.Tensor  # float32 [T, 1]
+    dtype: torch.dtype  # the rows' own dtype: the product's
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.values.shape
+
+
+def quantizes_rows(x: torch.Tensor) -> bool:
+    """Whether `fp8_linear` quantizes rows like these itself on a fused path (past the skinny
+    kernel's 16), so the kernel producing them may hand over `Fp8Rows` instead."""
+    return use_fused(x) and x.dim() == 2 and x.shape[0] > MAX_ROWS
+
+
 def require_fp8_support(device: torch.device) -> None:
     """fp8 products need fp8 tensor cores (compute capability 8.9+: Ada, Hopper); CPUs emulate them."""
     if device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 9):
@@ -54,7 +77,7 @@ def require_fp8_support(device: torch.device) -> None:
 def quantize_rows_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """[M, K] -> (fp8 [M, K], float32 scales [M, 1]) with x ~= fp8 * scale, row by row."""
     wide = x.float()
-    scale = (wide.abs().amax(dim=1, keepdim=True) / FP8_MAX).clamp(min=_TINY)
+    scale = (wide.abs().amax(dim=1, keepdim=True) / FP8_MAX).clamp(min=TINY_SCALE)
     return (wide / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale
 
 
@@ -84,18 +107,22 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     out = torch.empty((rows, k), dtype=FP8, device=x.device)
     scale = torch.empty((rows, 1), dtype=torch.float32, device=x.device)
     if rows:
-        _quantize_rows_kernel[(rows,)](x, out, scale, k, x.stride(0), FP8_MAX=FP8_MAX, TINY=_TINY, BLOCK=_BLOCK,
+        _quantize_rows_kernel[(rows,)](x, out, scale, k, x.stride(0), FP8_MAX=FP8_MAX, TINY=TINY_SCALE, BLOCK=_BLOCK,
                                        num_warps=4)  # fmt: skip
     return out, scale
 
 
 def w8a8_product(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor) -> torch.Tensor:
     """x [M, K] quantized row by row, times the fp8 weight: cuBLASLt on CUDA, float32 elsewhere."""
-    if x.is_cuda and weight.shape[0] % 16 == 0 and weight.shape[1] % 16 == 0:  # cuBLASLt's alignment
-        xq, x_scale = quantize_rows(x.contiguous())
-        return torch._scaled_mm(xq, weight.t(), scale_a=x_scale, scale_b=weight_scale.view(1, -1), out_dtype=x.dtype)
-    xq, x_scale = quantize_rows_reference(x)
-    return ((xq.float() @ weight.float().t()) * x_scale * weight_scale.view(1, -1)).to(x.dtype)
+    xq, x_scale = quantize_rows(x.contiguous()) if x.is_cuda else quantize_rows_reference(x)
+    return _scaled_product(xq, x_scale, weight, weight_scale, x.dtype)
+
+
+def _scaled_product(xq, x_scale, weight, weight_scale, dtype: torch.dtype) -> torch.Tensor:
+    """fp8 rows [M, K] x fp8 weight [N, K]^T with both scales, by cuBLASLt where it takes the shapes."""
+    if xq.is_cuda and weight.shape[0] % 16 == 0 and weight.shape[1] % 16 == 0:  # cuBLASLt's alignment
+        return torch._scaled_mm(xq, weight.t(), scale_a=x_scale, scale_b=weight_scale.view(1, -1), out_dtype=dtype)
+    return ((xq.float() @ weight.float().t()) * x_scale * weight_scale.view(1, -1)).to(dtype)
 
 
 def rows_gemm_config(rows: int, features: int, depth: int) -> SkinnyConfig | None:
@@ -112,30 +139,41 @@ def rows_gemm_config(rows: int, features: int, depth: int) -> SkinnyConfig | Non
 def fp8_rows_product(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
                      config: SkinnyConfig) -> torch.Tensor:  # fmt: skip
     """`w8a8_product` by the skinny kernel in 64-row tiles (CUDA, or Triton's interpreter)."""
-    xq, x_scale = quantize_rows(x)
-    out = torch.empty((x.shape[0], weight.shape[0]), dtype=x.dtype, device=x.device)
+    return _rows_product(*quantize_rows(x), weight, weight_scale, config, x.dtype)
+
+
+def _rows_product(xq, x_scale, weight, weight_scale, config: SkinnyConfig, dtype: torch.dtype) -> torch.Tensor:
+    out = torch.empty((xq.shape[0], weight.shape[0]), dtype=dtype, device=xq.device)
     launch_rows_product(xq, x_scale, weight, weight_scale.view(-1), out, config, ROWS_GEMM_TILE)
     return out
 
 
-def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
+def fp8_linear(x: torch.Tensor | Fp8Rows, weight: torch.Tensor, weight_scale: torch.Tensor,
                bias: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
-    """x [..., K] @ (weight [N, K] fp8 * weight_scale [N, 1])^T (+ bias) -> [..., N] in x's dtype."""
+    """x [..., K] (or `Fp8Rows` [T, K]) @ (weight [N, K] fp8 * weight_scale [N, 1])^T (+ bias) -> [..., N]."""
+    if isinstance(x, Fp8Rows):
+        out = _quantized_product(x.values, x.scale, weight, weight_scale, x.dtype)
+        return out if bias is None else out + bias
     flat = x.reshape(-1, x.shape[-1])
+    rows, (features, depth) = flat.shape[0], weight.shape
     # Past 16 rows a weight-only tile grown to 128 rows ran 1.4-2.5x slower than cuBLASLt's fp8
     # product (bench/results/fp8_matmul_h200.json, run 5): there the rows are quantized too.
-    rows, (features, depth) = flat.shape[0], weight.shape
-    fused = use_fused(flat) and flat.stride(1) == 1
-    tiled = rows_gemm_config(rows, features, depth) if fused else None
-    if fused and skinny_rows(flat):
+    if use_fused(flat) and flat.stride(1) == 1 and skinny_rows(flat):
         # Widening to fp16 pays where the features outnumber the depth (H200, 1 row: qkv 14.8
         # vs bf16's 19.4 µs, gate_up 40.2 vs 48.4); o and down are ~1 µs faster in bf16.
         config = config_for(rows, features, depth, weights_fp8=True)
         out = skinny_matmul(flat, weight, config, weight_scale, fp16_dot=features > depth)
-    elif tiled is not None:
-        out = fp8_rows_product(flat, weight, weight_scale, tiled)
     else:
-        out = w8a8_product(flat, weight, weight_scale)
+        xq, x_scale = quantize_rows(flat.contiguous()) if flat.is_cuda else quantize_rows_reference(flat)
+        out = _quantized_product(xq, x_scale, weight, weight_scale, x.dtype)
     if bias is not None:
         out = out + bias
-    return out.view(*x.shape[:-1], weight.shape[0])
+    return out.view(*x.shape[:-1], features)
+
+
+def _quantized_product(xq, x_scale, weight, weight_scale, dtype: torch.dtype) -> torch.Tensor:
+    """Quantized rows times the fp8 weight: the row-tile kernel where the table says, else cuBLASLt."""
+    tiled = rows_gemm_config(xq.shape[0], *weight.shape) if use_fused(xq) and xq.stride(1) == 1 else None
+    if tiled is not None:
+        return _rows_product(xq, x_scale, weight, weight_scale, tiled, dtype)
+    return _scaled_product(xq, x_scale, weight, weight_scale, dtype)

@@ -7,7 +7,8 @@ so the fused matrix holds this rank's q rows, then its k rows, then its v rows.
 `project`: the skinny Triton kernel at decode batch sizes, cuBLAS otherwise.
 
 With `fp8=True` (`--quantize fp8`, or an fp8 checkpoint) a layer keeps its weight in fp8 with
-one float32 scale per output feature; `fp8_linear` does the product. A checkpoint's fp8 slice
+one float32 scale per output feature; `fp8_linear` does the product, of rows its producer may
+have quantized already (`takes_fp8_rows`, `Fp8Rows`). A checkpoint's fp8 slice
 is copied with its `weight_scale` (per tensor or per channel: both are per-row scales); any
 other slice is quantized on the device as it loads, so the bf16 model is never resident.
 """
@@ -18,7 +19,7 @@ import torch
 from torch import nn
 
 from ..distributed import ParallelContext, RowRange
-from ..kernels.fp8_matmul import FP8, fp8_linear, quantize_rows_reference
+from ..kernels.fp8_matmul import FP8, Fp8Rows, fp8_linear, quantize_rows_reference, quantizes_rows
 from ..kernels.skinny_matmul import project
 from ..weights import WeightsError, WeightStore
 
@@ -50,7 +51,11 @@ class _Weight(nn.Module):
             self.weight[rows].copy_(quantized)
             self.weight_scale[rows].copy_(scale)
 
-    def _product(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    def takes_fp8_rows(self, x: torch.Tensor) -> bool:
+        """Whether this product would quantize rows like `x` itself: their producer may instead."""
+        return self.weight_scale is not None and quantizes_rows(x)
+
+    def _product(self, x: torch.Tensor | Fp8Rows, bias: torch.Tensor | None) -> torch.Tensor:
         if self.weight_scale is not None:
             return fp8_linear(x, self.weight, self.weight_scale, bias)
         return project(x, self.weight, bias)
@@ -101,7 +106,7 @@ class ColumnParallelLinear(_Weight):
                 self.bias[rows].copy_(store.get_rows(f"{prefix}.bias", part.start, part.end))
             offset += part.size
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor | Fp8Rows) -> torch.Tensor:
         return self._product(x, self.bias)
 
 
@@ -129,6 +134,6 @@ class RowParallelLinear(_Weight):
         if self.bias is not None:
             self.bias.copy_(store.get(f"{prefix}.bias"))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor | Fp8Rows) -> torch.Tensor:
         out = self.ctx.all_reduce(self._product(x, None))
         return out if self.bias is None else out + self.bias

@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from ..kernels.dispatch import use_fused
+from ..kernels.fp8_matmul import Fp8Rows
 from ..kernels.norm import fused_rmsnorm
 from ..weights import WeightStore
 
@@ -19,18 +20,21 @@ class RMSNorm(nn.Module):
     def load(self, store: WeightStore, name: str) -> None:
         self.weight.copy_(store.get(name))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, quantize: bool = False) -> torch.Tensor | Fp8Rows:
+        """`quantize`: the next product takes `Fp8Rows`, which the fused kernel then returns."""
         if _fusable(x):
-            return fused_rmsnorm(x, self.weight, self.eps)[0]
+            return fused_rmsnorm(x, self.weight, self.eps, quantize=quantize)[0]
         dtype = x.dtype
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x.to(dtype)
 
-    def add_and_norm(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def add_and_norm(
+        self, x: torch.Tensor, residual: torch.Tensor, quantize: bool = False
+    ) -> tuple[torch.Tensor | Fp8Rows, torch.Tensor]:
         """Returns (norm(x + residual), x + residual): the pre-norm residual stream step."""
         if _fusable(x) and _fusable(residual):
-            return fused_rmsnorm(x, self.weight, self.eps, residual)
+            return fused_rmsnorm(x, self.weight, self.eps, residual, quantize)
         residual = x + residual
         return self.forward(residual), residual
 

@@ -85,7 +85,7 @@ class LlamaMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)
         if use_fused(gate_up) and gate_up.dim() == 2:
-            return self.down_proj(fused_silu_mul(gate_up))
+            return self.down_proj(fused_silu_mul(gate_up, quantize=self.down_proj.takes_fp8_rows(gate_up)))
         gate, up = gate_up.chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
@@ -105,12 +105,15 @@ class LlamaDecoderLayer(nn.Module):
         self.mlp.load(store, f"{prefix}.mlp")
 
     def forward(self, hidden, residual, rotary: RotaryStep, k_cache, v_cache, metadata):
+        # With fp8 weights the norms hand qkv and gate_up their rows quantized (`Fp8Rows`).
+        quantize = self.self_attn.qkv_proj.takes_fp8_rows(hidden)
         if residual is None:
-            residual, hidden = hidden, self.input_layernorm(hidden)
+            residual, hidden = hidden, self.input_layernorm(hidden, quantize)
         else:
-            hidden, residual = self.input_layernorm.add_and_norm(hidden, residual)
+            hidden, residual = self.input_layernorm.add_and_norm(hidden, residual, quantize)
         hidden = self.self_attn(hidden, rotary, k_cache, v_cache, metadata)
-        hidden, residual = self.post_attention_layernorm.add_and_norm(hidden, residual)
+        quantize = self.mlp.gate_up_proj.takes_fp8_rows(hidden)
+        hidden, residual = self.post_attention_layernorm.add_and_norm(hidden, residual, quantize)
         return self.mlp(hidden), residual
 
 

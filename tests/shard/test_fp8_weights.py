@@ -27,11 +27,13 @@ from shard_server.kernels.fp8_matmul import (  # noqa: E402
     ROWS_GEMM_SQUARE,
     ROWS_GEMM_WIDE,
     ROWS_GEMM_WIDEST,
+    Fp8Rows,
     fp8_linear,
     fp8_rows_product,
-    rows_gemm_config,
     quantize_rows,
     quantize_rows_reference,
+    quantizes_rows,
+    rows_gemm_config,
 )
 from shard_server.kernels.skinny_matmul import MAX_ROWS  # noqa: E402
 from shard_server.models.config import ModelConfig, UnsupportedModelError  # noqa: E402
@@ -150,6 +152,52 @@ def test_fp8_linear_of_a_decode_batch_is_w8a8(rows):
         got = fp8_linear(x, wq, ws)
     want = (xq.float() @ wq.float().T) * xs * ws.view(1, -1)
     torch.testing.assert_close(got.float(), want, atol=1e-3 * float(want.abs().max()), rtol=2e-3)
+
+
+def _fp8_rows_equal(got: Fp8Rows, want: tuple[torch.Tensor, torch.Tensor]) -> None:
+    assert got.values.dtype == FP8 and got.scale.shape == (got.values.shape[0], 1)
+    assert torch.equal(got.scale, want[1])
+    assert torch.equal(got.values.view(torch.uint8), want[0].view(torch.uint8))
+
+
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_the_norm_hands_an_fp8_product_its_rows_quantized_as_the_product_would(with_residual):
+    from shard_server.kernels.norm import fused_rmsnorm
+
+    x = _randn(20, 96, seed=13, device=DEVICE).half() * 4
+    residual = _randn(20, 96, seed=14, device=DEVICE).half() if with_residual else None
+    weight = _randn(96, seed=15, device=DEVICE).half()
+    x[3] = 0  # an all-zero row (without the residual) keeps a finite scale
+    with fused_kernels(True, on_cpu=True):
+        plain, summed = fused_rmsnorm(x, weight, 1e-5, residual)
+        handed, handed_summed = fused_rmsnorm(x, weight, 1e-5, residual, quantize=True)
+        want = quantize_rows(plain)
+    assert isinstance(handed, Fp8Rows) and handed.dtype == torch.float16
+    _fp8_rows_equal(handed, want)
+    assert torch.equal(handed_summed, summed)
+
+
+def test_silu_mul_hands_the_down_projection_its_rows_quantized():
+    from shard_server.kernels.activation import fused_silu_mul
+
+    gate_up = _randn(18, 2 * 2500, seed=16, device=DEVICE).half() * 3  # 2500: three blocks, a masked tail
+    with fused_kernels(True, on_cpu=True):
+        handed = fused_silu_mul(gate_up, quantize=True)
+        want = quantize_rows(fused_silu_mul(gate_up))
+    assert isinstance(handed, Fp8Rows) and handed.shape == (18, 2500)
+    _fp8_rows_equal(handed, want)
+
+
+def test_an_fp8_product_of_handed_rows_equals_quantizing_them_itself():
+    x = _exact_rows(5, 256, seed=17).repeat(4, 1).half().to(DEVICE)
+    wq, ws = quantize_rows_reference(_randn(96, 256, seed=18, device=DEVICE))
+    bias = _randn(96, seed=19, device=DEVICE).half()
+    with fused_kernels(True, on_cpu=True):
+        assert quantizes_rows(x) and not quantizes_rows(x[:MAX_ROWS])
+        got = fp8_linear(Fp8Rows(*quantize_rows(x), torch.float16), wq, ws, bias)
+        want = fp8_linear(x, wq, ws, bias)
+    assert got.dtype == torch.float16 and torch.equal(got, want)
+    assert not quantizes_rows(x)  # unfused (CPU): the product quantizes with torch, nobody hands rows over
 
 
 def test_bias_and_leading_dims_are_kept():
@@ -359,3 +407,22 @@ def test_gpu_fp8_model_gives_the_same_tokens_eager_and_from_graphs(tiny_model_di
         warmup(runner, 64, 4, PoolSizing(1024, 0.05, graphs))
         results[graphs] = _decode_batch(runner, prompts, new_tokens=10)
     assert results[(1, 2, 4)] == results[()]
+
+
+@needs_cuda
+def test_gpu_fp8_model_gives_the_same_tokens_with_rows_handed_over_or_not(tiny_model_dirs, monkeypatch):
+    import shard_server.layers.linear as linear
+    from shard_server.warmup import PoolSizing, warmup
+
+    from .test_triton_runner import _decode_batch
+
+    prompts = [[(7 * i + 3 * b) % 150 for i in range(5 + b % 7)] for b in range(20)]  # decodes of 20 rows
+    results = []
+    for handed in (True, False):
+        if not handed:
+            monkeypatch.setattr(linear, "quantizes_rows", lambda x: False)
+        runner = make_runner(tiny_model_dirs["llama"], "triton", torch.device("cuda"), dtype=torch.bfloat16,
+                             quantize="fp8")  # fmt: skip
+        warmup(runner, 256, 32, PoolSizing(1024, 0.05, (32,)))
+        results.append(_decode_batch(runner, prompts, new_tokens=6))
+    assert results[0] == results[1]

@@ -27,6 +27,7 @@ SPLIT = dict(METADATA, out_ptr="*fp32", partial_ml_ptr="*fp32")
 FP8_POOL = {"k_cache_ptr": "*fp8e4nv", "v_cache_ptr": "*fp8e4nv"}  # --kv-cache-dtype fp8_e4m3fn
 SKINNY = dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=256)
 FP8_WEIGHT = {"w_ptr": "*fp8e4nv", "w_scale_ptr": "*fp32"}
+NORM = dict(N=4096, BLOCK=4096, HAS_RESIDUAL=True, FP8_MAX=448.0, TINY=1e-12)
 
 # name: (module, kernel, constexprs, pointer types other than bf16)
 CASES = {
@@ -62,8 +63,13 @@ CASES = {
         dict(SPLITS=16, GROUP=4, GROUP_P=4, BLOCK_Q=4, HEAD_DIM=128, HEAD_DIM_P=128),
         dict(METADATA, partial_ptr="*fp32", partial_ml_ptr="*fp32"),
     ),
-    "add_rmsnorm": ("shard_server.kernels.norm", "_add_rmsnorm_kernel", dict(N=4096, BLOCK=4096, HAS_RESIDUAL=True), {}),
+    "add_rmsnorm": ("shard_server.kernels.norm", "_add_rmsnorm_kernel",
+                    dict(NORM, QUANT=False), {"scale_ptr": "*fp32"}),  # fmt: skip
+    "add_rmsnorm_fp8_rows": ("shard_server.kernels.norm", "_add_rmsnorm_kernel",
+                             dict(NORM, QUANT=True), {"out_ptr": "*fp8e4nv", "scale_ptr": "*fp32"}),  # fmt: skip
     "silu_mul": ("shard_server.kernels.activation", "_silu_mul_kernel", dict(BLOCK=1024), {}),
+    "silu_mul_fp8_rows": ("shard_server.kernels.activation", "_silu_mul_quant_kernel",
+                          dict(BLOCK=1024, FP8_MAX=448.0, TINY=1e-12), {"out_ptr": "*fp8e4nv", "scale_ptr": "*fp32"}),
     "greedy_chunks": ("shard_server.kernels.greedy", "_chunk_stats_kernel", dict(CHUNK=4096, CHUNKS_P=32),
                       {"max_ptr": "*fp32", "arg_ptr": "*i32", "sum_ptr": "*fp32"}),  # fmt: skip
     "greedy_merge": ("shard_server.kernels.greedy", "_merge_kernel", dict(CHUNKS=32, CHUNKS_P=32),
