@@ -177,13 +177,16 @@ def test_the_norm_hands_an_fp8_product_its_rows_quantized_as_the_product_would(w
     assert torch.equal(handed_summed, summed)
 
 
-def test_silu_mul_hands_the_down_projection_its_rows_quantized():
-    from shard_server.kernels.activation import fused_silu_mul
+@pytest.mark.parametrize("whole_row", [True, False])
+def test_silu_mul_hands_the_down_projection_its_rows_quantized(whole_row, monkeypatch):
+    from shard_server.kernels import activation
 
+    if not whole_row:  # the two-pass loop for rows wider than the registers hold
+        monkeypatch.setattr(activation, "ROW_IN_REGISTERS", 1024)
     gate_up = _randn(18, 2 * 2500, seed=16, device=DEVICE).half() * 3  # 2500: three blocks, a masked tail
     with fused_kernels(True, on_cpu=True):
-        handed = fused_silu_mul(gate_up, quantize=True)
-        want = quantize_rows(fused_silu_mul(gate_up))
+        handed = activation.fused_silu_mul(gate_up, quantize=True)
+        want = quantize_rows(activation.fused_silu_mul(gate_up))
     assert isinstance(handed, Fp8Rows) and handed.shape == (18, 2500)
     _fp8_rows_equal(handed, want)
 
@@ -197,7 +200,8 @@ def test_an_fp8_product_of_handed_rows_equals_quantizing_them_itself():
         got = fp8_linear(Fp8Rows(*quantize_rows(x), torch.float16), wq, ws, bias)
         want = fp8_linear(x, wq, ws, bias)
     assert got.dtype == torch.float16 and torch.equal(got, want)
-    assert not quantizes_rows(x)  # unfused (CPU): the product quantizes with torch, nobody hands rows over
+    # Outside the switch kernels are fused on GPUs only: on CPU the product quantizes with torch.
+    assert quantizes_rows(x) is x.is_cuda
 
 
 def test_bias_and_leading_dims_are_kept():

@@ -68,8 +68,9 @@ CASES = {
     "add_rmsnorm_fp8_rows": ("shard_server.kernels.norm", "_add_rmsnorm_kernel",
                              dict(NORM, QUANT=True), {"out_ptr": "*fp8e4nv", "scale_ptr": "*fp32"}),  # fmt: skip
     "silu_mul": ("shard_server.kernels.activation", "_silu_mul_kernel", dict(BLOCK=1024), {}),
-    "silu_mul_fp8_rows": ("shard_server.kernels.activation", "_silu_mul_quant_kernel",
-                          dict(BLOCK=1024, FP8_MAX=448.0, TINY=1e-12), {"out_ptr": "*fp8e4nv", "scale_ptr": "*fp32"}),
+    **{f"silu_mul_fp8_rows_block{block}": ("shard_server.kernels.activation", "_silu_mul_quant_kernel",
+                                           dict(BLOCK=block, WHOLE_ROW=block > 1024, FP8_MAX=448.0, TINY=1e-12),
+                                           {"out_ptr": "*fp8e4nv", "scale_ptr": "*fp32"}) for block in (1024, 16384)},
     "greedy_chunks": ("shard_server.kernels.greedy", "_chunk_stats_kernel", dict(CHUNK=4096, CHUNKS_P=32),
                       {"max_ptr": "*fp32", "arg_ptr": "*i32", "sum_ptr": "*fp32"}),  # fmt: skip
     "greedy_merge": ("shard_server.kernels.greedy", "_merge_kernel", dict(CHUNKS=32, CHUNKS_P=32),
