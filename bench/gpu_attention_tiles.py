@@ -4,7 +4,7 @@ For each case the backend's launch config (prefill tiles or decode tiles) is rep
 candidate; every candidate's output is checked against the shipped config's (bf16, 2e-2) and
 timed with CUDA events (median of do_bench). The shipped config is the first of each list.
 
-    python3 bench/gpu_attention_tiles.py OUT_JSON [--kv-dtype fp8_e4m3fn] [--decode-only]
+    python3 bench/gpu_attention_tiles.py OUT_JSON [--kv-dtype fp8_e4m3fn] [--decode-only] [--splits 1,2,4]
 
 With `--kv-dtype` the pool is stored in that dtype (`--kv-cache-dtype`): fp8 halves the bytes
 a decode reads, and the kernel widens each key and value tile before its dots: to fp16 as
@@ -71,6 +71,9 @@ def main() -> None:
     parser.add_argument("out", type=Path)
     parser.add_argument("--kv-dtype", choices=sorted(KV_CACHE_DTYPES), default=None)
     parser.add_argument("--decode-only", action="store_true")
+    # Eager decode steps never split their keys (graph steps of few sequences do): this forces
+    # each split count on the decode cases, to see whether more programs per step would pay.
+    parser.add_argument("--splits", default="1", help="comma-separated key splits for the decode cases")
     args = parser.parse_args()
     kv_dtype = KV_CACHE_DTYPES[args.kv_dtype] if args.kv_dtype else torch.bfloat16
     device = torch.device("cuda")
@@ -91,29 +94,33 @@ def main() -> None:
             candidates = [shipped] + [c for c in small if c != shipped]
         # Over an fp8 pool each candidate also runs with bf16 dots (the shipped kernel's are fp16).
         variants = [(c, True) for c in candidates] + ([(c, False) for c in candidates] if fp8_pool else [])
+        split_counts = [int(n) for n in args.splits.split(",")] if which == "small" else [1]
+        variants = [(c, dots, n) for n in split_counts for c, dots in variants]
         baseline, rows = None, []
-        for config, fp16_dots in variants:
+        for config, fp16_dots, splits in variants:
             setattr(backend, attribute, config)
             backend.fp16_dots_over_fp8 = fp16_dots
             metadata = backend.build_metadata(layout, device)
+            metadata.splits = splits
             try:
                 got = backend.forward(q, k, v, k_cache, v_cache, metadata)
                 ms = triton.testing.do_bench(lambda: backend.forward(q, k, v, k_cache, v_cache, metadata),
                                              warmup=25, rep=100, return_mode="median")  # fmt: skip
             except Exception as exc:  # a config the compiler refuses (shared memory): say so
-                rows.append({"config": config.__dict__, "fp16_dots": fp16_dots,
+                rows.append({"config": config.__dict__, "fp16_dots": fp16_dots, "splits": splits,
                              "error": f"{type(exc).__name__}: {str(exc)[:200]}"})  # fmt: skip
                 continue
             if baseline is None:
                 baseline = got.float()
             error = float((got.float() - baseline).abs().max())
-            rows.append({"config": config.__dict__, "fp16_dots": fp16_dots, "ms": ms, "max_abs_diff_vs_shipped": error})
+            rows.append({"config": config.__dict__, "fp16_dots": fp16_dots, "splits": splits, "ms": ms,
+                         "max_abs_diff_vs_shipped": error})  # fmt: skip
         setattr(backend, attribute, shipped)
         backend.fp16_dots_over_fp8 = True
         results[name] = rows
         best = min((r for r in rows if "ms" in r and r["max_abs_diff_vs_shipped"] < 2e-2), key=lambda r: r["ms"])
         print(f"{name}: shipped {rows[0].get('ms', float('nan')):.3f} ms, best {best['ms']:.3f} ms {best['config']}"
-              f" fp16 dots {best['fp16_dots']}", flush=True)  # fmt: skip
+              f" fp16 dots {best['fp16_dots']}, splits {best['splits']}", flush=True)  # fmt: skip
     args.out.write_text(json.dumps(results, indent=1))
 
 
