@@ -14,7 +14,8 @@ with an online softmax in float32, masking causally (key position <= query posit
 inside the sliding window if any). Decodes and prefill chunks differ only in BLOCK_Q. Keys and
 values are read in the pool's dtype and widened to the queries' before the dots; from an fp8
 pool under bf16 queries the dots run in fp16 (FP16_DOTS), which both fp8 formats and the
-probabilities widen to exactly, and in one instruction per pair rather than several.
+probabilities widen to exactly, and in one instruction per pair rather than several (queries
+keep their values in fp16's normal range, 2^-14 to 65504, and are clamped beyond it).
 
 Split-KV: with SPLITS > 1 the keys of each tile are split into SPLITS ranges (program_id 2),
 and each program writes its unnormalised partial output with its running max and sum;

@@ -97,7 +97,8 @@ def skinny_matmul(x: torch.Tensor, weight: torch.Tensor, config: SkinnyConfig = 
                   weight_scale: torch.Tensor | None = None, fp16_dot: bool = False) -> torch.Tensor:  # fmt: skip
     """x [M, K] @ weight[N, K]^T -> [M, N], for M <= 16 (see `skinny_applies`); an fp8 weight
     comes with `weight_scale`, one float32 per output feature. `fp16_dot`: an fp8 weight and
-    the rows (clamped to fp16's range) meet in fp16, exact for both but rows beyond +-65504."""
+    the rows meet in fp16: exact for the weight; a bf16 row keeps every value in fp16's normal
+    range (2^-14 to 65504), rounds smaller ones to fp16's subnormals and clamps larger ones."""
     out = torch.empty((x.shape[0], weight.shape[0]), dtype=x.dtype, device=x.device)
     launch_rows_product(x, None, weight, weight_scale, out, config, MAX_ROWS, fp16_dot)
     return out
