@@ -9,6 +9,7 @@ timed with CUDA events (median of do_bench). The shipped config is the first of 
 With `--kv-dtype` the pool is stored in that dtype (`--kv-cache-dtype`): fp8 halves the bytes
 a decode reads, and the kernel widens each key and value tile before its dots: to fp16 as
 shipped, and each candidate again with the model's bf16 (the widening the kernel had before).
+Decode candidates also run with the kernel's hand-written prefetch (`prefetch_kv_tiles`).
 """
 
 from __future__ import annotations
@@ -95,11 +96,14 @@ def main() -> None:
         # Over an fp8 pool each candidate also runs with bf16 dots (the shipped kernel's are fp16).
         variants = [(c, True) for c in candidates] + ([(c, False) for c in candidates] if fp8_pool else [])
         split_counts = [int(n) for n in args.splits.split(",")] if which == "small" else [1]
-        variants = [(c, dots, n) for n in split_counts for c, dots in variants]
+        # Decode tiles also run with the hand-written prefetch of the next key/value tile.
+        prefetches = (False, True) if which == "small" else (False,)
+        variants = [(c, dots, n, pre) for pre in prefetches for n in split_counts for c, dots in variants]
         baseline, rows = None, []
-        for config, fp16_dots, splits in variants:
+        for config, fp16_dots, splits, prefetch in variants:
             setattr(backend, attribute, config)
             backend.fp16_dots_over_fp8 = fp16_dots
+            backend.prefetch_kv_tiles = prefetch
             metadata = backend.build_metadata(layout, device)
             metadata.splits = splits
             try:
@@ -107,20 +111,21 @@ def main() -> None:
                 ms = triton.testing.do_bench(lambda: backend.forward(q, k, v, k_cache, v_cache, metadata),
                                              warmup=25, rep=100, return_mode="median")  # fmt: skip
             except Exception as exc:  # a config the compiler refuses (shared memory): say so
-                rows.append({"config": config.__dict__, "fp16_dots": fp16_dots, "splits": splits,
+                rows.append({"config": config.__dict__, "fp16_dots": fp16_dots, "splits": splits, "prefetch": prefetch,
                              "error": f"{type(exc).__name__}: {str(exc)[:200]}"})  # fmt: skip
                 continue
             if baseline is None:
                 baseline = got.float()
             error = float((got.float() - baseline).abs().max())
-            rows.append({"config": config.__dict__, "fp16_dots": fp16_dots, "splits": splits, "ms": ms,
-                         "max_abs_diff_vs_shipped": error})  # fmt: skip
+            rows.append({"config": config.__dict__, "fp16_dots": fp16_dots, "splits": splits, "prefetch": prefetch,
+                         "ms": ms, "max_abs_diff_vs_shipped": error})  # fmt: skip
         setattr(backend, attribute, shipped)
-        backend.fp16_dots_over_fp8 = True
+        backend.fp16_dots_over_fp8, backend.prefetch_kv_tiles = True, False
         results[name] = rows
         best = min((r for r in rows if "ms" in r and r["max_abs_diff_vs_shipped"] < 2e-2), key=lambda r: r["ms"])
         print(f"{name}: shipped {rows[0].get('ms', float('nan')):.3f} ms, best {best['ms']:.3f} ms {best['config']}"
-              f" fp16 dots {best['fp16_dots']}, splits {best['splits']}", flush=True)  # fmt: skip
+              f" fp16 dots {best['fp16_dots']}, splits {best['splits']}, prefetch {best['prefetch']}",
+              flush=True)  # fmt: skip
     args.out.write_text(json.dumps(results, indent=1))
 
 

@@ -119,6 +119,18 @@ def _rotary_store_kv(
 
 
 @triton.jit
+def _kv_tile(block_tables_ptr, seq, table_stride, start, hi, kv_base, dims, dim_ok,
+             KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
+    """Keys [start, start + BLOCK_N) of a sequence (those below hi): their offsets in the pool."""
+    keys = start + tl.arange(0, BLOCK_N)
+    key_ok = keys < hi
+    block = tl.load(block_tables_ptr + seq * table_stride + keys // PAGE, mask=key_ok, other=0)
+    slot = block.to(tl.int64) * PAGE + keys % PAGE
+    kv_offsets = slot[:, None] * (KV_HEADS * HEAD_DIM) + kv_base + dims[None, :]
+    return keys, key_ok, kv_offsets, key_ok[:, None] & dim_ok[None, :]
+
+
+@triton.jit
 def _tile_rows(tile, kv_head, tile_seq_ptr, tile_first_ptr, query_starts_ptr, query_lens_ptr,
                GROUP: tl.constexpr, GROUP_P: tl.constexpr, BLOCK_Q: tl.constexpr):  # fmt: skip
     """A tile's rows: BLOCK_Q query tokens of one sequence x the GROUP_P heads of a KV head."""
@@ -167,6 +179,7 @@ def _paged_attention(
     WINDOW: tl.constexpr,  # sliding window in tokens; 0: none
     SPLITS: tl.constexpr,  # key ranges per tile (program_id 2); 1: no split
     FP16_DOTS: tl.constexpr,  # an fp8 pool under bf16 queries: the dots run in fp16
+    PREFETCH: tl.constexpr,  # each iteration asks for the next tile's keys and values before its dots
 ):
     kv_head = tl.program_id(1)
     seq, first, q_len, row0, q_tok, head, row_ok = _tile_rows(
@@ -197,14 +210,23 @@ def _paged_attention(
         lo = lo + tl.program_id(2) * chunk
         hi = tl.minimum(hi, lo + chunk)
     kv_base = kv_head * HEAD_DIM
+    if PREFETCH:
+        _, _, next_offsets, next_mask = _kv_tile(block_tables_ptr, seq, table_stride, lo, hi, kv_base, dims, dim_ok,
+                                                 KV_HEADS, HEAD_DIM, PAGE, BLOCK_N)  # fmt: skip
+        k_next = tl.load(k_cache_ptr + next_offsets, mask=next_mask, other=0.0)
+        v_next = tl.load(v_cache_ptr + next_offsets, mask=next_mask, other=0.0)
     for start in range(lo, hi, BLOCK_N):
-        keys = start + tl.arange(0, BLOCK_N)
-        key_ok = keys < hi
-        block = tl.load(block_tables_ptr + seq * table_stride + keys // PAGE, mask=key_ok, other=0)
-        slot = block.to(tl.int64) * PAGE + keys % PAGE
-        kv_offsets = slot[:, None] * (KV_HEADS * HEAD_DIM) + kv_base + dims[None, :]
-        kv_mask = key_ok[:, None] & dim_ok[None, :]
-        k = tl.load(k_cache_ptr + kv_offsets, mask=kv_mask, other=0.0).to(q.dtype)
+        keys, key_ok, kv_offsets, kv_mask = _kv_tile(block_tables_ptr, seq, table_stride, start, hi, kv_base, dims,
+                                                     dim_ok, KV_HEADS, HEAD_DIM, PAGE, BLOCK_N)  # fmt: skip
+        if PREFETCH:  # this tile came with the last iteration; the next one is asked for now
+            k_raw, v_raw = k_next, v_next
+            _, _, next_offsets, next_mask = _kv_tile(block_tables_ptr, seq, table_stride, start + BLOCK_N, hi, kv_base,
+                                                     dims, dim_ok, KV_HEADS, HEAD_DIM, PAGE, BLOCK_N)  # fmt: skip
+            k_next = tl.load(k_cache_ptr + next_offsets, mask=next_mask, other=0.0)
+            v_next = tl.load(v_cache_ptr + next_offsets, mask=next_mask, other=0.0)
+        else:
+            k_raw = tl.load(k_cache_ptr + kv_offsets, mask=kv_mask, other=0.0)
+        k = k_raw.to(q.dtype)
         if IEEE:
             scores = tl.dot(q, tl.trans(k), input_precision="ieee")
         else:
@@ -218,7 +240,10 @@ def _paged_attention(
         p = tl.exp2(scores - m_safe[:, None])
         alpha = tl.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_cache_ptr + kv_offsets, mask=kv_mask, other=0.0).to(q.dtype)
+        if PREFETCH:
+            v = v_raw.to(q.dtype)
+        else:
+            v = tl.load(v_cache_ptr + kv_offsets, mask=kv_mask, other=0.0).to(q.dtype)
         if IEEE:
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
         else:

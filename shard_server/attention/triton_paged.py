@@ -109,6 +109,11 @@ class TritonPagedAttention(AttentionBackend):
         # ... and with fp16 dots (fp8 widens to fp16 in one instruction per pair): batch 256 at 512
         # 0.145 -> 0.137 ms, batch 80 at 1280 unchanged at 0.118 (attention_tiles_fp8_fp16dots_h200.json).
         self.fp16_dots_over_fp8 = True
+        # Over an fp8 pool the decode tile takes as long as over bf16 whatever its tile shape or
+        # stages, as if its loads waited on each iteration; a hand-written prefetch (each iteration
+        # loads the next tile before its dots) is to be measured against it on the GPU
+        # (bench/gpu_attention_tiles.py sweeps it). Not yet measured: off.
+        self.prefetch_kv_tiles = False
 
     # -- per-step planning -------------------------------------------------------------
     def build_metadata(
@@ -293,6 +298,7 @@ class TritonPagedAttention(AttentionBackend):
             HEAD_DIM=shape.head_dim, HEAD_DIM_P=self.head_dim_p,
             IEEE=q.dtype == torch.float32, WINDOW=shape.sliding_window or 0, SPLITS=splits,
             FP16_DOTS=self.fp16_dots_over_fp8 and is_fp8(k_cache.dtype) and q.dtype == torch.bfloat16,
+            PREFETCH=self.prefetch_kv_tiles,
             num_warps=config.num_warps, num_stages=config.num_stages,
         )  # fmt: skip
         if splits > 1:

@@ -104,8 +104,8 @@ def test_a_prompt_computes_the_same_fresh_or_over_its_cached_prefix():
 
 
 @pytest.mark.parametrize("kv_dtype", FP8, ids=str)
-@pytest.mark.parametrize("dense_min_tokens", [None, 5])
-def test_triton_equals_reference_on_the_same_fp8_pool(kv_dtype, dense_min_tokens):
+@pytest.mark.parametrize("dense_min_tokens,prefetch", [(None, False), (5, False), (None, True)])
+def test_triton_equals_reference_on_the_same_fp8_pool(kv_dtype, dense_min_tokens, prefetch):
     """The store kernel rounds exactly as the reference cast, and both read the same values
     (the dense path included: its keys and values come back from the pool too)."""
     from shard_server.attention.triton_paged import TritonPagedAttention
@@ -114,6 +114,7 @@ def test_triton_equals_reference_on_the_same_fp8_pool(kv_dtype, dense_min_tokens
     layout, q, k, v, k_cache, v_cache = pool_step(specs, kv_dtype, DEVICE, exact=not CUDA)
     device = torch.device(DEVICE)
     reference, triton_backend = ReferenceAttention(SHAPE), TritonPagedAttention(SHAPE, dense_min_tokens)
+    triton_backend.prefetch_kv_tiles = prefetch
     ref_k, ref_v = k_cache.clone(), v_cache.clone()
     expected = reference.forward(q, k, v, ref_k, ref_v, reference.build_metadata(layout, device))
     metadata = triton_backend.build_metadata(layout, device)
