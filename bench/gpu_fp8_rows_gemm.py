@@ -32,7 +32,11 @@ from shard_server.kernels.skinny_matmul import MAX_ROWS, SkinnyConfig, config_fo
 ROWS = (1, 4, 16, 17, 32, 64, 80, 96, 128, 160, 192, 256)
 CONFIGS = [SkinnyConfig(n, k, w, s) for n, k, w, s in [
     (32, 256, 4, 4), (64, 128, 4, 3), (64, 128, 4, 4), (128, 128, 4, 3), (128, 128, 8, 3), (64, 256, 4, 3),
-    (32, 256, 4, 3), (128, 64, 8, 4), (64, 64, 4, 5), (256, 64, 8, 3), (128, 128, 8, 4)]]  # fmt: skip
+    (32, 256, 4, 3), (128, 64, 8, 4), (64, 64, 4, 5), (256, 64, 8, 3), (128, 128, 8, 4)]] + [
+    # Split over K (float32 partials, then summed): the weight streams from more programs at once.
+    SkinnyConfig(n, k, w, s, split) for n, k, w, s, split in [
+        (64, 256, 4, 3, 2), (64, 256, 4, 3, 4), (32, 256, 4, 4, 2), (32, 256, 4, 4, 4), (128, 256, 4, 3, 4),
+        (128, 128, 8, 4, 2), (64, 128, 4, 4, 4)]]  # fmt: skip
 
 
 def main() -> None:

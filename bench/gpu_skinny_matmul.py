@@ -24,7 +24,10 @@ SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "dow
 ROWS = (1, 4, 16)
 CONFIGS = [SkinnyConfig(n, k, w, s) for n, k, w, s in [
     (16, 256, 4, 4), (16, 512, 4, 4), (16, 256, 4, 6), (32, 128, 4, 4), (32, 256, 4, 4), (32, 256, 4, 3),
-    (32, 128, 4, 6), (32, 512, 4, 3), (32, 512, 8, 3), (64, 128, 4, 4), (64, 256, 4, 4), (64, 256, 8, 3)]]  # fmt: skip
+    (32, 128, 4, 6), (32, 512, 4, 3), (32, 512, 8, 3), (64, 128, 4, 4), (64, 256, 4, 4), (64, 256, 8, 3)]] + [
+    # Split over K: more programs for the projections whose outputs alone do not fill the GPU (o, down).
+    SkinnyConfig(n, k, w, s, split) for n, k, w, s, split in [
+        (32, 256, 4, 4, 2), (64, 256, 4, 4, 2), (64, 256, 4, 4, 4), (128, 256, 4, 3, 4), (64, 512, 4, 3, 4)]]  # fmt: skip
 COPIES = 8
 
 

@@ -22,6 +22,7 @@ import triton.language as tl
 from .dispatch import use_fused
 
 MAX_ROWS = 16  # one tensor-core tile of rows
+SUM_BLOCK = 1024
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,7 @@ class SkinnyConfig:
     block_k: int  # reduction step
     num_warps: int
     num_stages: int
+    split_k: int = 1  # reduction ranges, a program each; past 1 their float32 partials are summed after
 
 
 # Measured on an H200 at 1, 4 and 16 rows (bench/gpu_skinny_matmul.py, results in
@@ -54,18 +56,26 @@ def config_for(rows: int, features: int, depth: int, weights_fp8: bool = False) 
 
 @triton.jit
 def _skinny_matmul_kernel(x_ptr, x_scale_ptr, w_ptr, w_scale_ptr, out_ptr, M, N, K, x_stride, w_stride, out_stride,
-                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                          W_SCALED: tl.constexpr, X_SCALED: tl.constexpr, FP16_DOT: tl.constexpr):  # fmt: skip
+                          split_stride, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                          W_SCALED: tl.constexpr, X_SCALED: tl.constexpr, FP16_DOT: tl.constexpr,
+                          SPLIT_K: tl.constexpr):  # fmt: skip
     # Row tiles are the grid's first axis: the programs that read one weight slice run together
-    # and all but the first find it in L2.
+    # and all but the first find it in L2. With SPLIT_K > 1 each program (axis 2) reduces one
+    # range of K and writes its float32 partial at split_stride * its range into out_ptr.
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # output features
     row_ok = rows < M
     col_ok = cols < N
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    k_lo, k_hi = 0, K
+    if SPLIT_K > 1:
+        chunk = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K) * BLOCK_K
+        k_lo = tl.program_id(2) * chunk
+        k_hi = tl.minimum(K, k_lo + chunk)
+        out_ptr += tl.program_id(2).to(tl.int64) * split_stride
+    for k0 in range(k_lo, k_hi, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
-        k_ok = ks < K
+        k_ok = ks < k_hi
         x = tl.load(x_ptr + rows[:, None] * x_stride + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
         w = tl.load(w_ptr + cols[:, None] * w_stride + ks[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
         if X_SCALED:  # fp8 rows against fp8 weights: the tensor cores take both as they are
@@ -81,6 +91,17 @@ def _skinny_matmul_kernel(x_ptr, x_scale_ptr, w_ptr, w_scale_ptr, out_ptr, M, N,
         acc *= tl.load(x_scale_ptr + rows, mask=row_ok, other=0.0)[:, None]
     out = out_ptr + rows[:, None] * out_stride + cols[None, :]
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
+
+
+@triton.jit
+def _sum_splits_kernel(partial_ptr, out_ptr, numel, SPLITS: tl.constexpr, BLOCK: tl.constexpr):
+    """out = the sum of SPLITS float32 partials of numel elements each, in the output dtype."""
+    offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offsets < numel
+    total = tl.zeros((BLOCK,), tl.float32)
+    for split in tl.static_range(SPLITS):
+        total += tl.load(partial_ptr + split * numel + offsets, mask=mask, other=0.0)
+    tl.store(out_ptr + offsets, total.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def skinny_rows(x: torch.Tensor) -> bool:
@@ -107,17 +128,21 @@ def skinny_matmul(x: torch.Tensor, weight: torch.Tensor, config: SkinnyConfig = 
 def launch_rows_product(x: torch.Tensor, x_scale: torch.Tensor | None, weight: torch.Tensor,
                         weight_scale: torch.Tensor | None, out: torch.Tensor, config: SkinnyConfig, block_m: int,
                         fp16_dot: bool = False) -> None:  # fmt: skip
-    """The kernel over `block_m`-row tiles of x into `out`; scales given: fp8 operands."""
+    """The kernel over `block_m`-row tiles of x into `out` (contiguous); scales given: fp8 operands."""
     rows, k = x.shape
     n = weight.shape[0]
-    grid = (triton.cdiv(rows, block_m), triton.cdiv(n, config.block_n))
-    _skinny_matmul_kernel[grid](
-        x, x if x_scale is None else x_scale, weight, weight if weight_scale is None else weight_scale, out,
-        rows, n, k, x.stride(0), weight.stride(0), out.stride(0),
+    splits = config.split_k
+    target = out if splits == 1 else torch.empty((splits, rows, n), dtype=torch.float32, device=out.device)
+    _skinny_matmul_kernel[(triton.cdiv(rows, block_m), triton.cdiv(n, config.block_n), splits)](
+        x, x if x_scale is None else x_scale, weight, weight if weight_scale is None else weight_scale, target,
+        rows, n, k, x.stride(0), weight.stride(0), n, rows * n,
         BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-        W_SCALED=weight_scale is not None, X_SCALED=x_scale is not None, FP16_DOT=fp16_dot,
+        W_SCALED=weight_scale is not None, X_SCALED=x_scale is not None, FP16_DOT=fp16_dot, SPLIT_K=splits,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip
+    if splits > 1:
+        numel = rows * n
+        _sum_splits_kernel[(triton.cdiv(numel, SUM_BLOCK),)](target, out, numel, SPLITS=splits, BLOCK=SUM_BLOCK)
 
 
 def project(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

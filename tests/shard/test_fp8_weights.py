@@ -117,10 +117,12 @@ def test_few_rows_stream_the_fp8_weight_and_keep_activations_exact(rows, k):
 
 
 TABLE_CONFIGS = [ROWS_GEMM_NARROW, ROWS_GEMM_SQUARE, ROWS_GEMM_WIDE, ROWS_GEMM_WIDEST]
+# Split over K (3 ranges of 256 over K = 300: the last one empty) and 2 (a full and a partial one).
+SPLIT_CONFIGS = [replace(ROWS_GEMM_SQUARE, split_k=3), replace(ROWS_GEMM_NARROW, split_k=2)]
 
 
 @pytest.mark.parametrize("rows", [17, 70])  # 70: a second, mostly masked row tile
-@pytest.mark.parametrize("config", TABLE_CONFIGS, ids=lambda c: f"n{c.block_n}k{c.block_k}")
+@pytest.mark.parametrize("config", TABLE_CONFIGS + SPLIT_CONFIGS, ids=lambda c: f"n{c.block_n}k{c.block_k}s{c.split_k}")
 def test_decode_batches_multiply_fp8_by_fp8_in_row_tiles(rows, config):
     k = 300  # a masked reduction tail; 200 outputs: a masked feature block for every config
     x = _exact_rows(5, k, seed=9).repeat(-(-rows // 5), 1)[:rows].half().to(DEVICE)  # exact in fp16 too

@@ -136,15 +136,17 @@ def test_model_logits_with_fused_kernels_match_torch(tmp_path):
 
 @pytest.mark.parametrize("rows", [1, 3, 16])
 @pytest.mark.parametrize("k", [256, 300])  # 300: a masked reduction tail
-def test_skinny_matmul_matches_torch(rows, k):
+@pytest.mark.parametrize("split_k", [1, 2])  # 2: float32 partials of two K ranges, summed
+def test_skinny_matmul_matches_torch(rows, k, split_k):
     from shard_server.kernels.skinny_matmul import SkinnyConfig, skinny_applies, skinny_matmul
 
     dtype = torch.float16  # the interpreter's bf16 dots are unreliable (see the attention tests)
     x = _randn(rows, k, dtype=dtype, seed=8)
     weight = _randn(80, k, dtype=dtype, seed=9) * 0.1  # 80 outputs: a masked last feature block
     assert skinny_applies(x, weight)
+    config = SkinnyConfig(block_n=32, block_k=128, num_warps=4, num_stages=2, split_k=split_k)
     with fused_kernels(True, on_cpu=True):
-        got = skinny_matmul(x, weight, SkinnyConfig(block_n=32, block_k=128, num_warps=4, num_stages=2))
+        got = skinny_matmul(x, weight, config)
     want = (x.float() @ weight.float().T).to(dtype)
     torch.testing.assert_close(got, want, atol=2e-3, rtol=2e-3)
     assert not skinny_applies(x.float(), weight.float())  # float32 would round to tf32

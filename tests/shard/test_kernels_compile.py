@@ -80,16 +80,24 @@ CASES = {
                      {"max_ptr": "*fp32", "arg_ptr": "*i32", "sum_ptr": "*fp32", "ids_ptr": "*i64",
                       "logprobs_ptr": "*fp32"}),  # fmt: skip
     "skinny_matmul": ("shard_server.kernels.skinny_matmul", "_skinny_matmul_kernel",
-                      dict(SKINNY, W_SCALED=False, X_SCALED=False, FP16_DOT=False), {}),  # fmt: skip
+                      dict(SKINNY, W_SCALED=False, X_SCALED=False, FP16_DOT=False, SPLIT_K=1), {}),  # fmt: skip
     "skinny_matmul_fp8_weights": ("shard_server.kernels.skinny_matmul", "_skinny_matmul_kernel",
-                                  dict(SKINNY, W_SCALED=True, X_SCALED=False, FP16_DOT=False), FP8_WEIGHT),  # fmt: skip
+                                  dict(SKINNY, W_SCALED=True, X_SCALED=False, FP16_DOT=False, SPLIT_K=1), FP8_WEIGHT),  # fmt: skip
     "skinny_matmul_fp8_weights_fp16_dot": ("shard_server.kernels.skinny_matmul", "_skinny_matmul_kernel",
-                                           dict(SKINNY, W_SCALED=True, X_SCALED=False, FP16_DOT=True), FP8_WEIGHT),
+                                           dict(SKINNY, W_SCALED=True, X_SCALED=False, FP16_DOT=True, SPLIT_K=1), FP8_WEIGHT),
     # fp8 rows x fp8 weights in 64-row tiles (`fp8_rows_product`), every config of its table.
     **{f"fp8_rows_gemm_n{n}_k{k}": ("shard_server.kernels.skinny_matmul", "_skinny_matmul_kernel",
-                                    dict(BLOCK_M=64, BLOCK_N=n, BLOCK_K=k, W_SCALED=True, X_SCALED=True, FP16_DOT=False),
+                                    dict(BLOCK_M=64, BLOCK_N=n, BLOCK_K=k, W_SCALED=True, X_SCALED=True, FP16_DOT=False,
+                                         SPLIT_K=1),
                                     dict(FP8_WEIGHT, x_ptr="*fp8e4nv", x_scale_ptr="*fp32"))
        for n, k in ((32, 256), (64, 256), (64, 128), (128, 128))},
+    # ... split over K (float32 partials, then summed): measured next against the table's.
+    "fp8_rows_gemm_split_k4": ("shard_server.kernels.skinny_matmul", "_skinny_matmul_kernel",
+                               dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=256, W_SCALED=True, X_SCALED=True,
+                                    FP16_DOT=False, SPLIT_K=4),
+                               dict(FP8_WEIGHT, x_ptr="*fp8e4nv", x_scale_ptr="*fp32", out_ptr="*fp32")),
+    "sum_splits": ("shard_server.kernels.skinny_matmul", "_sum_splits_kernel", dict(SPLITS=4, BLOCK=1024),
+                   {"partial_ptr": "*fp32"}),
     "quantize_rows_fp8": ("shard_server.kernels.fp8_matmul", "_quantize_rows_kernel",
                           dict(FP8_MAX=448.0, TINY=1e-12, BLOCK=1024), {"out_ptr": "*fp8e4nv", "scale_ptr": "*fp32"}),
     "rotary": ("shard_server.kernels.rotary", "_rotary_kernel",
