@@ -137,14 +137,15 @@ def rows_gemm_config(rows: int, features: int, depth: int) -> SkinnyConfig | Non
 
 
 def fp8_rows_product(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
-                     config: SkinnyConfig) -> torch.Tensor:  # fmt: skip
-    """`w8a8_product` by the skinny kernel in 64-row tiles (CUDA, or Triton's interpreter)."""
-    return _rows_product(*quantize_rows(x), weight, weight_scale, config, x.dtype)
+                     config: SkinnyConfig, tile: int = ROWS_GEMM_TILE) -> torch.Tensor:  # fmt: skip
+    """`w8a8_product` by the skinny kernel in `tile`-row tiles (CUDA, or Triton's interpreter)."""
+    return _rows_product(*quantize_rows(x), weight, weight_scale, config, x.dtype, tile)
 
 
-def _rows_product(xq, x_scale, weight, weight_scale, config: SkinnyConfig, dtype: torch.dtype) -> torch.Tensor:
+def _rows_product(xq, x_scale, weight, weight_scale, config: SkinnyConfig, dtype: torch.dtype,
+                  tile: int = ROWS_GEMM_TILE) -> torch.Tensor:  # fmt: skip
     out = torch.empty((xq.shape[0], weight.shape[0]), dtype=dtype, device=xq.device)
-    launch_rows_product(xq, x_scale, weight, weight_scale.view(-1), out, config, ROWS_GEMM_TILE)
+    launch_rows_product(xq, x_scale, weight, weight_scale.view(-1), out, config, tile)
     return out
 
 

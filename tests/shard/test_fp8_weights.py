@@ -135,6 +135,17 @@ def test_decode_batches_multiply_fp8_by_fp8_in_row_tiles(rows, config):
     torch.testing.assert_close(got.float(), want, atol=1e-3 * float(want.abs().max()), rtol=2e-3)
 
 
+@pytest.mark.parametrize("rows", [70, 130])  # one tall tile, and a second mostly masked one
+def test_row_tiles_of_128_over_two_warpgroups(rows):
+    x = _exact_rows(5, 300, seed=20).repeat(-(-rows // 5), 1)[:rows].half().to(DEVICE)
+    wq, ws = quantize_rows_reference(_randn(200, 300, seed=21, device=DEVICE))
+    xq, xs = quantize_rows_reference(x)
+    with fused_kernels(True, on_cpu=True):
+        got = fp8_rows_product(x, wq, ws, replace(ROWS_GEMM_SQUARE, num_warps=8), tile=128)
+    want = (xq.float() @ wq.float().T) * xs * ws.view(1, -1)
+    torch.testing.assert_close(got.float(), want, atol=1e-3 * float(want.abs().max()), rtol=2e-3)
+
+
 def test_fp8_linear_routes_decode_batches_by_the_measured_table():
     qkv, o, gate_up, down = (6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)
     assert rows_gemm_config(17, *down) == ROWS_GEMM_NARROW and rows_gemm_config(64, *qkv) == ROWS_GEMM_NARROW
