@@ -119,15 +119,21 @@ def _rotary_store_kv(
 
 
 @triton.jit
-def _kv_tile(block_tables_ptr, seq, table_stride, start, hi, kv_base, dims, dim_ok,
-             KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
-    """Keys [start, start + BLOCK_N) of a sequence (those below hi): their offsets in the pool."""
-    keys = start + tl.arange(0, BLOCK_N)
-    key_ok = keys < hi
+def _kv_offsets(block_tables_ptr, seq, table_stride, keys, key_ok, kv_base, dims, dim_ok,
+                KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr):  # fmt: skip
+    """Where a sequence's `keys` (those `key_ok`) sit in the pool, by its block table; and their mask."""
     block = tl.load(block_tables_ptr + seq * table_stride + keys // PAGE, mask=key_ok, other=0)
     slot = block.to(tl.int64) * PAGE + keys % PAGE
-    kv_offsets = slot[:, None] * (KV_HEADS * HEAD_DIM) + kv_base + dims[None, :]
-    return keys, key_ok, kv_offsets, key_ok[:, None] & dim_ok[None, :]
+    return slot[:, None] * (KV_HEADS * HEAD_DIM) + kv_base + dims[None, :], key_ok[:, None] & dim_ok[None, :]
+
+
+@triton.jit
+def _load_kv(k_cache_ptr, v_cache_ptr, block_tables_ptr, seq, table_stride, keys, hi, kv_base, dims, dim_ok,
+             KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr):  # fmt: skip
+    """The key and value tiles of a sequence's `keys` below hi, in the pool's dtype (zero past hi)."""
+    offsets, mask = _kv_offsets(block_tables_ptr, seq, table_stride, keys, keys < hi, kv_base, dims, dim_ok,
+                                KV_HEADS, HEAD_DIM, PAGE)  # fmt: skip
+    return tl.load(k_cache_ptr + offsets, mask=mask, other=0.0), tl.load(v_cache_ptr + offsets, mask=mask, other=0.0)
 
 
 @triton.jit
@@ -211,20 +217,19 @@ def _paged_attention(
         hi = tl.minimum(hi, lo + chunk)
     kv_base = kv_head * HEAD_DIM
     if PREFETCH:
-        _, _, next_offsets, next_mask = _kv_tile(block_tables_ptr, seq, table_stride, lo, hi, kv_base, dims, dim_ok,
-                                                 KV_HEADS, HEAD_DIM, PAGE, BLOCK_N)  # fmt: skip
-        k_next = tl.load(k_cache_ptr + next_offsets, mask=next_mask, other=0.0)
-        v_next = tl.load(v_cache_ptr + next_offsets, mask=next_mask, other=0.0)
+        first_keys = lo + tl.arange(0, BLOCK_N)
+        k_next, v_next = _load_kv(k_cache_ptr, v_cache_ptr, block_tables_ptr, seq, table_stride, first_keys, hi,
+                                  kv_base, dims, dim_ok, KV_HEADS, HEAD_DIM, PAGE)  # fmt: skip
     for start in range(lo, hi, BLOCK_N):
-        keys, key_ok, kv_offsets, kv_mask = _kv_tile(block_tables_ptr, seq, table_stride, start, hi, kv_base, dims,
-                                                     dim_ok, KV_HEADS, HEAD_DIM, PAGE, BLOCK_N)  # fmt: skip
+        keys = start + tl.arange(0, BLOCK_N)
+        key_ok = keys < hi
         if PREFETCH:  # this tile came with the last iteration; the next one is asked for now
             k_raw, v_raw = k_next, v_next
-            _, _, next_offsets, next_mask = _kv_tile(block_tables_ptr, seq, table_stride, start + BLOCK_N, hi, kv_base,
-                                                     dims, dim_ok, KV_HEADS, HEAD_DIM, PAGE, BLOCK_N)  # fmt: skip
-            k_next = tl.load(k_cache_ptr + next_offsets, mask=next_mask, other=0.0)
-            v_next = tl.load(v_cache_ptr + next_offsets, mask=next_mask, other=0.0)
+            k_next, v_next = _load_kv(k_cache_ptr, v_cache_ptr, block_tables_ptr, seq, table_stride, keys + BLOCK_N,
+                                      hi, kv_base, dims, dim_ok, KV_HEADS, HEAD_DIM, PAGE)  # fmt: skip
         else:
+            kv_offsets, kv_mask = _kv_offsets(block_tables_ptr, seq, table_stride, keys, key_ok, kv_base, dims,
+                                              dim_ok, KV_HEADS, HEAD_DIM, PAGE)  # fmt: skip
             k_raw = tl.load(k_cache_ptr + kv_offsets, mask=kv_mask, other=0.0)
         k = k_raw.to(q.dtype)
         if IEEE:

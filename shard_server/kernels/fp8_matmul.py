@@ -112,10 +112,15 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return out, scale
 
 
+def _quantized_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rows' quantization for a product: the kernel on CUDA, torch elsewhere (Triton's
+    interpreter rounds some values to fp8 wrongly)."""
+    return quantize_rows(x.contiguous()) if x.is_cuda else quantize_rows_reference(x)
+
+
 def w8a8_product(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor) -> torch.Tensor:
     """x [M, K] quantized row by row, times the fp8 weight: cuBLASLt on CUDA, float32 elsewhere."""
-    xq, x_scale = quantize_rows(x.contiguous()) if x.is_cuda else quantize_rows_reference(x)
-    return _scaled_product(xq, x_scale, weight, weight_scale, x.dtype)
+    return _scaled_product(*_quantized_rows(x), weight, weight_scale, x.dtype)
 
 
 def _scaled_product(xq, x_scale, weight, weight_scale, dtype: torch.dtype) -> torch.Tensor:
@@ -159,14 +164,13 @@ def fp8_linear(x: torch.Tensor | Fp8Rows, weight: torch.Tensor, weight_scale: to
     rows, (features, depth) = flat.shape[0], weight.shape
     # Past 16 rows a weight-only tile grown to 128 rows ran 1.4-2.5x slower than cuBLASLt's fp8
     # product (bench/results/fp8_matmul_h200.json, run 5): there the rows are quantized too.
-    if use_fused(flat) and flat.stride(1) == 1 and skinny_rows(flat):
+    if use_fused(flat) and skinny_rows(flat):
         # Widening to fp16 pays where the features outnumber the depth (H200, 1 row: qkv 14.8
         # vs bf16's 19.4 µs, gate_up 40.2 vs 48.4); o and down are ~1 µs faster in bf16.
         config = config_for(rows, features, depth, weights_fp8=True)
         out = skinny_matmul(flat, weight, config, weight_scale, fp16_dot=features > depth)
     else:
-        xq, x_scale = quantize_rows(flat.contiguous()) if flat.is_cuda else quantize_rows_reference(flat)
-        out = _quantized_product(xq, x_scale, weight, weight_scale, x.dtype)
+        out = _quantized_product(*_quantized_rows(flat), weight, weight_scale, x.dtype)
     if bias is not None:
         out = out + bias
     return out.view(*x.shape[:-1], features)
