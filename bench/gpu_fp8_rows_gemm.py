@@ -8,7 +8,7 @@ quantization), to choose ROWS_GEMM_MAX_ROWS and the configs in `shard_server/ker
 up to 16 rows also the shipped path (the fp8 weight widened to fp16, activations exact) and the
 same kernel widening to bf16.
 
-    python3 bench/gpu_fp8_rows_gemm.py OUT_JSON
+    python3 bench/gpu_fp8_rows_gemm.py OUT_JSON [--rows 80,128,256] [--shapes qkv,o]
 
 Each case: µs per call replayed from CUDA graphs over weight copies (no L2 hits between calls),
 and each result's error against cuBLASLt's.
@@ -16,6 +16,7 @@ and each result's error against cuBLASLt's.
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from dataclasses import asdict
@@ -44,13 +45,19 @@ TALL_CONFIGS = [SkinnyConfig(n, k, 8, s, split) for n, k, s, split in [
 
 
 def main() -> None:
-    out_path = Path(sys.argv[1])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--rows", default=",".join(map(str, ROWS)), help="comma-separated row counts")
+    parser.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated projections")
+    args = parser.parse_args()
+    out_path, row_counts = args.out, [int(r) for r in args.rows.split(",")]
     device = torch.device("cuda")
     results = {}
-    for name, (n, k) in SHAPES.items():
+    for name in args.shapes.split(","):
+        n, k = SHAPES[name]
         quantized = [quantize_rows_reference(torch.randn((n, k), device=device) * 0.02) for _ in range(COPIES)]
         nbytes = n * k  # one byte per fp8 weight
-        for rows in ROWS:
+        for rows in row_counts:
             x = torch.randn((rows, k), device=device, dtype=torch.bfloat16)
             cublas_us = graph_us(lambda wq: w8a8_product(x, *wq), quantized)
             want = w8a8_product(x, *quantized[0]).float()

@@ -54,13 +54,12 @@ def make_step(specs, heads, kv_heads, dim, block, dtype, device, seed=0, spare_b
 
 
 def compare(specs, heads=4, kv_heads=2, dim=16, block=4, dtype=torch.float32, device=DEVICE, window=None,
-            seed=0, atol=1e-4, dense_min_tokens=DENSE_PREFILL_MIN_TOKENS, prefetch=False):  # fmt: skip
+            seed=0, atol=1e-4, dense_min_tokens=DENSE_PREFILL_MIN_TOKENS):  # fmt: skip
     """Returns the triton backend's metadata, for checks of which path each sequence took."""
     device = torch.device(device)
     layout, q, k, v, k_cache, v_cache = make_step(specs, heads, kv_heads, dim, block, dtype, device, seed)
     shape = AttentionShape(heads, kv_heads, dim, dim**-0.5, window)
     reference, triton_backend = ReferenceAttention(shape), TritonPagedAttention(shape, dense_min_tokens)
-    triton_backend.prefetch_kv_tiles = prefetch
     ref_k, ref_v = k_cache.clone(), v_cache.clone()
     expected = reference.forward(q, k, v, ref_k, ref_v, reference.build_metadata(layout, device))
     metadata = triton_backend.build_metadata(layout, device)
@@ -88,12 +87,6 @@ CASES = {
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_triton_equals_reference_float32(case):
     compare(CASES[case])
-
-
-@pytest.mark.parametrize("case", ["decodes_only", "block_boundaries", "long_chunk_many_tiles", "many_tiny"])
-@pytest.mark.parametrize("window", [None, 7])
-def test_prefetched_kv_tiles_equal_reference(case, window):
-    compare(CASES[case], window=window, prefetch=True)
 
 
 @pytest.mark.parametrize("case", ["mixed_step", "block_boundaries", "chunk_over_cached_prefix"])
