@@ -12,16 +12,10 @@ heads that share that KV head (GQA) stacked as rows: BLOCK_M = BLOCK_Q * GROUP_P
 streams the sequence's keys and values through its block table, BLOCK_N tokens at a time,
 with an online softmax in float32, masking causally (key position <= query position, and
 inside the sliding window if any). Decodes and prefill chunks differ only in BLOCK_Q. Keys and
-values are read in the pool's dtype, and DOTS says what the dots multiply:
-- "model": keys and values widened to the queries' dtype;
-- "fp16" (an fp8 pool under bf16 queries): both fp8 formats and the probabilities widen to
-  fp16 exactly, in one instruction per pair rather than several (queries keep their values in
-  fp16's normal range, 2^-14 to 65504, and are clamped beyond it);
-- "fp8" (an fp8 pool): keys and values enter the tensor cores as stored. Each query row is
-  quantized to the pool's format with its own scale (amax / KV_MAX), which rescales its scores,
-  and the probabilities times P_SCALE are quantized too. Widening every key and value costs a
-  decode more than reading them (H200: 0.114 ms per layer at batch 80 x 1280 keys against 0.069
-  to only read them); this skips it, for the rounding of queries and probabilities to 3 bits.
+values are read in the pool's dtype and widened to the queries' before the dots; from an fp8
+pool under bf16 queries the dots run in fp16 (FP16_DOTS), which both fp8 formats and the
+probabilities widen to exactly, and in one instruction per pair rather than several (queries
+keep their values in fp16's normal range, 2^-14 to 65504, and are clamped beyond it).
 
 Split-KV: with SPLITS > 1 the keys of each tile are split into SPLITS ranges (program_id 2),
 and each program writes its unnormalised partial output with its running max and sum;
@@ -124,23 +118,13 @@ def _rotary_store_kv(
         tl.store(v_slot + HALF, _for_pool(tl.load(v_row + HALF, mask=kv_mask), v_cache_ptr, KV_MAX), mask=kv_mask)
 
 
-FP8_P_SCALE = tl.constexpr(256.0)  # a power of two: exact to take out of the output again
-
-
 @triton.jit
 def _kv_offsets(block_tables_ptr, seq, table_stride, keys, key_ok, kv_base, dims, dim_ok,
-                KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_P: tl.constexpr, PAGE: tl.constexpr):  # fmt: skip
-    """Where a sequence's `keys` (those `key_ok`) sit in the pool, by its block table; and their mask.
-
-    The mask is constant along a row when the head fills its power of two: the compiler then
-    keeps each row's load vectorised (16 bytes at a time), which a per-element mask defeats.
-    """
+                KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr):  # fmt: skip
+    """Where a sequence's `keys` (those `key_ok`) sit in the pool, by its block table; and their mask."""
     block = tl.load(block_tables_ptr + seq * table_stride + keys // PAGE, mask=key_ok, other=0)
     slot = block.to(tl.int64) * PAGE + keys % PAGE
-    mask = key_ok[:, None]
-    if HEAD_DIM != HEAD_DIM_P:
-        mask = mask & dim_ok[None, :]
-    return slot[:, None] * (KV_HEADS * HEAD_DIM) + kv_base + dims[None, :], mask
+    return slot[:, None] * (KV_HEADS * HEAD_DIM) + kv_base + dims[None, :], key_ok[:, None] & dim_ok[None, :]
 
 
 @triton.jit
@@ -191,8 +175,7 @@ def _paged_attention(
     IEEE: tl.constexpr,  # exact float32 dots (float32 models)
     WINDOW: tl.constexpr,  # sliding window in tokens; 0: none
     SPLITS: tl.constexpr,  # key ranges per tile (program_id 2); 1: no split
-    DOTS: tl.constexpr,  # "model", "fp16" or "fp8": what the dots multiply (module docstring)
-    KV_MAX: tl.constexpr,  # an fp8 pool's largest finite value (DOTS "fp8")
+    FP16_DOTS: tl.constexpr,  # an fp8 pool under bf16 queries: the dots run in fp16
 ):
     kv_head = tl.program_id(1)
     seq, first, q_len, row0, q_tok, head, row_ok = _tile_rows(
@@ -203,13 +186,8 @@ def _paged_attention(
     dim_ok = dims < HEAD_DIM
     q_rows = (row0 + q_tok)[:, None] * q_stride_t + head[:, None] * q_stride_h
     q = tl.load(q_ptr + q_rows + dims[None, :], mask=row_ok[:, None] & dim_ok[None, :], other=0.0)
-    row_scale_log2 = scale_log2
-    if DOTS == "fp16":  # keys, values and probabilities then widen to q's fp16, one instruction per pair
+    if FP16_DOTS:  # keys, values and probabilities then widen to q's fp16, one instruction per pair
         q = tl.clamp(q.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
-    elif DOTS == "fp8":
-        q_scale = tl.maximum(tl.max(tl.abs(q.to(tl.float32)), 1), 1e-30) / KV_MAX
-        q = (q.to(tl.float32) / q_scale[:, None]).to(k_cache_ptr.dtype.element_ty)
-        row_scale_log2 = (q_scale * scale_log2)[:, None]
     q_pos = ctx - q_len + q_tok  # absolute position of each row's query token
 
     m_i = tl.full([BLOCK_Q * GROUP_P], float("-inf"), tl.float32)
@@ -231,9 +209,10 @@ def _paged_attention(
     for start in range(lo, hi, BLOCK_N):
         keys = start + tl.arange(0, BLOCK_N)
         key_ok = keys < hi
-        kv_offsets, kv_mask = _kv_offsets(block_tables_ptr, seq, table_stride, keys, key_ok, kv_base, dims, dim_ok,
-                                          KV_HEADS, HEAD_DIM, HEAD_DIM_P, PAGE)  # fmt: skip
-        k = tl.load(k_cache_ptr + kv_offsets, mask=kv_mask, other=0.0).to(q.dtype)
+        kv_offsets, kv_mask = _kv_offsets(block_tables_ptr, seq, table_stride, keys, key_ok, kv_base, dims,
+                                          dim_ok, KV_HEADS, HEAD_DIM, PAGE)  # fmt: skip
+        k_raw = tl.load(k_cache_ptr + kv_offsets, mask=kv_mask, other=0.0)
+        k = k_raw.to(q.dtype)
         if IEEE:
             scores = tl.dot(q, tl.trans(k), input_precision="ieee")
         else:
@@ -241,22 +220,18 @@ def _paged_attention(
         allowed = key_ok[None, :] & (keys[None, :] <= q_pos[:, None])
         if WINDOW > 0:
             allowed = allowed & (keys[None, :] > q_pos[:, None] - WINDOW)
-        scores = tl.where(allowed, scores * row_scale_log2, float("-inf"))
+        scores = tl.where(allowed, scores * scale_log2, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(scores, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet
         p = tl.exp2(scores - m_safe[:, None])
         alpha = tl.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(v_cache_ptr + kv_offsets, mask=kv_mask, other=0.0).to(q.dtype)
-        if DOTS == "fp8":  # probabilities (<= 1) scaled up: fewer fall below fp8's normal range
-            acc = acc * alpha[:, None] + tl.dot((p * FP8_P_SCALE).to(v.dtype), v)
-        elif IEEE:
+        if IEEE:
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
         else:
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m_i = m_new
-    if DOTS == "fp8":
-        acc = acc / FP8_P_SCALE
 
     o_rows = (row0 + q_tok)[:, None] * o_stride_t + head[:, None] * o_stride_h
     if SPLITS > 1:

@@ -106,10 +106,9 @@ class TritonPagedAttention(AttentionBackend):
         # context 1280 0.134 -> 0.118 ms, batch 256 at 512 0.164 -> 0.146 ms; bf16 pool 0.115
         # and 0.155 ms; bench/gpu_attention_tiles.py --kv-dtype fp8_e4m3fn).
         self.small_fp8 = replace(self.small, block_n=128)
-        # What the dots multiply over an fp8 pool (the kernels' DOTS): "fp16" widening (fp8 widens
-        # to fp16 in one instruction per pair): batch 256 at 512 0.145 -> 0.137 ms, batch 80 at
-        # 1280 unchanged at 0.118 (attention_tiles_fp8_fp16dots_h200.json); "fp8": no widening.
-        self.dots_over_fp8 = "fp16"
+        # ... and with fp16 dots (fp8 widens to fp16 in one instruction per pair): batch 256 at 512
+        # 0.145 -> 0.137 ms, batch 80 at 1280 unchanged at 0.118 (attention_tiles_fp8_fp16dots_h200.json).
+        self.fp16_dots_over_fp8 = True
 
     # -- per-step planning -------------------------------------------------------------
     def build_metadata(
@@ -273,15 +272,6 @@ class TritonPagedAttention(AttentionBackend):
             HALF=shape.head_dim // 2, KV_MAX=fp8_max(k_cache.dtype), num_warps=4,
         )  # fmt: skip
 
-    def _dots(self, cache_dtype: torch.dtype, query_dtype: torch.dtype) -> str:
-        """The kernel's DOTS for this pool and these queries (float32 models keep exact dots)."""
-        if not is_fp8(cache_dtype) or query_dtype == torch.float32:
-            return "model"
-        # e5m2 keeps 2 mantissa bits: its queries and probabilities stay wide.
-        if self.dots_over_fp8 == "fp8" and cache_dtype == torch.float8_e4m3fn:
-            return "fp8"
-        return "fp16" if query_dtype == torch.bfloat16 else "model"  # fp16 queries: the same dots
-
     def _attend(self, kernels, q, k_cache, v_cache, out, metadata: TritonMetadata, launch: TileLaunch, splits: int):
         shape, config = self.shape, launch.config
         if config == self.small and is_fp8(k_cache.dtype):
@@ -302,7 +292,7 @@ class TritonPagedAttention(AttentionBackend):
             BLOCK_Q=config.block_q, BLOCK_N=config.block_n, PAGE=k_cache.shape[1],
             HEAD_DIM=shape.head_dim, HEAD_DIM_P=self.head_dim_p,
             IEEE=q.dtype == torch.float32, WINDOW=shape.sliding_window or 0, SPLITS=splits,
-            DOTS=self._dots(k_cache.dtype, q.dtype), KV_MAX=fp8_max(k_cache.dtype),
+            FP16_DOTS=self.fp16_dots_over_fp8 and is_fp8(k_cache.dtype) and q.dtype == torch.bfloat16,
             num_warps=config.num_warps, num_stages=config.num_stages,
         )  # fmt: skip
         if splits > 1:

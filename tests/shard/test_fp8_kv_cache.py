@@ -11,8 +11,6 @@ power of two (0.49 -> 0.25, where the GPU and torch give 0.5), so on the CPU the
 get inputs that fp8 holds exactly; the GPU cases round arbitrary values.
 """
 
-from dataclasses import replace
-
 import pytest
 import torch
 
@@ -125,43 +123,6 @@ def test_triton_equals_reference_on_the_same_fp8_pool(kv_dtype, dense_min_tokens
     assert same_bits(k_cache, ref_k) and same_bits(v_cache, ref_v)
 
 
-FP8_DOTS_DRIFT = 0.06  # rel L2 against the reference on the same pool (measured 1.3-3.8 % on CPU)
-
-
-@pytest.mark.parametrize("rows", [16, 64])  # the smallest tile, and Hopper's smallest fp8 product
-@pytest.mark.parametrize("case", ["mixed_step", "block_boundaries", "decodes_only", "many_tiny"])
-def test_fp8_dots_stay_near_the_reference_on_the_same_pool(case, rows):
-    """Dots that multiply the e4m3 pool as stored (queries and probabilities quantized) add
-    about as much rounding as storing the pool in fp8 did, and no more."""
-    from shard_server.attention.triton_paged import TritonPagedAttention
-
-    dtype = torch.bfloat16 if CUDA else torch.float16  # the interpreter's bf16 dots are wrong
-    layout, q, k, v, k_cache, v_cache = pool_step(CASES[case], torch.float8_e4m3fn, DEVICE, exact=not CUDA)
-    q, k, v = (t.to(dtype) for t in (q, k, v))
-    device = torch.device(DEVICE)
-    reference, triton_backend = ReferenceAttention(SHAPE), TritonPagedAttention(SHAPE, None)
-    triton_backend.dots_over_fp8 = "fp8"
-    triton_backend.small_fp8 = replace(triton_backend.small_fp8, block_q=rows // triton_backend.group_p)
-    ref_k, ref_v = k_cache.clone(), v_cache.clone()
-    expected = reference.forward(q, k, v, ref_k, ref_v, reference.build_metadata(layout, device)).float()
-    got = triton_backend.forward(q, k, v, k_cache, v_cache, triton_backend.build_metadata(layout, device)).float()
-    drift = float((got - expected).norm() / expected.norm())
-    assert 0 < drift < FP8_DOTS_DRIFT, drift  # > 0: the quantized dots did run
-    assert same_bits(k_cache, ref_k) and same_bits(v_cache, ref_v)
-
-
-@pytest.mark.parametrize("pool,queries,dots", [
-    (torch.float8_e4m3fn, torch.bfloat16, "fp8"), (torch.float8_e4m3fn, torch.float32, "model"),
-    (torch.float8_e5m2, torch.bfloat16, "fp16"), (torch.float8_e5m2, torch.float16, "model"),
-    (torch.bfloat16, torch.bfloat16, "model")], ids=str)  # fmt: skip
-def test_fp8_dots_run_only_over_an_e4m3_pool_under_16_bit_queries(pool, queries, dots):
-    from shard_server.attention.triton_paged import TritonPagedAttention
-
-    backend = TritonPagedAttention(SHAPE)
-    backend.dots_over_fp8 = "fp8"
-    assert backend._dots(pool, queries) == dots
-
-
 @rounds_on_the_gpu
 def test_the_fused_rotary_store_rounds_rotated_keys_into_the_fp8_pool():
     from shard_server.attention.triton_paged import TritonPagedAttention
@@ -222,24 +183,3 @@ def test_gpu_triton_equals_reference_on_an_fp8_pool_at_real_sizes(kv_dtype, dtyp
     got = triton_backend.forward(q, k, v, k_cache, v_cache, metadata)
     torch.testing.assert_close(got.float(), expected.float(), atol=2e-2, rtol=0)
     assert same_bits(k_cache, ref_k) and same_bits(v_cache, ref_v)
-
-
-@needs_cuda
-@pytest.mark.parametrize("block_q", [4, 16])
-def test_gpu_fp8_dots_at_real_sizes_stay_near_the_reference(block_q):
-    """8B head shapes over an e4m3 pool with fp8 dots, in 16- and 64-row decode tiles."""
-    from shard_server.attention.triton_paged import TritonPagedAttention
-
-    specs = [(1, 3000), (1, 17), (200, 1500), (9, 700)] + [(1, 64 + i) for i in range(40)]
-    device = torch.device("cuda")
-    layout, q, k, v, k_cache, v_cache = make_step(specs, 32, 8, 128, 16, torch.bfloat16, device)
-    k_cache, v_cache = (to_cache_dtype(t, torch.float8_e4m3fn) for t in (k_cache, v_cache))
-    shape = AttentionShape(32, 8, 128, 128**-0.5)
-    reference, triton_backend = ReferenceAttention(shape), TritonPagedAttention(shape, None)
-    triton_backend.dots_over_fp8 = "fp8"
-    triton_backend.small_fp8 = replace(triton_backend.small_fp8, block_q=block_q)
-    ref_k, ref_v = k_cache.clone(), v_cache.clone()
-    expected = reference.forward(q, k, v, ref_k, ref_v, reference.build_metadata(layout, device)).float()
-    got = triton_backend.forward(q, k, v, k_cache, v_cache, triton_backend.build_metadata(layout, device)).float()
-    drift = float((got - expected).norm() / expected.norm())
-    assert 0 < drift < FP8_DOTS_DRIFT, drift
