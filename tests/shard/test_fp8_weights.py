@@ -22,6 +22,7 @@ from shard_server.kernels.dispatch import fused_kernels  # noqa: E402
 from shard_server.kernels.fp8_matmul import (  # noqa: E402
     FP8,
     FP8_MAX,
+    ROWS_GEMM_DEEP,
     ROWS_GEMM_MAX_ROWS,
     ROWS_GEMM_NARROW,
     ROWS_GEMM_SQUARE,
@@ -116,7 +117,7 @@ def test_few_rows_stream_the_fp8_weight_and_keep_activations_exact(rows, k):
     torch.testing.assert_close(got.float(), want, atol=2e-2, rtol=2e-3)
 
 
-TABLE_CONFIGS = [ROWS_GEMM_NARROW, ROWS_GEMM_SQUARE, ROWS_GEMM_WIDE, ROWS_GEMM_WIDEST]
+TABLE_CONFIGS = [ROWS_GEMM_NARROW, ROWS_GEMM_SQUARE, ROWS_GEMM_WIDE, ROWS_GEMM_WIDEST, ROWS_GEMM_DEEP]
 # Split over K (3 ranges of 256 over K = 300: the last one empty) and 2 (a full and a partial one).
 SPLIT_CONFIGS = [replace(ROWS_GEMM_SQUARE, split_k=3), replace(ROWS_GEMM_NARROW, split_k=2)]
 
@@ -150,6 +151,7 @@ def test_fp8_linear_routes_decode_batches_by_the_measured_table():
     qkv, o, gate_up, down = (6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)
     assert rows_gemm_config(17, *down) == ROWS_GEMM_NARROW and rows_gemm_config(64, *qkv) == ROWS_GEMM_NARROW
     assert rows_gemm_config(80, *o) == ROWS_GEMM_SQUARE and rows_gemm_config(192, *down) == ROWS_GEMM_SQUARE
+    assert rows_gemm_config(65, *down) == ROWS_GEMM_DEEP == rows_gemm_config(128, *down) and ROWS_GEMM_DEEP.split_k == 2
     assert rows_gemm_config(128, *qkv) == ROWS_GEMM_SQUARE and rows_gemm_config(160, *qkv) == ROWS_GEMM_WIDE
     assert rows_gemm_config(64, *gate_up) == ROWS_GEMM_WIDEST and rows_gemm_config(192, *gate_up) == ROWS_GEMM_WIDEST
     assert rows_gemm_config(80, *gate_up) is None and rows_gemm_config(128, *gate_up) is None  # cuBLASLt's
