@@ -8,7 +8,8 @@ timed with CUDA events (median of do_bench). The shipped config is the first of 
 
 With `--kv-dtype` the pool is stored in that dtype (`--kv-cache-dtype`): fp8 halves the bytes
 a decode reads, and the kernel widens each key and value tile before its dots: to fp16 as
-shipped, and each candidate again with the model's bf16 (the widening the kernel had before).
+shipped, and each candidate again with the model's bf16 (the widening the kernel had before),
+and with fp16 over values read as 32-bit words and widened by hand (`fp8_values_by_words`).
 """
 
 from __future__ import annotations
@@ -92,14 +93,17 @@ def main() -> None:
         else:
             small = [replace(c, block_q=shipped.block_q) for c in SMALL]
             candidates = [shipped] + [c for c in small if c != shipped]
-        # Over an fp8 pool each candidate also runs with bf16 dots (the shipped kernel's are fp16).
-        variants = [(c, True) for c in candidates] + ([(c, False) for c in candidates] if fp8_pool else [])
+        # Over an fp8 pool each candidate also runs with bf16 dots (the shipped kernel's are fp16),
+        # and with fp16 dots over values widened by words (`fp8_values_by_words`).
+        variants = [(c, True, False) for c in candidates]
+        if fp8_pool:
+            variants += [(c, False, False) for c in candidates] + [(c, True, True) for c in candidates]
         split_counts = [int(n) for n in args.splits.split(",")] if which == "small" else [1]
-        variants = [(c, dots, n) for n in split_counts for c, dots in variants]
+        variants = [(c, dots, words, n) for n in split_counts for c, dots, words in variants]
         baseline, rows = None, []
-        for config, fp16_dots, splits in variants:
+        for config, fp16_dots, by_words, splits in variants:
             setattr(backend, attribute, config)
-            backend.fp16_dots_over_fp8 = fp16_dots
+            backend.fp16_dots_over_fp8, backend.fp8_values_by_words = fp16_dots, by_words
             metadata = backend.build_metadata(layout, device)
             metadata.splits = splits
             try:
@@ -107,20 +111,20 @@ def main() -> None:
                 ms = triton.testing.do_bench(lambda: backend.forward(q, k, v, k_cache, v_cache, metadata),
                                              warmup=25, rep=100, return_mode="median")  # fmt: skip
             except Exception as exc:  # a config the compiler refuses (shared memory): say so
-                rows.append({"config": config.__dict__, "fp16_dots": fp16_dots, "splits": splits,
+                rows.append({"config": config.__dict__, "fp16_dots": fp16_dots, "by_words": by_words, "splits": splits,
                              "error": f"{type(exc).__name__}: {str(exc)[:200]}"})  # fmt: skip
                 continue
             if baseline is None:
                 baseline = got.float()
             error = float((got.float() - baseline).abs().max())
-            rows.append({"config": config.__dict__, "fp16_dots": fp16_dots, "splits": splits,
+            rows.append({"config": config.__dict__, "fp16_dots": fp16_dots, "by_words": by_words, "splits": splits,
                          "ms": ms, "max_abs_diff_vs_shipped": error})  # fmt: skip
         setattr(backend, attribute, shipped)
-        backend.fp16_dots_over_fp8 = True
+        backend.fp16_dots_over_fp8, backend.fp8_values_by_words = True, False
         results[name] = rows
         best = min((r for r in rows if "ms" in r and r["max_abs_diff_vs_shipped"] < 2e-2), key=lambda r: r["ms"])
         print(f"{name}: shipped {rows[0].get('ms', float('nan')):.3f} ms, best {best['ms']:.3f} ms {best['config']}"
-              f" fp16 dots {best['fp16_dots']}, splits {best['splits']}",
+              f" fp16 dots {best['fp16_dots']}, by words {best['by_words']}, splits {best['splits']}",
               flush=True)  # fmt: skip
     args.out.write_text(json.dumps(results, indent=1))
 

@@ -119,12 +119,46 @@ def _rotary_store_kv(
 
 
 @triton.jit
-def _kv_offsets(block_tables_ptr, seq, table_stride, keys, key_ok, kv_base, dims, dim_ok,
-                KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr):  # fmt: skip
-    """Where a sequence's `keys` (those `key_ok`) sit in the pool, by its block table; and their mask."""
+def _key_slots(block_tables_ptr, seq, table_stride, keys, key_ok, PAGE: tl.constexpr):
+    """The pool slots of a sequence's `keys` (those `key_ok`), by its block table."""
     block = tl.load(block_tables_ptr + seq * table_stride + keys // PAGE, mask=key_ok, other=0)
-    slot = block.to(tl.int64) * PAGE + keys % PAGE
-    return slot[:, None] * (KV_HEADS * HEAD_DIM) + kv_base + dims[None, :], key_ok[:, None] & dim_ok[None, :]
+    return block.to(tl.int64) * PAGE + keys % PAGE
+
+
+def _widen_word(pair_cvt: str) -> tl.constexpr:
+    """PTX: one 32-bit word of 4 fp8 values ($4) -> 4 fp16 ($0-$3), two values per instruction."""
+    return tl.constexpr(
+        "{ .reg .b32 lo, hi; .reg .b16 wl, wh; mov.b32 {wl, wh}, $4; "
+        f"{pair_cvt} lo, wl; {pair_cvt} hi, wh; mov.b32 {{$0, $1}}, lo; mov.b32 {{$2, $3}}, hi; }}"
+    )
+
+
+_WIDEN_E4M3_WORD = _widen_word("cvt.rn.f16x2.e4m3x2")
+_WIDEN_E5M2_WORD = _widen_word("cvt.rn.f16x2.e5m2x2")
+
+
+@triton.jit
+def _fp8_words_as_fp16(cache_ptr, slots, key_ok, kv_head, KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """One KV head's rows of an fp8 pool at `slots`, in fp16 (zero where not key_ok).
+
+    Read as 32-bit words of 4 values and widened by hand, so the compiler cannot move the
+    widening past the tile's trip through shared memory: there, a value tile that `tl.dot`
+    takes transposed would be gathered back one byte at a time (sm_90 has no 8-bit
+    `ldmatrix.trans`), where fp16 gets `ldmatrix.trans`. Compiled only for CUDA: the interpreter
+    runs no PTX.
+    """
+    words = tl.arange(0, HEAD_DIM // 4)
+    word_ptr = cache_ptr.to(tl.pointer_type(tl.uint32), bitcast=True)
+    rows = slots[:, None] * (KV_HEADS * HEAD_DIM // 4) + kv_head * (HEAD_DIM // 4)
+    packed = tl.load(word_ptr + rows + words[None, :], mask=key_ok[:, None], other=0)
+    if cache_ptr.dtype.element_ty == tl.float8e5:
+        widen: tl.constexpr = _WIDEN_E5M2_WORD
+    else:
+        widen: tl.constexpr = _WIDEN_E4M3_WORD
+    v0, v1, v2, v3 = tl.inline_asm_elementwise(widen, "=h,=h,=h,=h,r", [packed], is_pure=True, pack=1,
+                                               dtype=(tl.float16, tl.float16, tl.float16, tl.float16))  # fmt: skip
+    # The four values of each word back in place: value 4j + i is v_i[j].
+    return tl.reshape(tl.join(tl.join(v0, v1), tl.join(v2, v3)), [packed.shape[0], HEAD_DIM])
 
 
 @triton.jit
@@ -176,6 +210,7 @@ def _paged_attention(
     WINDOW: tl.constexpr,  # sliding window in tokens; 0: none
     SPLITS: tl.constexpr,  # key ranges per tile (program_id 2); 1: no split
     FP16_DOTS: tl.constexpr,  # an fp8 pool under bf16 queries: the dots run in fp16
+    FP8_WORDS: tl.constexpr,  # with FP16_DOTS, values widen by words (`_fp8_words_as_fp16`); CUDA only
 ):
     kv_head = tl.program_id(1)
     seq, first, q_len, row0, q_tok, head, row_ok = _tile_rows(
@@ -209,8 +244,9 @@ def _paged_attention(
     for start in range(lo, hi, BLOCK_N):
         keys = start + tl.arange(0, BLOCK_N)
         key_ok = keys < hi
-        kv_offsets, kv_mask = _kv_offsets(block_tables_ptr, seq, table_stride, keys, key_ok, kv_base, dims,
-                                          dim_ok, KV_HEADS, HEAD_DIM, PAGE)  # fmt: skip
+        slots = _key_slots(block_tables_ptr, seq, table_stride, keys, key_ok, PAGE)
+        kv_offsets = slots[:, None] * (KV_HEADS * HEAD_DIM) + kv_base + dims[None, :]
+        kv_mask = key_ok[:, None] & dim_ok[None, :]
         k_raw = tl.load(k_cache_ptr + kv_offsets, mask=kv_mask, other=0.0)
         k = k_raw.to(q.dtype)
         if IEEE:
@@ -226,7 +262,10 @@ def _paged_attention(
         p = tl.exp2(scores - m_safe[:, None])
         alpha = tl.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_cache_ptr + kv_offsets, mask=kv_mask, other=0.0).to(q.dtype)
+        if FP8_WORDS:
+            v = _fp8_words_as_fp16(v_cache_ptr, slots, key_ok, kv_head, KV_HEADS, HEAD_DIM)
+        else:
+            v = tl.load(v_cache_ptr + kv_offsets, mask=kv_mask, other=0.0).to(q.dtype)
         if IEEE:
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
         else:

@@ -109,6 +109,10 @@ class TritonPagedAttention(AttentionBackend):
         # ... and with fp16 dots (fp8 widens to fp16 in one instruction per pair): batch 256 at 512
         # 0.145 -> 0.137 ms, batch 80 at 1280 unchanged at 0.118 (attention_tiles_fp8_fp16dots_h200.json).
         self.fp16_dots_over_fp8 = True
+        # ... with the values read as 32-bit words and widened by hand (`_fp8_words_as_fp16`):
+        # the compiled decode then gathers no value byte by byte from shared memory (128 8-bit
+        # loads a warp per 128-key tile in the sm_90 PTX). Not yet measured on the GPU: off.
+        self.fp8_values_by_words = False
 
     # -- per-step planning -------------------------------------------------------------
     def build_metadata(
@@ -272,11 +276,17 @@ class TritonPagedAttention(AttentionBackend):
             HALF=shape.head_dim // 2, KV_MAX=fp8_max(k_cache.dtype), num_warps=4,
         )  # fmt: skip
 
+    def _fp8_words(self, device: torch.device) -> bool:
+        """Whether values widen by words: switched on, on CUDA, and whole words per head row."""
+        dim = self.shape.head_dim
+        return self.fp8_values_by_words and device.type == "cuda" and dim % 4 == 0 and dim == self.head_dim_p
+
     def _attend(self, kernels, q, k_cache, v_cache, out, metadata: TritonMetadata, launch: TileLaunch, splits: int):
         shape, config = self.shape, launch.config
         if config == self.small and is_fp8(k_cache.dtype):
             config = self.small_fp8
         tokens, heads, dim = q.shape
+        fp16_dots = self.fp16_dots_over_fp8 and is_fp8(k_cache.dtype) and q.dtype == torch.bfloat16
         target, ml = out, out  # unsplit: the kernel writes the output itself (ml unused)
         if splits > 1:
             target = torch.empty((splits, tokens, heads, dim), dtype=torch.float32, device=q.device)
@@ -292,7 +302,7 @@ class TritonPagedAttention(AttentionBackend):
             BLOCK_Q=config.block_q, BLOCK_N=config.block_n, PAGE=k_cache.shape[1],
             HEAD_DIM=shape.head_dim, HEAD_DIM_P=self.head_dim_p,
             IEEE=q.dtype == torch.float32, WINDOW=shape.sliding_window or 0, SPLITS=splits,
-            FP16_DOTS=self.fp16_dots_over_fp8 and is_fp8(k_cache.dtype) and q.dtype == torch.bfloat16,
+            FP16_DOTS=fp16_dots, FP8_WORDS=fp16_dots and self._fp8_words(q.device),
             num_warps=config.num_warps, num_stages=config.num_stages,
         )  # fmt: skip
         if splits > 1:

@@ -162,12 +162,25 @@ def test_the_shard_cli_takes_tgis_kv_cache_dtypes():
             parse_config([*base, "--kv-cache-dtype", bad])
 
 
+def test_values_widen_by_words_only_on_cuda_and_whole_words():
+    from shard_server.attention.triton_paged import TritonPagedAttention
+
+    backend = TritonPagedAttention(AttentionShape(32, 8, 128, 128**-0.5))
+    assert not backend._fp8_words(torch.device("cuda"))  # off unless switched on
+    backend.fp8_values_by_words = True
+    assert backend._fp8_words(torch.device("cuda")) and not backend._fp8_words(torch.device("cpu"))
+    odd = TritonPagedAttention(AttentionShape(4, 2, 18, 18**-0.5))  # rows of 18: not whole words
+    odd.fp8_values_by_words = True
+    assert not odd._fp8_words(torch.device("cuda"))
+
+
 @needs_cuda
 @pytest.mark.parametrize("kv_dtype", FP8, ids=str)
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
-def test_gpu_triton_equals_reference_on_an_fp8_pool_at_real_sizes(kv_dtype, dtype):
+@pytest.mark.parametrize("dtype,by_words", [(torch.bfloat16, False), (torch.bfloat16, True), (torch.float16, False)],
+                         ids=str)  # fmt: skip
+def test_gpu_triton_equals_reference_on_an_fp8_pool_at_real_sizes(kv_dtype, dtype, by_words):
     """8B head shapes: long decodes, a chunk over a cached prefix, and a fresh prompt on the
-    dense path, in the model dtype over an fp8 pool."""
+    dense path, in the model dtype over an fp8 pool (bf16 also with values widened by words)."""
     from shard_server.attention.triton_paged import TritonPagedAttention
 
     specs = [(1, 3000), (1, 17), (200, 1500), (1100, 1100)] + [(1, 64 + i) for i in range(40)]
@@ -176,6 +189,7 @@ def test_gpu_triton_equals_reference_on_an_fp8_pool_at_real_sizes(kv_dtype, dtyp
     k_cache, v_cache = to_cache_dtype(k_cache, kv_dtype), to_cache_dtype(v_cache, kv_dtype)
     shape = AttentionShape(32, 8, 128, 128**-0.5)
     reference, triton_backend = ReferenceAttention(shape), TritonPagedAttention(shape, 1024)
+    triton_backend.fp8_values_by_words = by_words
     ref_k, ref_v = k_cache.clone(), v_cache.clone()
     expected = reference.forward(q, k, v, ref_k, ref_v, reference.build_metadata(layout, device))
     metadata = triton_backend.build_metadata(layout, device)
