@@ -109,9 +109,10 @@ class TritonPagedAttention(AttentionBackend):
         # ... and with fp16 dots (fp8 widens to fp16 in one instruction per pair): batch 256 at 512
         # 0.145 -> 0.137 ms, batch 80 at 1280 unchanged at 0.118 (attention_tiles_fp8_fp16dots_h200.json).
         self.fp16_dots_over_fp8 = True
-        # ... with the values read as 32-bit words and widened by hand (`_fp8_words_as_fp16`):
-        # the compiled decode then gathers no value byte by byte from shared memory (128 8-bit
-        # loads a warp per 128-key tile in the sm_90 PTX). Not yet measured on the GPU: off.
+        # ... with the decode tiles' values read as 32-bit words and widened by hand
+        # (`_fp8_words_as_fp16`): the compiled decode then gathers no value byte by byte from
+        # shared memory (128 8-bit loads a warp per 128-key tile in the sm_90 PTX). Prefill tiles
+        # (wgmma) have no such loads and keep the plain path. Not yet measured on the GPU: off.
         self.fp8_values_by_words = False
 
     # -- per-step planning -------------------------------------------------------------
@@ -283,7 +284,8 @@ class TritonPagedAttention(AttentionBackend):
 
     def _attend(self, kernels, q, k_cache, v_cache, out, metadata: TritonMetadata, launch: TileLaunch, splits: int):
         shape, config = self.shape, launch.config
-        if config == self.small and is_fp8(k_cache.dtype):
+        decode_tiles = config == self.small
+        if decode_tiles and is_fp8(k_cache.dtype):
             config = self.small_fp8
         tokens, heads, dim = q.shape
         fp16_dots = self.fp16_dots_over_fp8 and is_fp8(k_cache.dtype) and q.dtype == torch.bfloat16
@@ -302,7 +304,7 @@ class TritonPagedAttention(AttentionBackend):
             BLOCK_Q=config.block_q, BLOCK_N=config.block_n, PAGE=k_cache.shape[1],
             HEAD_DIM=shape.head_dim, HEAD_DIM_P=self.head_dim_p,
             IEEE=q.dtype == torch.float32, WINDOW=shape.sliding_window or 0, SPLITS=splits,
-            FP16_DOTS=fp16_dots, FP8_WORDS=fp16_dots and self._fp8_words(q.device),
+            FP16_DOTS=fp16_dots, FP8_WORDS=fp16_dots and decode_tiles and self._fp8_words(q.device),
             num_warps=config.num_warps, num_stages=config.num_stages,
         )  # fmt: skip
         if splits > 1:
