@@ -11,7 +11,11 @@ decode shapes (batch 256 at context 512, batch 80 at context 1280), one 2048-tok
 (the TTFT case; again with the dense prefill path off) and one mixed step (64 decodes plus
 8,128 prompt tokens).
 
-    python3 bench/gpu_kernel_profile.py MODEL_DIR OUT_JSON [--quantize fp8] [CASE ...]
+    python3 bench/gpu_kernel_profile.py MODEL_DIR OUT_JSON [--quantize fp8] [--pdl] [CASE ...]
+
+`--pdl`: the decoder's Triton kernels launch with programmatic dependent launch
+(`shard_server/kernels/pdl.py`), graphs captured so; run once with and once without to compare
+step times (the kernel durations overlap under it: compare `step_ms`).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.gpu_parity import parity_runner  # noqa: E402
 from bench.gpu_step_profile import _prefill_batch  # noqa: E402
+from shard_server.kernels.pdl import programmatic_launch  # noqa: E402
 from shard_server.pb import generate_pb2 as pb  # noqa: E402
 
 GROUPS = [
@@ -189,8 +194,14 @@ def main() -> None:
     quantize = None
     if wanted[:1] == ["--quantize"]:
         quantize, wanted = wanted[1], wanted[2:]
+    pdl = "--pdl" in wanted
+    wanted = [w for w in wanted if w != "--pdl"]
+    with programmatic_launch(pdl):
+        profile(model_dir, Path(out), quantize, set(wanted))
+
+
+def profile(model_dir, out: Path, quantize, wanted: set) -> None:
     runner, _ = parity_runner(Path(model_dir), graph_sizes=(1, 80, 256), memory_fraction=0.85, quantize=quantize)
-    out = Path(out)
     results = {}
     cases = [
         ("decode_b1_ctx256", lambda: decode_case(runner, 1, 256)),
@@ -201,7 +212,6 @@ def main() -> None:
         ("prefill_2048_paged_attention", lambda: paged_only(runner, lambda: prefill_case(runner, [2048]))),
         ("mixed_64x512_plus_8x1016", lambda: prefill_case(runner, [1016] * 8, decodes=64)),
     ]
-    wanted = set(wanted)
     for name, case in cases:
         if wanted and name not in wanted:
             continue

@@ -33,6 +33,8 @@ from dataclasses import dataclass
 import triton
 import triton.language as tl
 
+from ..kernels.pdl import wait_for_previous_kernel
+
 
 def _store_kv(
     k_ptr,
@@ -45,7 +47,9 @@ def _store_kv(
     WIDTH: tl.constexpr,  # num_kv_heads * head_dim
     WIDTH_P: tl.constexpr,  # next power of two
     KV_MAX: tl.constexpr,  # an fp8 pool's largest finite value; 0.0: the pool is not fp8
+    PDL: tl.constexpr,  # programmatic dependent launch (`kernels/pdl.py`)
 ):
+    wait_for_previous_kernel(PDL)
     token = tl.program_id(0)
     slot = tl.load(slots_ptr + token).to(tl.int64)
     if slot >= 0:
@@ -85,7 +89,9 @@ def _rotary_store_kv(
     KV_HEADS_P: tl.constexpr,
     HALF: tl.constexpr,
     KV_MAX: tl.constexpr,  # as in _store_kv
+    PDL: tl.constexpr,
 ):
+    wait_for_previous_kernel(PDL)
     token = tl.program_id(0).to(tl.int64)
     position = tl.load(positions_ptr + token).to(tl.int64)
     dims = tl.arange(0, HALF)
@@ -211,7 +217,9 @@ def _paged_attention(
     SPLITS: tl.constexpr,  # key ranges per tile (program_id 2); 1: no split
     FP16_DOTS: tl.constexpr,  # an fp8 pool under bf16 queries: the dots run in fp16
     FP8_WORDS: tl.constexpr,  # with FP16_DOTS, values widen by words (`_fp8_words_as_fp16`); CUDA only
+    PDL: tl.constexpr,
 ):
+    wait_for_previous_kernel(PDL)
     kv_head = tl.program_id(1)
     seq, first, q_len, row0, q_tok, head, row_ok = _tile_rows(
         tl.program_id(0), kv_head, tile_seq_ptr, tile_first_ptr, query_starts_ptr, query_lens_ptr, GROUP, GROUP_P, BLOCK_Q
@@ -307,8 +315,10 @@ def _combine_splits(
     BLOCK_Q: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_P: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """Merges a tile's split partials: each split's output weighted by exp2(its max - the max)."""
+    wait_for_previous_kernel(PDL)
     _, _, _, row0, q_tok, head, row_ok = _tile_rows(
         tl.program_id(0), tl.program_id(1), tile_seq_ptr, tile_first_ptr, query_starts_ptr, query_lens_ptr,
         GROUP, GROUP_P, BLOCK_Q,

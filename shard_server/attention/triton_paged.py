@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from ..device_copy import copy_into, host_to_device
+from ..kernels.pdl import launch_args
 from ..kv_cache import fp8_max, is_fp8
 from .base import AttentionBackend, AttentionShape, StepLayout
 from .dense_prefill import DENSE_PREFILL_MIN_TOKENS, DensePrefill
@@ -265,7 +266,7 @@ class TritonPagedAttention(AttentionBackend):
             width = shape.num_kv_heads * shape.head_dim
             kernels.store_kv[(tokens,)](
                 k, v, k_cache, v_cache, metadata.slot_mapping, k.stride(0), v.stride(0),
-                WIDTH=width, WIDTH_P=_next_power_of_two(width), KV_MAX=fp8_max(k_cache.dtype),
+                WIDTH=width, WIDTH_P=_next_power_of_two(width), KV_MAX=fp8_max(k_cache.dtype), **launch_args(k),
             )  # fmt: skip
             return
         cos, sin = rotary.rotary.cos, rotary.rotary.sin
@@ -274,7 +275,7 @@ class TritonPagedAttention(AttentionBackend):
             q.stride(0), k.stride(0), v.stride(0), cos.stride(0),
             Q_HEADS=shape.num_heads, Q_HEADS_P=_next_power_of_two(shape.num_heads),
             KV_HEADS=shape.num_kv_heads, KV_HEADS_P=_next_power_of_two(shape.num_kv_heads),
-            HALF=shape.head_dim // 2, KV_MAX=fp8_max(k_cache.dtype), num_warps=4,
+            HALF=shape.head_dim // 2, KV_MAX=fp8_max(k_cache.dtype), num_warps=4, **launch_args(q),
         )  # fmt: skip
 
     def _fp8_words(self, device: torch.device) -> bool:
@@ -305,14 +306,14 @@ class TritonPagedAttention(AttentionBackend):
             HEAD_DIM=shape.head_dim, HEAD_DIM_P=self.head_dim_p,
             IEEE=q.dtype == torch.float32, WINDOW=shape.sliding_window or 0, SPLITS=splits,
             FP16_DOTS=fp16_dots, FP8_WORDS=fp16_dots and decode_tiles and self._fp8_words(q.device),
-            num_warps=config.num_warps, num_stages=config.num_stages,
+            num_warps=config.num_warps, num_stages=config.num_stages, **launch_args(q),
         )  # fmt: skip
         if splits > 1:
             kernels.combine_splits[(launch.num_tiles, shape.num_kv_heads)](
                 target, ml, out, launch.tile_seq, launch.tile_first, metadata.query_starts, metadata.query_lens,
                 out.stride(0), out.stride(1), *strides,
                 SPLITS=splits, GROUP=self.group, GROUP_P=self.group_p, BLOCK_Q=config.block_q,
-                HEAD_DIM=shape.head_dim, HEAD_DIM_P=self.head_dim_p, num_warps=4,
+                HEAD_DIM=shape.head_dim, HEAD_DIM_P=self.head_dim_p, num_warps=4, **launch_args(q),
             )  # fmt: skip
 
 

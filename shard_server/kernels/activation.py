@@ -12,6 +12,7 @@ import triton
 import triton.language as tl
 
 from .fp8_matmul import FP8, FP8_MAX, TINY_SCALE, Fp8Rows
+from .pdl import launch_args, wait_for_previous_kernel
 
 BLOCK = 1024
 ROW_IN_REGISTERS = 32768  # the widest row the quantizing kernel keeps whole
@@ -29,7 +30,8 @@ def _silu_mul_row(gate_up_ptr, row, in_stride, cols, WIDTH):
 
 
 @triton.jit
-def _silu_mul_kernel(gate_up_ptr, out_ptr, in_stride, WIDTH, BLOCK: tl.constexpr):
+def _silu_mul_kernel(gate_up_ptr, out_ptr, in_stride, WIDTH, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    wait_for_previous_kernel(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     product = _silu_mul_row(gate_up_ptr, row, in_stride, cols, WIDTH)  # already rounded to the model dtype
@@ -38,9 +40,11 @@ def _silu_mul_kernel(gate_up_ptr, out_ptr, in_stride, WIDTH, BLOCK: tl.constexpr
 
 @triton.jit
 def _silu_mul_quant_kernel(gate_up_ptr, out_ptr, scale_ptr, in_stride, WIDTH, BLOCK: tl.constexpr,
-                           WHOLE_ROW: tl.constexpr, FP8_MAX: tl.constexpr, TINY: tl.constexpr):  # fmt: skip
+                           WHOLE_ROW: tl.constexpr, FP8_MAX: tl.constexpr, TINY: tl.constexpr,
+                           PDL: tl.constexpr):  # fmt: skip
     """One row: WHOLE_ROW (BLOCK >= WIDTH) in one pass from registers, else its products' amax
     in a first pass and the products again, quantized, in a second."""
+    wait_for_previous_kernel(PDL)
     row = tl.program_id(0).to(tl.int64)
     if WHOLE_ROW:
         cols = tl.arange(0, BLOCK)
@@ -77,9 +81,9 @@ def fused_silu_mul(gate_up: torch.Tensor, quantize: bool = False) -> torch.Tenso
             block, warps = (whole, 16) if whole <= ROW_IN_REGISTERS else (BLOCK, 4)
             _silu_mul_quant_kernel[(tokens,)](gate_up, out, scale, gate_up.stride(0), width, BLOCK=block,
                                               WHOLE_ROW=block >= width, FP8_MAX=FP8_MAX, TINY=TINY_SCALE,
-                                              num_warps=warps)  # fmt: skip
+                                              num_warps=warps, **launch_args(gate_up))  # fmt: skip
         return Fp8Rows(out, scale, gate_up.dtype)
     if tokens:
         grid = (tokens, triton.cdiv(width, BLOCK))
-        _silu_mul_kernel[grid](gate_up, out, gate_up.stride(0), width, BLOCK=BLOCK, num_warps=4)
+        _silu_mul_kernel[grid](gate_up, out, gate_up.stride(0), width, BLOCK=BLOCK, num_warps=4, **launch_args(gate_up))
     return out

@@ -24,6 +24,7 @@ import triton
 import triton.language as tl
 
 from .dispatch import use_fused
+from .pdl import launch_args, wait_for_previous_kernel
 from .skinny_matmul import MAX_ROWS, SkinnyConfig, config_for, launch_rows_product, skinny_matmul, skinny_rows
 
 FP8 = torch.float8_e4m3fn
@@ -86,7 +87,8 @@ def quantize_rows_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
 
 @triton.jit
 def _quantize_rows_kernel(x_ptr, out_ptr, scale_ptr, K, x_stride, FP8_MAX: tl.constexpr, TINY: tl.constexpr,
-                          BLOCK: tl.constexpr):  # fmt: skip
+                          BLOCK: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
+    wait_for_previous_kernel(PDL)
     row = tl.program_id(0).to(tl.int64)
     amax = tl.zeros((BLOCK,), tl.float32)
     for k0 in range(0, K, BLOCK):
@@ -111,7 +113,7 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     scale = torch.empty((rows, 1), dtype=torch.float32, device=x.device)
     if rows:
         _quantize_rows_kernel[(rows,)](x, out, scale, k, x.stride(0), FP8_MAX=FP8_MAX, TINY=TINY_SCALE, BLOCK=_BLOCK,
-                                       num_warps=4)  # fmt: skip
+                                       num_warps=4, **launch_args(x))  # fmt: skip
     return out, scale
 
 

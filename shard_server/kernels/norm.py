@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 
 from .fp8_matmul import FP8, FP8_MAX, TINY_SCALE, Fp8Rows
+from .pdl import launch_args, wait_for_previous_kernel
 
 
 @triton.jit
@@ -34,7 +35,9 @@ def _add_rmsnorm_kernel(
     QUANT: tl.constexpr,
     FP8_MAX: tl.constexpr,
     TINY: tl.constexpr,
+    PDL: tl.constexpr,  # programmatic dependent launch (`pdl.py`)
 ):
+    wait_for_previous_kernel(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < N
@@ -80,6 +83,6 @@ def fused_rmsnorm(
             x, residual if residual is not None else x, weight, out, scale, summed,
             x.stride(0), residual.stride(0) if residual is not None else 0, eps,
             N=n, BLOCK=block, HAS_RESIDUAL=residual is not None, QUANT=quantize, FP8_MAX=FP8_MAX, TINY=TINY_SCALE,
-            num_warps=_warps(block),
+            num_warps=_warps(block), **launch_args(x),
         )  # fmt: skip
     return (Fp8Rows(out, scale, weight.dtype) if quantize else out), summed

@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from .dispatch import use_fused
+from .pdl import launch_args, wait_for_previous_kernel
 
 MAX_ROWS = 16  # one tensor-core tile of rows
 SUM_BLOCK = 1024
@@ -58,10 +59,11 @@ def config_for(rows: int, features: int, depth: int, weights_fp8: bool = False) 
 def _skinny_matmul_kernel(x_ptr, x_scale_ptr, w_ptr, w_scale_ptr, out_ptr, M, N, K, x_stride, w_stride, out_stride,
                           split_stride, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                           W_SCALED: tl.constexpr, X_SCALED: tl.constexpr, FP16_DOT: tl.constexpr,
-                          SPLIT_K: tl.constexpr):  # fmt: skip
+                          SPLIT_K: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
     # Row tiles are the grid's first axis: the programs that read one weight slice run together
     # and all but the first find it in L2. With SPLIT_K > 1 each program (axis 2) reduces one
     # range of K and writes its float32 partial at split_stride * its range into out_ptr.
+    wait_for_previous_kernel(PDL)
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # output features
     row_ok = rows < M
@@ -94,8 +96,9 @@ def _skinny_matmul_kernel(x_ptr, x_scale_ptr, w_ptr, w_scale_ptr, out_ptr, M, N,
 
 
 @triton.jit
-def _sum_splits_kernel(partial_ptr, out_ptr, numel, SPLITS: tl.constexpr, BLOCK: tl.constexpr):
+def _sum_splits_kernel(partial_ptr, out_ptr, numel, SPLITS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
     """out = the sum of SPLITS float32 partials of numel elements each, in the output dtype."""
+    wait_for_previous_kernel(PDL)
     offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offsets < numel
     total = tl.zeros((BLOCK,), tl.float32)
@@ -138,11 +141,12 @@ def launch_rows_product(x: torch.Tensor, x_scale: torch.Tensor | None, weight: t
         rows, n, k, x.stride(0), weight.stride(0), n, rows * n,
         BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         W_SCALED=weight_scale is not None, X_SCALED=x_scale is not None, FP16_DOT=fp16_dot, SPLIT_K=splits,
-        num_warps=config.num_warps, num_stages=config.num_stages,
+        num_warps=config.num_warps, num_stages=config.num_stages, **launch_args(x),
     )  # fmt: skip
     if splits > 1:
         numel = rows * n
-        _sum_splits_kernel[(triton.cdiv(numel, SUM_BLOCK),)](target, out, numel, SPLITS=splits, BLOCK=SUM_BLOCK)
+        _sum_splits_kernel[(triton.cdiv(numel, SUM_BLOCK),)](target, out, numel, SPLITS=splits, BLOCK=SUM_BLOCK,
+                                                            **launch_args(out))  # fmt: skip
 
 
 def project(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -110,6 +110,11 @@ CASES = {
     "rotary": ("shard_server.kernels.rotary", "_rotary_kernel",
                dict(Q_HEADS=32, Q_HEADS_P=32, K_HEADS=8, K_HEADS_P=8, HALF=64), {"positions_ptr": "*i64"}),  # fmt: skip
 }
+# Every kernel of a decode layer, launched with programmatic dependent launch (`kernels/pdl.py`).
+PDL_CASES = ["add_rmsnorm_fp8_rows", "rotary_store_kv", "store_kv", "decode_attention", "split_decode_attention",
+             "combine_splits", "silu_mul", "silu_mul_fp8_rows_block16384", "quantize_rows_fp8",
+             "fp8_rows_gemm_n64_k256", "sum_splits", "skinny_matmul_fp8_weights_fp16_dot"]  # fmt: skip
+CASES.update({f"{name}_pdl": (*CASES[name][:2], dict(CASES[name][2], PDL=True), CASES[name][3]) for name in PDL_CASES})
 
 
 def compile_case(name: str) -> None:
@@ -122,6 +127,8 @@ def compile_case(name: str) -> None:
 
     module, attribute, constants, pointers = CASES[name]
     kernel = getattr(importlib.import_module(module), attribute)
+    if "PDL" in kernel.arg_names:  # programmatic dependent launch: off unless the case says
+        constants = {"PDL": False, **constants}
     signature = {}
     for arg in kernel.arg_names:
         if arg in constants:
@@ -133,6 +140,9 @@ def compile_case(name: str) -> None:
     source = ASTSource(fn=kernel, signature=signature, constexprs=constants)
     compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32))
     assert compiled.asm["ptx"], name
+    # With PDL the kernel waits for the previous one before anything else, then releases the next.
+    waits = compiled.asm["ptx"].count("griddepcontrol.wait")
+    assert waits == (1 if constants.get("PDL") else 0), (name, waits)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
