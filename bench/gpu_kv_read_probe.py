@@ -13,6 +13,7 @@ against the shipped kernel.
 
 from __future__ import annotations
 
+import itertools
 import json
 import sys
 from pathlib import Path
@@ -25,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.gpu_attention_tiles import HEADS, KV_HEADS, DIM, PAGE, build  # noqa: E402
 from shard_server.attention.base import AttentionShape  # noqa: E402
-from shard_server.attention.triton_paged import TritonPagedAttention  # noqa: E402
+from shard_server.attention.triton_paged import LOG2_E, TritonPagedAttention  # noqa: E402
 
 CASES = {"b80_ctx1280": [(1, 1280)] * 80, "b256_ctx512": [(1, 512)] * 256}
 
@@ -94,83 +95,73 @@ def _grouped_decode(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, tables_ptr, ctx_pt
     tl.store(out_ptr + q_rows, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, :, None])
 
 
+def _time_reads(specs, k_cache, v_cache, tables, ctx, nbytes) -> list[dict]:
+    """`_read_rows` over both pools, per heads per program, tile, grid order and split."""
+    device, rows = k_cache.device, []
+    for heads, block_n, head_major, splits in itertools.product((1, 2, 4, 8), (32, 64), (False, True), (1, 4)):
+        groups = KV_HEADS // heads
+        out = torch.empty(len(specs) * groups * splits, device=device)
+        grid = (groups, len(specs), splits) if head_major else (len(specs), groups, splits)
+        shown = {"heads": heads, "block_n": block_n, "head_major": head_major, "splits": splits}
+
+        def read():
+            for cache in (k_cache, v_cache):
+                _read_rows[grid](cache.view(-1), out, tables, ctx, tables.stride(0), KV_HEADS, DIM, heads, PAGE,
+                                 block_n, splits, head_major, num_warps=4, num_stages=3)  # fmt: skip
+
+        ms = triton.testing.do_bench(read, warmup=10, rep=40, return_mode="median")
+        rows.append({**shown, "ms": ms, "tb_s": nbytes / ms / 1e9})
+    return sorted(rows, key=lambda r: r["ms"])
+
+
+def _time_grouped(specs, q, k_cache, v_cache, tables, ctx, nbytes, shipped) -> list[dict]:
+    """`_grouped_decode` per heads per program, tile, warps and stages, checked against `shipped`."""
+    rows = []
+    for heads, block_n, warps, stages in itertools.product((1, 2, 4, 8), (16, 32, 64), (4, 8), (2, 3)):
+        out = torch.empty_like(q)
+        shown = {"heads": heads, "block_n": block_n, "warps": warps, "stages": stages}
+
+        def attend():
+            _grouped_decode[(len(specs), KV_HEADS // heads)](
+                q, k_cache, v_cache, out, tables, ctx, tables.stride(0), DIM**-0.5 * LOG2_E, KV_HEADS,
+                HEADS // KV_HEADS, DIM, heads, PAGE, block_n, 16, num_warps=warps, num_stages=stages,
+            )  # fmt: skip
+
+        try:
+            attend()
+            ms = triton.testing.do_bench(attend, warmup=10, rep=40, return_mode="median")
+        except Exception as exc:  # a config the shared memory refuses
+            rows.append({**shown, "error": f"{type(exc).__name__}: {str(exc)[:160]}"})
+            continue
+        error = float((out.float() - shipped.float()).abs().max())
+        rows.append({**shown, "ms": ms, "tb_s": nbytes / ms / 1e9, "max_abs_vs_shipped": error})
+    return sorted(rows, key=lambda r: r.get("ms", 1e9))
+
+
 def main() -> None:
     out_path = Path(sys.argv[1])
     device = torch.device("cuda")
     results = {}
-    for name, specs in CASES.items():
-        for kv_dtype in (torch.float8_e4m3fn, torch.bfloat16):
-            layout, q, k, v, k_cache, v_cache = build(specs, device, kv_dtype=kv_dtype)
-            backend = TritonPagedAttention(AttentionShape(HEADS, KV_HEADS, DIM, DIM**-0.5))
-            metadata = backend.build_metadata(layout, device)
-            tables, ctx = metadata.block_tables, metadata.context_lens
-            nbytes = 2 * sum(c for _, c in specs) * KV_HEADS * DIM * k_cache.element_size()
-            key = f"{name}_{str(kv_dtype).removeprefix('torch.')}"
-            entry = {"kv_bytes": nbytes}
-            shipped = backend.forward(q, k, v, k_cache, v_cache, metadata)
-            ms = triton.testing.do_bench(lambda: backend.forward(q, k, v, k_cache, v_cache, metadata),
-                                         warmup=25, rep=100, return_mode="median")  # fmt: skip
-            entry["shipped"] = {"ms": ms, "tb_s": nbytes / ms / 1e9}
-            print(f"{key}: shipped {ms:.4f} ms {nbytes / ms / 1e9:.2f} TB/s", flush=True)
-            reads = []
-            for heads in (1, 2, 4, 8):
-                for block_n in (32, 64):
-                    for warps in (4,):
-                        for head_major in (False, True):
-                            for splits in (1, 4):
-                                out = torch.empty(len(specs) * (KV_HEADS // heads) * splits, device=device)
-                                grid = (KV_HEADS // heads, len(specs), splits) if head_major else (len(specs), KV_HEADS // heads, splits)
-
-                                def read():
-                                    for cache in (k_cache, v_cache):
-                                        _read_rows[grid](cache.view(-1), out, tables, ctx, tables.stride(0), KV_HEADS, DIM,
-                                                         heads, PAGE, block_n, splits, head_major, num_warps=warps, num_stages=3)  # fmt: skip
-
-                                try:
-                                    ms = triton.testing.do_bench(read, warmup=10, rep=40, return_mode="median")
-                                except Exception as exc:
-                                    reads.append({"heads": heads, "block_n": block_n, "warps": warps, "error": str(exc)[:120]})
-                                    continue
-                                reads.append({"heads": heads, "block_n": block_n, "warps": warps, "head_major": head_major,
-                                              "splits": splits, "ms": ms, "tb_s": nbytes / ms / 1e9})  # fmt: skip
-            reads.sort(key=lambda r: r.get("ms", 1e9))
-            entry["reads"] = reads
-            for heads in (1, 2, 4, 8):
-                best = next(r for r in reads if r["heads"] == heads and "ms" in r)
-                print(f"  read only, {heads} heads/program: best {best}", flush=True)
-            group = HEADS // KV_HEADS
-            grouped = []
-            for heads in (1, 2, 4, 8):
-                for block_n in (16, 32, 64):
-                    for warps in (4, 8):
-                        for stages in (2, 3):
-                            out = torch.empty_like(q)
-
-                            def attend():
-                                _grouped_decode[(len(specs), KV_HEADS // heads)](
-                                    q, k_cache, v_cache, out, tables, ctx, tables.stride(0), DIM**-0.5 * 1.4426950408889634,
-                                    KV_HEADS, group, DIM, heads, PAGE, block_n, 16, num_warps=warps, num_stages=stages)  # fmt: skip
-
-                            try:
-                                attend()
-                                error = float((out.float() - shipped.float()).abs().max())
-                                ms = triton.testing.do_bench(attend, warmup=10, rep=40, return_mode="median")
-                            except Exception as exc:
-                                grouped.append({"heads": heads, "block_n": block_n, "warps": warps, "stages": stages,
-                                                "error": f"{type(exc).__name__}: {str(exc)[:160]}"})  # fmt: skip
-                                continue
-                            grouped.append({"heads": heads, "block_n": block_n, "warps": warps, "stages": stages, "ms": ms,
-                                            "tb_s": nbytes / ms / 1e9, "max_abs_vs_shipped": error})  # fmt: skip
-            grouped.sort(key=lambda r: r.get("ms", 1e9))
-            entry["grouped_decode"] = grouped
-            for heads in (1, 2, 4, 8):
-                best = next((r for r in grouped if r["heads"] == heads and "ms" in r), None)
-                print(f"  grouped decode, {heads} heads/program: best {best}", flush=True)
-            errors = [r for r in grouped if "error" in r]
-            if errors:
-                print(f"  {len(errors)} grouped configs failed, e.g. {errors[0]}", flush=True)
-            results[key] = entry
-            out_path.write_text(json.dumps(results, indent=1))
+    for (name, specs), kv_dtype in itertools.product(CASES.items(), (torch.float8_e4m3fn, torch.bfloat16)):
+        layout, q, k, v, k_cache, v_cache = build(specs, device, kv_dtype=kv_dtype)
+        backend = TritonPagedAttention(AttentionShape(HEADS, KV_HEADS, DIM, DIM**-0.5))
+        metadata = backend.build_metadata(layout, device)
+        tables, ctx = metadata.block_tables, metadata.context_lens
+        nbytes = 2 * sum(c for _, c in specs) * KV_HEADS * DIM * k_cache.element_size()
+        key = f"{name}_{str(kv_dtype).removeprefix('torch.')}"
+        shipped = backend.forward(q, k, v, k_cache, v_cache, metadata)
+        ms = triton.testing.do_bench(lambda: backend.forward(q, k, v, k_cache, v_cache, metadata),
+                                     warmup=25, rep=100, return_mode="median")  # fmt: skip
+        entry = {"kv_bytes": nbytes, "shipped": {"ms": ms, "tb_s": nbytes / ms / 1e9},
+                 "reads": _time_reads(specs, k_cache, v_cache, tables, ctx, nbytes),
+                 "grouped_decode": _time_grouped(specs, q, k_cache, v_cache, tables, ctx, nbytes, shipped)}  # fmt: skip
+        print(f"{key}: shipped {ms:.4f} ms {nbytes / ms / 1e9:.2f} TB/s", flush=True)
+        for heads in (1, 2, 4, 8):
+            best_read = next(r for r in entry["reads"] if r["heads"] == heads)
+            best_grouped = next((r for r in entry["grouped_decode"] if r["heads"] == heads and "ms" in r), None)
+            print(f"  {heads} heads/program: read only {best_read}; grouped decode {best_grouped}", flush=True)
+        results[key] = entry
+        out_path.write_text(json.dumps(results, indent=1))
 
 
 if __name__ == "__main__":
