@@ -11,11 +11,12 @@ decode shapes (batch 256 at context 512, batch 80 at context 1280), one 2048-tok
 (the TTFT case; again with the dense prefill path off) and one mixed step (64 decodes plus
 8,128 prompt tokens).
 
-    python3 bench/gpu_kernel_profile.py MODEL_DIR OUT_JSON [--quantize fp8] [--pdl] [CASE ...]
+    python3 bench/gpu_kernel_profile.py MODEL_DIR OUT_JSON [--quantize fp8] [--pdl | --pdl-prefetch] [CASE ...]
 
 `--pdl`: the decoder's Triton kernels launch with programmatic dependent launch
-(`shard_server/kernels/pdl.py`), graphs captured so; run once with and once without to compare
-step times (the kernel durations overlap under it: compare `step_ms`).
+(`shard_server/kernels/pdl.py`), graphs captured so; `--pdl-prefetch`: and the skinny matmul
+asks L2 for its weights before it waits. Run with and without to compare step times (kernel
+durations overlap under it: compare `step_ms`).
 """
 
 from __future__ import annotations
@@ -194,9 +195,9 @@ def main() -> None:
     quantize = None
     if wanted[:1] == ["--quantize"]:
         quantize, wanted = wanted[1], wanted[2:]
-    pdl = "--pdl" in wanted
-    wanted = [w for w in wanted if w != "--pdl"]
-    with programmatic_launch(pdl):
+    pdl, prefetch = "--pdl" in wanted or "--pdl-prefetch" in wanted, "--pdl-prefetch" in wanted
+    wanted = [w for w in wanted if w not in ("--pdl", "--pdl-prefetch")]
+    with programmatic_launch(pdl, prefetch_weights=prefetch):
         profile(model_dir, Path(out), quantize, set(wanted))
 
 

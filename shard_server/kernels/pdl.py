@@ -9,6 +9,10 @@ be placed the same way.
 Off by default: `programmatic_launch(True)` switches it on for a block of code (CUDA graphs
 record it when captured inside), so a benchmark can compare the same steps both ways.
 Kernels take it through `launch_args(x)`: their PDL constexpr, and Triton's `launch_pdl`.
+
+A kernel placed early can also start on what does not depend on the previous kernel: with
+`prefetch_weights`, the skinny matmul asks L2 for its weight slice (`prefetch_rows_to_l2`)
+before it waits, while the previous kernel's last programs leave memory bandwidth unused.
 """
 
 from __future__ import annotations
@@ -20,24 +24,29 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-_ENABLED = [False]
+_ENABLED = {"launch": False, "prefetch_weights": False}
 
 
 @contextmanager
-def programmatic_launch(enabled: bool):
-    saved = _ENABLED[0]
-    _ENABLED[0] = enabled
+def programmatic_launch(enabled: bool, prefetch_weights: bool = False):
+    saved = dict(_ENABLED)
+    _ENABLED.update(launch=enabled, prefetch_weights=enabled and prefetch_weights)
     try:
         yield
     finally:
-        _ENABLED[0] = saved
+        _ENABLED.update(saved)
 
 
 def launch_args(x: torch.Tensor) -> dict:
     """Keyword arguments of a launch over CUDA tensor x: PDL (and `launch_pdl` when on)."""
-    if _ENABLED[0] and x.is_cuda:
+    if _ENABLED["launch"] and x.is_cuda:
         return {"PDL": True, "launch_pdl": True}
     return {"PDL": False}
+
+
+def prefetches_weights(x: torch.Tensor) -> bool:
+    """Whether a matmul launched over x prefetches its weights before it waits."""
+    return _ENABLED["prefetch_weights"] and launch_args(x)["PDL"]
 
 
 @triton.jit
@@ -46,3 +55,15 @@ def wait_for_previous_kernel(PDL: tl.constexpr):
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
+
+
+@triton.jit
+def prefetch_rows_to_l2(ptr, rows, row_ok, row_stride, lo, hi, LINE: tl.constexpr, LINES: tl.constexpr):
+    """Asks L2 for columns [lo, hi) of `rows` (those row_ok) of ptr: one `prefetch.global.L2`
+    per LINE-element (128-byte) line, LINES lines of each row at a time. Reads nothing."""
+    base = ptr + rows[:, None].to(tl.int64) * row_stride
+    for start in range(lo, hi, LINE * LINES):
+        cols = start + tl.arange(0, LINES) * LINE
+        at = tl.where(row_ok[:, None] & (cols < hi)[None, :], base + cols[None, :], ptr)  # masked: the first line
+        tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [at.to(tl.int64, bitcast=True)],
+                                  dtype=tl.int32, is_pure=False, pack=1)  # fmt: skip

@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from .dispatch import use_fused
-from .pdl import launch_args, wait_for_previous_kernel
+from .pdl import launch_args, prefetch_rows_to_l2, prefetches_weights, wait_for_previous_kernel
 
 MAX_ROWS = 16  # one tensor-core tile of rows
 SUM_BLOCK = 1024
@@ -59,11 +59,11 @@ def config_for(rows: int, features: int, depth: int, weights_fp8: bool = False) 
 def _skinny_matmul_kernel(x_ptr, x_scale_ptr, w_ptr, w_scale_ptr, out_ptr, M, N, K, x_stride, w_stride, out_stride,
                           split_stride, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                           W_SCALED: tl.constexpr, X_SCALED: tl.constexpr, FP16_DOT: tl.constexpr,
-                          SPLIT_K: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
+                          SPLIT_K: tl.constexpr, PDL: tl.constexpr, PREFETCH_W: tl.constexpr,
+                          W_LINE: tl.constexpr):  # fmt: skip
     # Row tiles are the grid's first axis: the programs that read one weight slice run together
     # and all but the first find it in L2. With SPLIT_K > 1 each program (axis 2) reduces one
     # range of K and writes its float32 partial at split_stride * its range into out_ptr.
-    wait_for_previous_kernel(PDL)
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # output features
     row_ok = rows < M
@@ -75,6 +75,10 @@ def _skinny_matmul_kernel(x_ptr, x_scale_ptr, w_ptr, w_scale_ptr, out_ptr, M, N,
         k_lo = tl.program_id(2) * chunk
         k_hi = tl.minimum(K, k_lo + chunk)
         out_ptr += tl.program_id(2).to(tl.int64) * split_stride
+    if PREFETCH_W:  # the weights do not depend on the previous kernel (`pdl.py`); the first row tile asks
+        if tl.program_id(0) == 0:
+            prefetch_rows_to_l2(w_ptr, cols, col_ok, w_stride, k_lo, k_hi, W_LINE, 8)
+    wait_for_previous_kernel(PDL)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
         k_ok = ks < k_hi
@@ -141,6 +145,7 @@ def launch_rows_product(x: torch.Tensor, x_scale: torch.Tensor | None, weight: t
         rows, n, k, x.stride(0), weight.stride(0), n, rows * n,
         BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         W_SCALED=weight_scale is not None, X_SCALED=x_scale is not None, FP16_DOT=fp16_dot, SPLIT_K=splits,
+        PREFETCH_W=prefetches_weights(x), W_LINE=128 // weight.element_size(),
         num_warps=config.num_warps, num_stages=config.num_stages, **launch_args(x),
     )  # fmt: skip
     if splits > 1:

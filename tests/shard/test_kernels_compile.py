@@ -115,6 +115,13 @@ PDL_CASES = ["add_rmsnorm_fp8_rows", "rotary_store_kv", "store_kv", "decode_atte
              "combine_splits", "silu_mul", "silu_mul_fp8_rows_block16384", "quantize_rows_fp8",
              "fp8_rows_gemm_n64_k256", "sum_splits", "skinny_matmul_fp8_weights_fp16_dot"]  # fmt: skip
 CASES.update({f"{name}_pdl": (*CASES[name][:2], dict(CASES[name][2], PDL=True), CASES[name][3]) for name in PDL_CASES})
+# ... and the matmul asking L2 for its weights first (fp8: 128 per line, bf16: 64).
+CASES["fp8_rows_gemm_prefetch_pdl"] = (*CASES["fp8_rows_gemm_n64_k256"][:2],
+                                       dict(CASES["fp8_rows_gemm_n64_k256"][2], PDL=True, PREFETCH_W=True, W_LINE=128),
+                                       CASES["fp8_rows_gemm_n64_k256"][3])  # fmt: skip
+CASES["skinny_matmul_prefetch_pdl"] = (*CASES["skinny_matmul"][:2],
+                                       dict(CASES["skinny_matmul"][2], PDL=True, PREFETCH_W=True, W_LINE=64),
+                                       CASES["skinny_matmul"][3])  # fmt: skip
 
 
 def compile_case(name: str) -> None:
@@ -129,6 +136,8 @@ def compile_case(name: str) -> None:
     kernel = getattr(importlib.import_module(module), attribute)
     if "PDL" in kernel.arg_names:  # programmatic dependent launch: off unless the case says
         constants = {"PDL": False, **constants}
+    if "PREFETCH_W" in kernel.arg_names:
+        constants = {"PREFETCH_W": False, "W_LINE": 128, **constants}
     signature = {}
     for arg in kernel.arg_names:
         if arg in constants:
@@ -143,6 +152,7 @@ def compile_case(name: str) -> None:
     # With PDL the kernel waits for the previous one before anything else, then releases the next.
     waits = compiled.asm["ptx"].count("griddepcontrol.wait")
     assert waits == (1 if constants.get("PDL") else 0), (name, waits)
+    assert ("prefetch.global.L2" in compiled.asm["ptx"]) == constants.get("PREFETCH_W", False), name
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

@@ -29,6 +29,17 @@ def test_launches_ask_for_it_only_when_switched_on_and_on_cuda():
     assert launch_args(ON_CUDA) == {"PDL": False}
 
 
+def test_weights_prefetch_only_under_programmatic_launch():
+    from shard_server.kernels.pdl import prefetches_weights
+
+    with programmatic_launch(False, prefetch_weights=True):
+        assert not prefetches_weights(ON_CUDA)
+    with programmatic_launch(True, prefetch_weights=True):
+        assert prefetches_weights(ON_CUDA) and not prefetches_weights(torch.zeros(1))
+    with programmatic_launch(True):
+        assert not prefetches_weights(ON_CUDA)
+
+
 def test_the_switch_is_restored_after_an_error():
     with pytest.raises(RuntimeError), programmatic_launch(True):
         raise RuntimeError("step failed")
@@ -37,7 +48,8 @@ def test_the_switch_is_restored_after_an_error():
 
 @needs_cuda
 @pytest.mark.parametrize("quantize,kv_dtype", [(None, None), ("fp8", torch.float8_e4m3fn)])
-def test_gpu_model_gives_the_same_tokens_with_programmatic_launch(tiny_model_dirs, quantize, kv_dtype):
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_gpu_model_gives_the_same_tokens_with_programmatic_launch(tiny_model_dirs, quantize, kv_dtype, prefetch):
     """Eager steps and graph replays (graphs captured with it on) against the same model without."""
     from shard_server.warmup import PoolSizing, warmup
 
@@ -46,7 +58,7 @@ def test_gpu_model_gives_the_same_tokens_with_programmatic_launch(tiny_model_dir
     results = {}
     for pdl in (False, True):
         for graphs in ((), (4, 32)):
-            with programmatic_launch(pdl):
+            with programmatic_launch(pdl, prefetch_weights=prefetch):
                 runner = make_runner(tiny_model_dirs["llama"], "triton", torch.device("cuda"), dtype=torch.bfloat16,
                                      quantize=quantize, kv_dtype=kv_dtype)  # fmt: skip
                 warmup(runner, 256, 32, PoolSizing(1024, 0.05, graphs))
