@@ -51,7 +51,10 @@ def prefetches_weights(x: torch.Tensor) -> bool:
 
 @triton.jit
 def wait_for_previous_kernel(PDL: tl.constexpr):
-    """First in a kernel: with PDL, waits for the previous kernel, then lets the next one start."""
+    """With PDL: waits for the previous kernel, then lets the next one be placed. A kernel calls it
+    before it touches anything the kernels before it write or read (weight prefetches may come
+    first). The next kernel is placed only once every program of this one has started, so its
+    waiting programs never hold back this one's."""
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
