@@ -31,6 +31,9 @@ FP8 = torch.float8_e4m3fn
 FP8_MAX = float(torch.finfo(FP8).max)  # 448
 TINY_SCALE = 1e-12  # an all-zero row gets this scale instead of a division by zero
 _BLOCK = 1024
+# cuBLASLt's fp8 product keeps promoting its partial sums to float32 (slow accumulation) until
+# bench/gpu_fp8_fast_accum.py has timed and checked the fast mode on the GPU.
+FP8_FAST_ACCUM = False
 ROWS_GEMM_TILE = 64  # rows per program: Hopper's smallest warpgroup product
 ROWS_GEMM_MAX_ROWS = 192
 # Measured on an H200 over the 8B projections with their rows' quantization, µs per call
@@ -131,7 +134,8 @@ def w8a8_product(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tens
 def _scaled_product(xq, x_scale, weight, weight_scale, dtype: torch.dtype) -> torch.Tensor:
     """fp8 rows [M, K] x fp8 weight [N, K]^T with both scales, by cuBLASLt where it takes the shapes."""
     if xq.is_cuda and weight.shape[0] % 16 == 0 and weight.shape[1] % 16 == 0:  # cuBLASLt's alignment
-        return torch._scaled_mm(xq, weight.t(), scale_a=x_scale, scale_b=weight_scale.view(1, -1), out_dtype=dtype)
+        return torch._scaled_mm(xq, weight.t(), scale_a=x_scale, scale_b=weight_scale.view(1, -1), out_dtype=dtype,
+                                use_fast_accum=FP8_FAST_ACCUM)  # fmt: skip
     return ((xq.float() @ weight.float().t()) * x_scale * weight_scale.view(1, -1)).to(dtype)
 
 
