@@ -144,27 +144,37 @@ _WIDEN_E5M2_WORD = _widen_word("cvt.rn.f16x2.e5m2x2")
 
 
 @triton.jit
-def _fp8_words_as_fp16(cache_ptr, slots, key_ok, kv_head, KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr):
+def _fp8_words_as_fp16(cache_ptr, slots, key_ok, kv_head, KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+                       PTX: tl.constexpr):  # fmt: skip
     """One KV head's rows of an fp8 pool at `slots`, in fp16 (zero where not key_ok).
 
     Read as 32-bit words of 4 values and widened by hand, so the compiler cannot move the
     widening past the tile's trip through shared memory: there, a value tile that `tl.dot`
     takes transposed would be gathered back one byte at a time (sm_90 has no 8-bit
-    `ldmatrix.trans`), where fp16 gets `ldmatrix.trans`. Compiled only for CUDA: the interpreter
-    runs no PTX.
+    `ldmatrix.trans`), where fp16 gets `ldmatrix.trans`. PTX: two values an instruction (CUDA);
+    else each byte shifted out and cast (the interpreter runs no PTX; on sm_90 this way takes
+    ~40 % more instructions than PTX's).
     """
     words = tl.arange(0, HEAD_DIM // 4)
     word_ptr = cache_ptr.to(tl.pointer_type(tl.uint32), bitcast=True)
     rows = slots[:, None] * (KV_HEADS * HEAD_DIM // 4) + kv_head * (HEAD_DIM // 4)
     packed = tl.load(word_ptr + rows + words[None, :], mask=key_ok[:, None], other=0)
-    if cache_ptr.dtype.element_ty == tl.float8e5:
-        widen: tl.constexpr = _WIDEN_E5M2_WORD
+    fp8 = cache_ptr.dtype.element_ty
+    if not PTX:
+        v0 = (packed & 0xFF).to(tl.uint8).to(fp8, bitcast=True).to(tl.float16)
+        v1 = ((packed >> 8) & 0xFF).to(tl.uint8).to(fp8, bitcast=True).to(tl.float16)
+        v2 = ((packed >> 16) & 0xFF).to(tl.uint8).to(fp8, bitcast=True).to(tl.float16)
+        v3 = (packed >> 24).to(tl.uint8).to(fp8, bitcast=True).to(tl.float16)
     else:
-        widen: tl.constexpr = _WIDEN_E4M3_WORD
-    v0, v1, v2, v3 = tl.inline_asm_elementwise(widen, "=h,=h,=h,=h,r", [packed], is_pure=True, pack=1,
-                                               dtype=(tl.float16, tl.float16, tl.float16, tl.float16))  # fmt: skip
-    # The four values of each word back in place: value 4j + i is v_i[j].
-    return tl.reshape(tl.join(tl.join(v0, v1), tl.join(v2, v3)), [packed.shape[0], HEAD_DIM])
+        if fp8 == tl.float8e5:
+            widen: tl.constexpr = _WIDEN_E5M2_WORD
+        else:
+            widen: tl.constexpr = _WIDEN_E4M3_WORD
+        v0, v1, v2, v3 = tl.inline_asm_elementwise(widen, "=h,=h,=h,=h,r", [packed], is_pure=True, pack=1,
+                                                   dtype=(tl.float16, tl.float16, tl.float16, tl.float16))  # fmt: skip
+    # The four values of each word back in place, value 4j + i being v_i[j]: join appends its
+    # pair as the last axis, so [j, a, b] holds the outer join's b-th of the inner a-th values.
+    return tl.reshape(tl.join(tl.join(v0, v2), tl.join(v1, v3)), [packed.shape[0], HEAD_DIM])
 
 
 @triton.jit
@@ -216,7 +226,7 @@ def _paged_attention(
     WINDOW: tl.constexpr,  # sliding window in tokens; 0: none
     SPLITS: tl.constexpr,  # key ranges per tile (program_id 2); 1: no split
     FP16_DOTS: tl.constexpr,  # an fp8 pool under bf16 queries: the dots run in fp16
-    FP8_WORDS: tl.constexpr,  # with FP16_DOTS, values widen by words (`_fp8_words_as_fp16`); CUDA only
+    V_LOAD: tl.constexpr,  # "plain"; fp8 values to fp16 dots: "words" / "words_ptx" (`_fp8_words_as_fp16`)
     PDL: tl.constexpr,
 ):
     wait_for_previous_kernel(PDL)
@@ -270,8 +280,8 @@ def _paged_attention(
         p = tl.exp2(scores - m_safe[:, None])
         alpha = tl.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, 1)
-        if FP8_WORDS:
-            v = _fp8_words_as_fp16(v_cache_ptr, slots, key_ok, kv_head, KV_HEADS, HEAD_DIM)
+        if V_LOAD != "plain":
+            v = _fp8_words_as_fp16(v_cache_ptr, slots, key_ok, kv_head, KV_HEADS, HEAD_DIM, V_LOAD == "words_ptx")
         else:
             v = tl.load(v_cache_ptr + kv_offsets, mask=kv_mask, other=0.0).to(q.dtype)
         if IEEE:

@@ -278,10 +278,13 @@ class TritonPagedAttention(AttentionBackend):
             HALF=shape.head_dim // 2, KV_MAX=fp8_max(k_cache.dtype), num_warps=4, **launch_args(q),
         )  # fmt: skip
 
-    def _fp8_words(self, device: torch.device) -> bool:
-        """Whether values widen by words: switched on, on CUDA, and whole words per head row."""
+    def _value_load(self, device: torch.device) -> str:
+        """The kernel's V_LOAD for fp8 values meeting fp16 dots: by words (in PTX on CUDA) when
+        switched on and each head row is whole words; else plain."""
         dim = self.shape.head_dim
-        return self.fp8_values_by_words and device.type == "cuda" and dim % 4 == 0 and dim == self.head_dim_p
+        if not self.fp8_values_by_words or dim % 4 or dim != self.head_dim_p:
+            return "plain"
+        return "words_ptx" if device.type == "cuda" else "words"
 
     def _attend(self, kernels, q, k_cache, v_cache, out, metadata: TritonMetadata, launch: TileLaunch, splits: int):
         shape, config = self.shape, launch.config
@@ -290,6 +293,7 @@ class TritonPagedAttention(AttentionBackend):
             config = self.small_fp8
         tokens, heads, dim = q.shape
         fp16_dots = self.fp16_dots_over_fp8 and is_fp8(k_cache.dtype) and q.dtype == torch.bfloat16
+        fp8_into_fp16 = is_fp8(k_cache.dtype) and (fp16_dots or q.dtype == torch.float16)
         target, ml = out, out  # unsplit: the kernel writes the output itself (ml unused)
         if splits > 1:
             target = torch.empty((splits, tokens, heads, dim), dtype=torch.float32, device=q.device)
@@ -305,7 +309,7 @@ class TritonPagedAttention(AttentionBackend):
             BLOCK_Q=config.block_q, BLOCK_N=config.block_n, PAGE=k_cache.shape[1],
             HEAD_DIM=shape.head_dim, HEAD_DIM_P=self.head_dim_p,
             IEEE=q.dtype == torch.float32, WINDOW=shape.sliding_window or 0, SPLITS=splits,
-            FP16_DOTS=fp16_dots, FP8_WORDS=fp16_dots and decode_tiles and self._fp8_words(q.device),
+            FP16_DOTS=fp16_dots, V_LOAD=self._value_load(q.device) if fp8_into_fp16 and decode_tiles else "plain",
             num_warps=config.num_warps, num_stages=config.num_stages, **launch_args(q),
         )  # fmt: skip
         if splits > 1:

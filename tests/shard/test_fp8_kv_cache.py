@@ -162,16 +162,36 @@ def test_the_shard_cli_takes_tgis_kv_cache_dtypes():
             parse_config([*base, "--kv-cache-dtype", bad])
 
 
-def test_values_widen_by_words_only_on_cuda_and_whole_words():
+def test_values_load_by_words_when_switched_on_and_rows_are_whole_words():
     from shard_server.attention.triton_paged import TritonPagedAttention
 
     backend = TritonPagedAttention(AttentionShape(32, 8, 128, 128**-0.5))
-    assert not backend._fp8_words(torch.device("cuda"))  # off unless switched on
+    assert backend._value_load(torch.device("cuda")) == "plain"  # off unless switched on
     backend.fp8_values_by_words = True
-    assert backend._fp8_words(torch.device("cuda")) and not backend._fp8_words(torch.device("cpu"))
+    assert backend._value_load(torch.device("cuda")) == "words_ptx"
+    assert backend._value_load(torch.device("cpu")) == "words"  # the interpreter runs no PTX
     odd = TritonPagedAttention(AttentionShape(4, 2, 18, 18**-0.5))  # rows of 18: not whole words
     odd.fp8_values_by_words = True
-    assert not odd._fp8_words(torch.device("cuda"))
+    assert odd._value_load(torch.device("cuda")) == "plain"
+
+
+@pytest.mark.parametrize("kv_dtype", FP8, ids=str)
+@pytest.mark.parametrize("case", ["decodes_only", "block_boundaries", "mixed_step", "many_tiny"])
+def test_values_read_by_words_give_the_plain_reads_output(case, kv_dtype):
+    """fp16 queries over an fp8 pool: the values widened word by word are the same fp16 values
+    in the same places, so the output is the same, bit for bit, in every decode tile."""
+    from shard_server.attention.triton_paged import TritonPagedAttention
+
+    layout, q, k, v, k_cache, v_cache = pool_step(CASES[case], kv_dtype, DEVICE, exact=not CUDA)
+    q, k, v = (t.half() for t in (q, k, v))
+    device = torch.device(DEVICE)
+    outputs = []
+    for by_words in (False, True):
+        backend = TritonPagedAttention(SHAPE, None)
+        backend.fp8_values_by_words = by_words
+        metadata = backend.build_metadata(layout, device)
+        outputs.append(backend.forward(q, k, v, k_cache.clone(), v_cache.clone(), metadata))
+    assert torch.equal(outputs[0], outputs[1])
 
 
 @needs_cuda

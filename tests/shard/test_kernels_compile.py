@@ -22,7 +22,7 @@ FLOATS = {"scale_log2", "eps"}  # every other scalar argument is an integer
 METADATA = {name: "*i32" for name in ("slots_ptr", "tile_seq_ptr", "tile_first_ptr", "query_starts_ptr",
                                       "query_lens_ptr", "context_lens_ptr", "block_tables_ptr")}  # fmt: skip
 LLAMA_8B = dict(KV_HEADS=8, GROUP=4, GROUP_P=4, PAGE=16, HEAD_DIM=128, HEAD_DIM_P=128, IEEE=False, WINDOW=0,
-                FP16_DOTS=False, FP8_WORDS=False)
+                FP16_DOTS=False, V_LOAD="plain")
 SPLIT = dict(METADATA, out_ptr="*fp32", partial_ml_ptr="*fp32")
 FP8_POOL = {"k_cache_ptr": "*fp8e4nv", "v_cache_ptr": "*fp8e4nv"}  # --kv-cache-dtype fp8_e4m3fn
 SKINNY = dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=256)
@@ -50,10 +50,10 @@ CASES = {
     "decode_attention_fp8": ("shard_server.attention.triton_kernels", "paged_attention_kernel",
                              dict(LLAMA_8B, BLOCK_Q=4, BLOCK_N=128, SPLITS=16, FP16_DOTS=True), dict(SPLIT, **FP8_POOL)),  # fmt: skip
     "decode_attention_fp8_words": ("shard_server.attention.triton_kernels", "paged_attention_kernel",
-                                   dict(LLAMA_8B, BLOCK_Q=4, BLOCK_N=128, SPLITS=1, FP16_DOTS=True, FP8_WORDS=True),
+                                   dict(LLAMA_8B, BLOCK_Q=4, BLOCK_N=128, SPLITS=1, FP16_DOTS=True, V_LOAD="words_ptx"),
                                    dict(METADATA, **FP8_POOL)),  # fmt: skip
     "decode_attention_fp8_e5m2_words": ("shard_server.attention.triton_kernels", "paged_attention_kernel",
-                                        dict(LLAMA_8B, BLOCK_Q=4, BLOCK_N=64, SPLITS=4, FP16_DOTS=True, FP8_WORDS=True),
+                                        dict(LLAMA_8B, BLOCK_Q=4, BLOCK_N=64, SPLITS=4, FP16_DOTS=True, V_LOAD="words_ptx"),
                                         dict(SPLIT, k_cache_ptr="*fp8e5", v_cache_ptr="*fp8e5")),  # fmt: skip
     "prefill_attention_fp8": ("shard_server.attention.triton_kernels", "paged_attention_kernel",
                               dict(LLAMA_8B, BLOCK_Q=32, BLOCK_N=64, SPLITS=1, FP16_DOTS=True), dict(METADATA, **FP8_POOL)),  # fmt: skip
