@@ -13,6 +13,7 @@ product of the same quantized operands, so `FP8_FAST_ACCUM` can be chosen on num
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -33,13 +34,14 @@ def product(xq, x_scale, weight, weight_scale, fast: bool) -> torch.Tensor:
 
 
 def main() -> None:
-    out = Path(sys.argv[1])
-    rows_wanted = tuple(int(r) for r in sys.argv[2:]) or ROWS
-    device = torch.device("cuda")
-    results = {}
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("out", type=Path)
+    parser.add_argument("rows", type=int, nargs="*", default=list(ROWS))
+    args = parser.parse_args()
+    device, results = torch.device("cuda"), {}
     for name, (n, k) in SHAPES.items():
         weights = [quantize_rows_reference(torch.randn((n, k), device=device) * 0.02) for _ in range(COPIES)]
-        for rows in rows_wanted:
+        for rows in args.rows:
             xq, x_scale = quantize_rows_reference(torch.randn((rows, k), device=device, dtype=torch.bfloat16))
             exact = (xq.float() @ weights[0][0].float().t()) * x_scale * weights[0][1].view(1, -1)
             entry = {}
@@ -59,7 +61,7 @@ def main() -> None:
             )  # fmt: skip
             print(f"{name}_m{rows}: {shown}", flush=True)
         del weights
-        out.write_text(json.dumps(results, indent=1))
+        args.out.write_text(json.dumps(results, indent=1))
 
 
 if __name__ == "__main__":
