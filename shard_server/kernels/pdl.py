@@ -45,8 +45,9 @@ def launch_args(x: torch.Tensor) -> dict:
 
 
 def prefetches_weights(x: torch.Tensor) -> bool:
-    """Whether a matmul launched over x prefetches its weights before it waits."""
-    return _ENABLED["prefetch_weights"] and launch_args(x)["PDL"]
+    """Whether a matmul launched over x prefetches its weights before it waits (only ever on
+    with the launch itself: `programmatic_launch` sets both)."""
+    return _ENABLED["prefetch_weights"] and x.is_cuda
 
 
 @triton.jit

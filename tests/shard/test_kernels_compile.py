@@ -124,8 +124,10 @@ CASES["skinny_matmul_prefetch_pdl"] = (*CASES["skinny_matmul"][:2],
                                        CASES["skinny_matmul"][3])  # fmt: skip
 
 
-def compile_case(name: str) -> None:
-    """In the child: compiles one case for an sm_90 target (raises if the compiler refuses)."""
+def compile_for_hopper(name: str, aligned: bool = False, **options):
+    """Compiles one case for an sm_90 target (raises if the compiler refuses). `aligned`: the
+    pointers, strides and sizes 16-divisible, as Triton specialises a real launch on them
+    (`bench/ptx_census.py` reads the code a launch would run); `options`: num_warps, num_stages."""
     import importlib
 
     import triton
@@ -138,16 +140,24 @@ def compile_case(name: str) -> None:
         constants = {"PDL": False, **constants}
     if "PREFETCH_W" in kernel.arg_names:
         constants = {"PREFETCH_W": False, "W_LINE": 128, **constants}
-    signature = {}
-    for arg in kernel.arg_names:
+    signature, attrs = {}, {}
+    for index, arg in enumerate(kernel.arg_names):
         if arg in constants:
             signature[arg] = "constexpr"
-        elif arg.endswith("_ptr"):
+            continue
+        if arg.endswith("_ptr"):
             signature[arg] = pointers.get(arg, "*bf16")
         else:
             signature[arg] = "fp32" if arg in FLOATS else "i32"
-    source = ASTSource(fn=kernel, signature=signature, constexprs=constants)
-    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32))
+        if aligned and (arg.endswith("_ptr") or "stride" in arg or arg in ("M", "N", "K")) and arg != "table_stride":
+            attrs[(index,)] = [["tt.divisibility", 16]]
+    source = ASTSource(fn=kernel, signature=signature, constexprs=constants, attrs=attrs)
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options or None), constants
+
+
+def compile_case(name: str) -> None:
+    """In the child: compiles one case and checks what its PTX must hold."""
+    compiled, constants = compile_for_hopper(name)
     assert compiled.asm["ptx"], name
     # With PDL the kernel waits for the previous one before anything else, then releases the next.
     waits = compiled.asm["ptx"].count("griddepcontrol.wait")
