@@ -113,8 +113,13 @@ class TritonPagedAttention(AttentionBackend):
         # ... with the decode tiles' values read as 32-bit words and widened by hand
         # (`_fp8_words_as_fp16`): the compiled decode then gathers no value byte by byte from
         # shared memory (128 8-bit loads a warp per 128-key tile in the sm_90 PTX). Prefill tiles
-        # (wgmma) have no such loads and keep the plain path. Not yet measured on the GPU: off.
-        self.fp8_values_by_words = False
+        # (wgmma) have no such loads and keep the plain path. Lighter, the tiles then do best
+        # with 64 keys and 2 warps: H200, per layer, batch 80 at context 1280 0.118 -> 0.089 ms,
+        # batch 256 at 512 0.136 -> 0.120 ms (attention_tiles_fp8_words_h200.json); in the
+        # 256-request mix batch-77 decode steps 6.75 -> 6.35 ms, batch-256 ones 8.93 -> 9.17 ms
+        # against 128-key 4-warp tiles (gpu_vs_transformers_h200_fp8.json, run11_series).
+        self.fp8_values_by_words = True
+        self.small_fp8_words = replace(self.small, block_n=64, num_warps=2, num_stages=2)
 
     # -- per-step planning -------------------------------------------------------------
     def build_metadata(
@@ -289,11 +294,12 @@ class TritonPagedAttention(AttentionBackend):
     def _attend(self, kernels, q, k_cache, v_cache, out, metadata: TritonMetadata, launch: TileLaunch, splits: int):
         shape, config = self.shape, launch.config
         decode_tiles = config == self.small
-        if decode_tiles and is_fp8(k_cache.dtype):
-            config = self.small_fp8
-        tokens, heads, dim = q.shape
         fp16_dots = self.fp16_dots_over_fp8 and is_fp8(k_cache.dtype) and q.dtype == torch.bfloat16
         fp8_into_fp16 = is_fp8(k_cache.dtype) and (fp16_dots or q.dtype == torch.float16)
+        value_load = self._value_load(q.device) if fp8_into_fp16 and decode_tiles else "plain"
+        if decode_tiles and is_fp8(k_cache.dtype):
+            config = self.small_fp8 if value_load == "plain" else self.small_fp8_words
+        tokens, heads, dim = q.shape
         target, ml = out, out  # unsplit: the kernel writes the output itself (ml unused)
         if splits > 1:
             target = torch.empty((splits, tokens, heads, dim), dtype=torch.float32, device=q.device)
@@ -309,7 +315,7 @@ class TritonPagedAttention(AttentionBackend):
             BLOCK_Q=config.block_q, BLOCK_N=config.block_n, PAGE=k_cache.shape[1],
             HEAD_DIM=shape.head_dim, HEAD_DIM_P=self.head_dim_p,
             IEEE=q.dtype == torch.float32, WINDOW=shape.sliding_window or 0, SPLITS=splits,
-            FP16_DOTS=fp16_dots, V_LOAD=self._value_load(q.device) if fp8_into_fp16 and decode_tiles else "plain",
+            FP16_DOTS=fp16_dots, V_LOAD=value_load,
             num_warps=config.num_warps, num_stages=config.num_stages, **launch_args(q),
         )  # fmt: skip
         if splits > 1:

@@ -162,16 +162,15 @@ def test_the_shard_cli_takes_tgis_kv_cache_dtypes():
             parse_config([*base, "--kv-cache-dtype", bad])
 
 
-def test_values_load_by_words_when_switched_on_and_rows_are_whole_words():
+def test_values_load_by_words_unless_switched_off_or_rows_are_not_whole_words():
     from shard_server.attention.triton_paged import TritonPagedAttention
 
     backend = TritonPagedAttention(AttentionShape(32, 8, 128, 128**-0.5))
-    assert backend._value_load(torch.device("cuda")) == "plain"  # off unless switched on
-    backend.fp8_values_by_words = True
-    assert backend._value_load(torch.device("cuda")) == "words_ptx"
+    assert backend._value_load(torch.device("cuda")) == "words_ptx"  # on by default
     assert backend._value_load(torch.device("cpu")) == "words"  # the interpreter runs no PTX
+    backend.fp8_values_by_words = False
+    assert backend._value_load(torch.device("cuda")) == "plain"
     odd = TritonPagedAttention(AttentionShape(4, 2, 18, 18**-0.5))  # rows of 18: not whole words
-    odd.fp8_values_by_words = True
     assert odd._value_load(torch.device("cuda")) == "plain"
 
 
