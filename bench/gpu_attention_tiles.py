@@ -84,10 +84,17 @@ def main() -> None:
             continue
         layout, q, k, v, k_cache, v_cache = build(specs, device, kv_dtype=kv_dtype)
         backend = TritonPagedAttention(AttentionShape(HEADS, KV_HEADS, DIM, DIM**-0.5))
+        shipped_switches = backend.fp16_dots_over_fp8, backend.fp8_values_by_words
         fp8_pool = is_fp8(kv_dtype)
-        # Over an fp8 pool decode tiles launch with `small_fp8`: that one is shipped and swept.
-        attribute = "small_fp8" if which == "small" and fp8_pool else which
-        shipped = getattr(backend, attribute)
+        # Over an fp8 pool decode tiles launch with `small_fp8` (values read by words:
+        # `small_fp8_words`): the one in use is shipped, and both are swept together.
+        attributes = [which]
+        if which == "small" and fp8_pool:
+            attributes = ["small_fp8_words", "small_fp8"]
+            if not backend.fp8_values_by_words:
+                attributes.reverse()
+        saved = {a: getattr(backend, a) for a in attributes}
+        shipped = saved[attributes[0]]
         if which == "large":
             candidates = LARGE
         else:
@@ -95,14 +102,16 @@ def main() -> None:
             candidates = [shipped] + [c for c in small if c != shipped]
         # Over an fp8 pool each candidate also runs with bf16 dots (the shipped kernel's are fp16),
         # and with fp16 dots over values widened by words (`fp8_values_by_words`).
-        variants = [(c, True, False) for c in candidates]
+        variants = [(c, *shipped_switches) for c in candidates]
         if fp8_pool:
-            variants += [(c, False, False) for c in candidates] + [(c, True, True) for c in candidates]
+            others = [(True, False), (False, False), (True, True)]
+            variants += [(c, *s) for s in others if s != shipped_switches for c in candidates]
         split_counts = [int(n) for n in args.splits.split(",")] if which == "small" else [1]
         variants = [(c, dots, words, n) for n in split_counts for c, dots, words in variants]
         baseline, rows = None, []
         for config, fp16_dots, by_words, splits in variants:
-            setattr(backend, attribute, config)
+            for attribute in attributes:
+                setattr(backend, attribute, config)
             backend.fp16_dots_over_fp8, backend.fp8_values_by_words = fp16_dots, by_words
             metadata = backend.build_metadata(layout, device)
             metadata.splits = splits
@@ -119,9 +128,13 @@ def main() -> None:
             error = float((got.float() - baseline).abs().max())
             rows.append({"config": config.__dict__, "fp16_dots": fp16_dots, "by_words": by_words, "splits": splits,
                          "ms": ms, "max_abs_diff_vs_shipped": error})  # fmt: skip
-        setattr(backend, attribute, shipped)
-        backend.fp16_dots_over_fp8, backend.fp8_values_by_words = True, False
+        for attribute, config in saved.items():
+            setattr(backend, attribute, config)
+        backend.fp16_dots_over_fp8, backend.fp8_values_by_words = shipped_switches
         results[name] = rows
+        for r in rows:
+            print(f"  {name} {r['config']} dots16={r['fp16_dots']} words={r['by_words']} splits={r['splits']}: "
+                  f"{r.get('ms', r.get('error'))}", flush=True)  # fmt: skip
         best = min((r for r in rows if "ms" in r and r["max_abs_diff_vs_shipped"] < 2e-2), key=lambda r: r["ms"])
         print(f"{name}: shipped {rows[0].get('ms', float('nan')):.3f} ms, best {best['ms']:.3f} ms {best['config']}"
               f" fp16 dots {best['fp16_dots']}, by words {best['by_words']}, splits {best['splits']}",

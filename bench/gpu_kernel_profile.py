@@ -11,7 +11,8 @@ decode shapes (batch 256 at context 512, batch 80 at context 1280), one 2048-tok
 (the TTFT case; again with the dense prefill path off) and one mixed step (64 decodes plus
 8,128 prompt tokens).
 
-    python3 bench/gpu_kernel_profile.py MODEL_DIR OUT_JSON [--quantize fp8] [--pdl | --pdl-prefetch] [CASE ...]
+    python3 bench/gpu_kernel_profile.py MODEL_DIR OUT_JSON [--quantize fp8] [--kv-cache-dtype fp8_e4m3fn]
+        [--pdl | --pdl-prefetch] [CASE ...]
 
 `--pdl`: the decoder's Triton kernels launch with programmatic dependent launch
 (`shard_server/kernels/pdl.py`), graphs captured so; `--pdl-prefetch`: and the skinny matmul
@@ -21,6 +22,7 @@ durations overlap under it: compare `step_ms`).
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 import sys
@@ -191,18 +193,26 @@ def paged_only(runner, case):
 
 
 def main() -> None:
-    model_dir, out, *wanted = sys.argv[1:]
-    quantize = None
-    if wanted[:1] == ["--quantize"]:
-        quantize, wanted = wanted[1], wanted[2:]
-    pdl, prefetch = "--pdl" in wanted or "--pdl-prefetch" in wanted, "--pdl-prefetch" in wanted
-    wanted = [w for w in wanted if w not in ("--pdl", "--pdl-prefetch")]
-    with programmatic_launch(pdl, prefetch_weights=prefetch):
-        profile(model_dir, Path(out), quantize, set(wanted))
+    from shard_server.kv_cache import KV_CACHE_DTYPES
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("model_dir", type=Path)
+    parser.add_argument("out", type=Path)
+    parser.add_argument("cases", nargs="*", help="case names (default: all)")
+    parser.add_argument("--quantize", choices=["fp8"])
+    parser.add_argument("--kv-cache-dtype", choices=sorted(KV_CACHE_DTYPES))
+    launch = parser.add_mutually_exclusive_group()
+    launch.add_argument("--pdl", action="store_true")
+    launch.add_argument("--pdl-prefetch", action="store_true")
+    args = parser.parse_intermixed_args()  # cases may follow the options
+    kv_dtype = KV_CACHE_DTYPES[args.kv_cache_dtype] if args.kv_cache_dtype else None
+    with programmatic_launch(args.pdl or args.pdl_prefetch, prefetch_weights=args.pdl_prefetch):
+        profile(args.model_dir, args.out, args.quantize, kv_dtype, set(args.cases))
 
 
-def profile(model_dir, out: Path, quantize, wanted: set) -> None:
-    runner, _ = parity_runner(Path(model_dir), graph_sizes=(1, 80, 256), memory_fraction=0.85, quantize=quantize)
+def profile(model_dir: Path, out: Path, quantize, kv_dtype, wanted: set) -> None:
+    runner, _ = parity_runner(model_dir, graph_sizes=(1, 80, 256), memory_fraction=0.85, quantize=quantize,
+                              kv_dtype=kv_dtype)  # fmt: skip
     results = {}
     cases = [
         ("decode_b1_ctx256", lambda: decode_case(runner, 1, 256)),
