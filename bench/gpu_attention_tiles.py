@@ -5,6 +5,7 @@ candidate; every candidate's output is checked against the shipped config's (bf1
 timed with CUDA events (median of do_bench). The shipped config is the first of each list.
 
     python3 bench/gpu_attention_tiles.py OUT_JSON [--kv-dtype fp8_e4m3fn] [--decode-only] [--splits 1,2,4]
+        [--cases decode_b80_ctx1280,...]
 
 With `--kv-dtype` the pool is stored in that dtype (`--kv-cache-dtype`): fp8 halves the bytes
 a decode reads, and the kernel widens each key and value tile before its dots: to fp16 as
@@ -34,6 +35,11 @@ CASES = {
     "mixed_8x1016_plus_64_decodes": ("large", [(1016, 1016)] * 8 + [(1, 512)] * 64),
     "decode_b80_ctx1280": ("small", [(1, 1280)] * 80),
     "decode_b256_ctx512": ("small", [(1, 512)] * 256),
+    # Between and around the mix's two decode shapes: where one decode tile stops paying.
+    "decode_b24_ctx1536": ("small", [(1, 1536)] * 24),
+    "decode_b48_ctx1280": ("small", [(1, 1280)] * 48),
+    "decode_b128_ctx768": ("small", [(1, 768)] * 128),
+    "decode_b192_ctx640": ("small", [(1, 640)] * 192),
 }
 LARGE = [TileConfig(32, 64, 8, 2)] + [TileConfig(q, n, w, s) for q, n, w, s in [
     (32, 64, 8, 3), (32, 128, 8, 2), (32, 128, 8, 3), (32, 32, 4, 3), (32, 64, 4, 2), (32, 64, 4, 3),
@@ -72,6 +78,7 @@ def main() -> None:
     parser.add_argument("out", type=Path)
     parser.add_argument("--kv-dtype", choices=sorted(KV_CACHE_DTYPES), default=None)
     parser.add_argument("--decode-only", action="store_true")
+    parser.add_argument("--cases", help="comma-separated case names (default: all)")
     # Eager decode steps never split their keys (graph steps of few sequences do): this forces
     # each split count on the decode cases, to see whether more programs per step would pay.
     parser.add_argument("--splits", default="1", help="comma-separated key splits for the decode cases")
@@ -80,7 +87,7 @@ def main() -> None:
     device = torch.device("cuda")
     results = {"kv_dtype": str(kv_dtype)}
     for name, (which, specs) in CASES.items():
-        if args.decode_only and which != "small":
+        if (args.decode_only and which != "small") or (args.cases and name not in args.cases.split(",")):
             continue
         layout, q, k, v, k_cache, v_cache = build(specs, device, kv_dtype=kv_dtype)
         backend = TritonPagedAttention(AttentionShape(HEADS, KV_HEADS, DIM, DIM**-0.5))
