@@ -83,6 +83,9 @@ def main() -> None:
     # each split count on the decode cases, to see whether more programs per step would pay.
     parser.add_argument("--splits", default="1", help="comma-separated key splits for the decode cases")
     args = parser.parse_args()
+    unknown = set(args.cases.split(",")) - set(CASES) if args.cases else set()
+    if unknown:
+        parser.error(f"unknown cases {sorted(unknown)}; known: {', '.join(CASES)}")
     kv_dtype = KV_CACHE_DTYPES[args.kv_dtype] if args.kv_dtype else torch.bfloat16
     device = torch.device("cuda")
     results = {"kv_dtype": str(kv_dtype)}
