@@ -2,19 +2,10 @@
 //! at `/api-doc/openapi.json`, and Swagger UI at `/docs` (assets compiled into the binary,
 //! so it works offline).
 use axum::Router;
-use utoipa::{OpenApi, ToSchema};
+use utoipa::OpenApi;
 use utoipa_swagger_ui::SwaggerUi;
 
 use super::{invocations, openai, ops, tgi, AppState};
-
-/// One server-sent event. `data` holds one JSON-encoded item of the stream (the route's
-/// chunk type, an error body, or the final `[DONE]` of the OpenAI routes).
-#[derive(Debug, ToSchema)]
-pub struct SseEvent {
-    pub data: String,
-    #[serde(default)]
-    pub event: Option<String>,
-}
 
 #[derive(OpenApi)]
 #[openapi(
@@ -52,28 +43,4 @@ pub struct ApiDoc;
 
 pub fn routes() -> Router<AppState> {
     Router::from(SwaggerUi::new("/docs").url("/api-doc/openapi.json", ApiDoc::openapi()))
-}
-
-/// Rejections of a request body, shared by every JSON route's OpenAPI entry.
-#[derive(utoipa::IntoResponses)]
-#[allow(dead_code)] // documentation only: the handlers answer with `ApiError`
-pub enum BodyErrors {
-    #[response(status = 400, description = "Malformed JSON")]
-    MalformedJson(crate::schema::ErrorBody),
-    #[response(status = 413, description = "Body over --payload-limit")]
-    PayloadTooLarge(crate::schema::ErrorBody),
-    #[response(status = 415, description = "Missing `content-type: application/json`")]
-    UnsupportedMediaType(crate::schema::ErrorBody),
-}
-
-/// Failures of a generation once its input is valid, shared by the generating routes.
-#[derive(utoipa::IntoResponses)]
-#[allow(dead_code)] // documentation only: the handlers answer with `ApiError`
-pub enum GenerationErrors {
-    #[response(status = 424, description = "Generation error")]
-    Generation(crate::schema::ErrorBody),
-    #[response(status = 429, description = "Model is overloaded")]
-    Overloaded(crate::schema::ErrorBody),
-    #[response(status = 500, description = "Incomplete generation")]
-    Incomplete(crate::schema::ErrorBody),
 }

@@ -24,7 +24,7 @@ fn parse<T: serde::de::DeserializeOwned>(body: Value) -> Result<T, ApiError> {
     responses(
         (status = 200, description = "The answer of the route the body belongs to", content(
             (Object = "application/json"),
-            (super::docs::SseEvent = "text/event-stream"),
+            (super::doc_types::SseEvent = "text/event-stream"),
         )),
         (status = 400, description = "Malformed JSON or an invalid OpenAI-style request", body = Object),
         (status = 413, description = "Body over --payload-limit", body = Object),

@@ -1,5 +1,6 @@
 //! The HTTP server: routes, shared state, layers (body limit, CORS, API key) and
 //! graceful shutdown.
+mod doc_types;
 pub mod docs;
 mod invocations;
 pub mod openai;

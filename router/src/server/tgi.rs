@@ -26,8 +26,8 @@ use super::openai::types::ChatCompletionRequest;
     responses(
         (status = 200, description = "Generated text", body = GenerateResponse),
         (status = 422, description = "Input validation error", body = ErrorBody),
-        super::docs::BodyErrors,
-        super::docs::GenerationErrors,
+        super::doc_types::BodyErrors,
+        super::doc_types::GenerationErrors,
     )
 )]
 pub async fn generate(
@@ -47,10 +47,10 @@ pub async fn generate(
     tag = "Text Generation Inference",
     request_body = GenerateRequest,
     responses(
-        (status = 200, description = "SSE stream: one `StreamResponse` per token; the last has the text and details", body = super::docs::SseEvent, content_type = "text/event-stream"),
+        (status = 200, description = "SSE stream: one `StreamResponse` per token; the last has the text and details", body = super::doc_types::SseEvent, content_type = "text/event-stream"),
         (status = 422, description = "Input validation error", body = ErrorBody),
-        super::docs::BodyErrors,
-        super::docs::GenerationErrors,
+        super::doc_types::BodyErrors,
+        super::doc_types::GenerationErrors,
     )
 )]
 pub async fn generate_stream(
@@ -71,11 +71,11 @@ pub async fn generate_stream(
     responses(
         (status = 200, description = "A one-element array, or with `stream: true` an SSE stream of `StreamResponse`", content(
             ([GenerateResponse] = "application/json"),
-            (super::docs::SseEvent = "text/event-stream"),
+            (super::doc_types::SseEvent = "text/event-stream"),
         )),
         (status = 422, description = "Input validation error", body = ErrorBody),
-        super::docs::BodyErrors,
-        super::docs::GenerationErrors,
+        super::doc_types::BodyErrors,
+        super::doc_types::GenerationErrors,
     )
 )]
 pub async fn compat_generate(
@@ -103,7 +103,7 @@ pub async fn compat_generate(
     responses(
         (status = 200, description = "The prompt's tokens", body = [SimpleToken]),
         (status = 422, description = "Input validation error", body = ErrorBody),
-        super::docs::BodyErrors,
+        super::doc_types::BodyErrors,
     )
 )]
 pub async fn tokenize(
@@ -122,7 +122,7 @@ pub async fn tokenize(
     responses(
         (status = 200, description = "The templated prompt and its tokens", body = ChatTokenizeResponse),
         (status = 422, description = "Invalid messages or a template error", body = ErrorBody),
-        super::docs::BodyErrors,
+        super::doc_types::BodyErrors,
     )
 )]
 pub async fn chat_tokenize(

@@ -175,7 +175,7 @@ fn usage(results: &[PromptResult]) -> Usage {
     responses(
         (status = 200, description = "The completion, or with `stream: true` an SSE stream of `ChatCompletionChunk` ending with `data: [DONE]`", content(
             (ChatCompletion = "application/json"),
-            (super::docs::SseEvent = "text/event-stream"),
+            (super::doc_types::SseEvent = "text/event-stream"),
         )),
         errors::GenerationErrors,
     )
@@ -266,7 +266,7 @@ fn completion_choice(
     responses(
         (status = 200, description = "The completion, or with `stream: true` an SSE stream of `Completion` chunks ending with `data: [DONE]`", content(
             (Completion = "application/json"),
-            (super::docs::SseEvent = "text/event-stream"),
+            (super::doc_types::SseEvent = "text/event-stream"),
         )),
         errors::GenerationErrors,
     )
