@@ -20,7 +20,10 @@ fn main() {
     let text = std::fs::read_to_string(&args[2]).expect("text file");
     let rounds: usize = args.get(3).map_or(40, |r| r.parse().expect("rounds"));
     let encoder = ChunkedEncoder::for_tokenizer(&tokenizer);
-    assert!(encoder.applies(), "this tokenizer never takes the chunked path");
+    assert!(
+        encoder.applies(),
+        "this tokenizer never takes the chunked path"
+    );
     let words: Vec<&str> = text.split(' ').collect();
     let (mut single, mut chunked) = (Vec::new(), Vec::new());
     for round in 0..rounds {
@@ -30,7 +33,10 @@ fn main() {
         let one_pass = tokenizer.encode(rotated.as_str(), true).expect("encode");
         single.push(started.elapsed().as_secs_f64() * 1e3);
         let started = Instant::now();
-        let ids = encoder.encode(&tokenizer, &rotated, true).expect("long enough").expect("encode");
+        let ids = encoder
+            .encode(&tokenizer, &rotated, true)
+            .expect("long enough")
+            .expect("encode");
         chunked.push(started.elapsed().as_secs_f64() * 1e3);
         assert_eq!(ids, one_pass.get_ids(), "chunked ids differ from one pass");
     }

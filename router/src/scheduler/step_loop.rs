@@ -134,7 +134,12 @@ fn launch<'a, E: StepExecutor>(
     let shape = (computes && tracing::enabled!(tracing::Level::DEBUG)).then(|| StepShape {
         id: planned.request.step_id,
         sequences: planned.request.sequences.len(),
-        decodes: planned.request.sequences.iter().filter(|s| s.num_tokens == 1).count(),
+        decodes: planned
+            .request
+            .sequences
+            .iter()
+            .filter(|s| s.num_tokens == 1)
+            .count(),
         tokens: planned.num_tokens,
     });
     if computes {
