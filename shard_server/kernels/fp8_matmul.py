@@ -32,9 +32,10 @@ FP8_MAX = float(torch.finfo(FP8).max)  # 448
 TINY_SCALE = 1e-12  # an all-zero row gets this scale instead of a division by zero
 _BLOCK = 1024
 # cuBLASLt's fast accumulation (the tensor cores' own accumulator over the whole depth, with no
-# periodic promotion of partial sums to float32 registers): 5-12 % faster at 1024-8192 rows on an H200 (2048-row gate_up 425 -> 375 us, 8192-row
-# o 298 -> 223 us), rel L2 error against the float32 product 1.7e-3 -> 2.1e-3 (down, 14336 deep:
-# 3.3e-3), well under fp8's own rounding (bench/gpu_fp8_fast_accum.py, fp8_fast_accum_h200.json).
+# periodic promotion of partial sums to float32 registers): 5-12 % faster at 1024-8192 rows on
+# an H200 (2048-row gate_up 425 -> 375 us, 8192-row o 298 -> 223 us); rel L2 error against the
+# float32 product 1.7e-3 -> 2.1e-3 (down, 14336 deep: 3.3e-3), well under fp8's own rounding
+# (bench/gpu_fp8_fast_accum.py, fp8_fast_accum_h200.json).
 FP8_FAST_ACCUM = True
 ROWS_GEMM_TILE = 64  # rows per program: Hopper's smallest warpgroup product
 ROWS_GEMM_MAX_ROWS = 192
