@@ -174,11 +174,13 @@ def test_values_load_by_words_unless_switched_off_or_rows_are_not_whole_words():
     assert odd._value_load(torch.device("cuda")) == "plain"
 
 
+@pytest.mark.parametrize("splits", [1, 3])
 @pytest.mark.parametrize("kv_dtype", FP8, ids=str)
 @pytest.mark.parametrize("case", ["decodes_only", "block_boundaries", "mixed_step", "many_tiny"])
-def test_values_read_by_words_give_the_plain_reads_output(case, kv_dtype):
+def test_values_read_by_words_give_the_plain_reads_output(case, kv_dtype, splits):
     """fp16 queries over an fp8 pool: the values widened word by word are the same fp16 values
-    in the same places, so the output is the same, bit for bit, in every decode tile."""
+    in the same places, so the output is the same, bit for bit, in every decode tile (also
+    with each tile's keys in several ranges, as graph steps of few sequences run them)."""
     from shard_server.attention.triton_paged import TritonPagedAttention
 
     layout, q, k, v, k_cache, v_cache = pool_step(CASES[case], kv_dtype, DEVICE, exact=not CUDA)
@@ -188,7 +190,9 @@ def test_values_read_by_words_give_the_plain_reads_output(case, kv_dtype):
     for by_words in (False, True):
         backend = TritonPagedAttention(SHAPE, None)
         backend.fp8_values_by_words = by_words
+        backend.small_fp8 = backend.small_fp8_words  # the same tile both ways: only the loads differ
         metadata = backend.build_metadata(layout, device)
+        metadata.splits = splits
         outputs.append(backend.forward(q, k, v, k_cache.clone(), v_cache.clone(), metadata))
     assert torch.equal(outputs[0], outputs[1])
 
@@ -196,10 +200,11 @@ def test_values_read_by_words_give_the_plain_reads_output(case, kv_dtype):
 @needs_cuda
 @pytest.mark.parametrize("kv_dtype", FP8, ids=str)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
-@pytest.mark.parametrize("by_words", [False, True])
-def test_gpu_triton_equals_reference_on_an_fp8_pool_at_real_sizes(kv_dtype, dtype, by_words):
+@pytest.mark.parametrize("by_words,splits", [(False, 1), (True, 1), (True, 4)])
+def test_gpu_triton_equals_reference_on_an_fp8_pool_at_real_sizes(kv_dtype, dtype, by_words, splits):
     """8B head shapes: long decodes, a chunk over a cached prefix, and a fresh prompt on the
-    dense path, in the model dtype over an fp8 pool (also with the values read by words)."""
+    dense path, in the model dtype over an fp8 pool (also with the values read by words, and
+    with the decode tiles' keys split in ranges as in graph steps)."""
     from shard_server.attention.triton_paged import TritonPagedAttention
 
     specs = [(1, 3000), (1, 17), (200, 1500), (1100, 1100)] + [(1, 64 + i) for i in range(40)]
@@ -212,6 +217,7 @@ def test_gpu_triton_equals_reference_on_an_fp8_pool_at_real_sizes(kv_dtype, dtyp
     ref_k, ref_v = k_cache.clone(), v_cache.clone()
     expected = reference.forward(q, k, v, ref_k, ref_v, reference.build_metadata(layout, device))
     metadata = triton_backend.build_metadata(layout, device)
+    metadata.splits = splits
     assert metadata.dense_rows  # the fresh 1100-token prompt
     got = triton_backend.forward(q, k, v, k_cache, v_cache, metadata)
     torch.testing.assert_close(got.float(), expected.float(), atol=2e-2, rtol=0)
