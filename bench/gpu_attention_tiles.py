@@ -83,14 +83,14 @@ def main() -> None:
     # each split count on the decode cases, to see whether more programs per step would pay.
     parser.add_argument("--splits", default="1", help="comma-separated key splits for the decode cases")
     args = parser.parse_args()
-    unknown = set(args.cases.split(",")) - set(CASES) if args.cases else set()
-    if unknown:
-        parser.error(f"unknown cases {sorted(unknown)}; known: {', '.join(CASES)}")
+    wanted = set(args.cases.split(",")) if args.cases else set(CASES)
+    if wanted - set(CASES):
+        parser.error(f"unknown cases {sorted(wanted - set(CASES))}; known: {', '.join(CASES)}")
     kv_dtype = KV_CACHE_DTYPES[args.kv_dtype] if args.kv_dtype else torch.bfloat16
     device = torch.device("cuda")
     results = {"kv_dtype": str(kv_dtype)}
     for name, (which, specs) in CASES.items():
-        if (args.decode_only and which != "small") or (args.cases and name not in args.cases.split(",")):
+        if name not in wanted or (args.decode_only and which != "small"):
             continue
         layout, q, k, v, k_cache, v_cache = build(specs, device, kv_dtype=kv_dtype)
         backend = TritonPagedAttention(AttentionShape(HEADS, KV_HEADS, DIM, DIM**-0.5))
@@ -110,8 +110,8 @@ def main() -> None:
         else:
             small = [replace(c, block_q=shipped.block_q) for c in SMALL]
             candidates = [shipped] + [c for c in small if c != shipped]
-        # Over an fp8 pool each candidate also runs with bf16 dots (the shipped kernel's are fp16),
-        # and with fp16 dots over values widened by words (`fp8_values_by_words`).
+        # Over an fp8 pool each candidate also runs with the other widenings: fp16 dots over
+        # plain or word-read values (`fp8_values_by_words`), and bf16 dots over plain ones.
         variants = [(c, *shipped_switches) for c in candidates]
         if fp8_pool:
             others = [(True, False), (False, False), (True, True)]

@@ -37,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.gpu_parity import parity_runner  # noqa: E402
 from bench.gpu_step_profile import _prefill_batch  # noqa: E402
 from shard_server.kernels.pdl import programmatic_launch  # noqa: E402
+from shard_server.kv_cache import KV_CACHE_DTYPES  # noqa: E402
 from shard_server.pb import generate_pb2 as pb  # noqa: E402
 
 GROUPS = [
@@ -193,8 +194,6 @@ def paged_only(runner, case):
 
 
 def main() -> None:
-    from shard_server.kv_cache import KV_CACHE_DTYPES
-
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("model_dir", type=Path)
     parser.add_argument("out", type=Path)
