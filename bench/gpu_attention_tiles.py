@@ -97,14 +97,14 @@ def main() -> None:
         shipped_switches = backend.fp16_dots_over_fp8, backend.fp8_values_by_words
         fp8_pool = is_fp8(kv_dtype)
         # Over an fp8 pool decode tiles launch with `small_fp8` (values read by words:
-        # `small_fp8_words`): the one in use is shipped, and both are swept together.
-        attributes = [which]
+        # `small_fp8_words`, or `small_fp8_words_wide` for many programs): the one this case
+        # takes is shipped, and all are swept together.
+        attributes, shipped = [which], getattr(backend, which)
         if which == "small" and fp8_pool:
-            attributes = ["small_fp8_words", "small_fp8"]
-            if not backend.fp8_values_by_words:
-                attributes.reverse()
+            attributes = ["small_fp8_words", "small_fp8_words_wide", "small_fp8"]
+            load = "words" if backend.fp8_values_by_words else "plain"
+            shipped = backend.fp8_decode_tile(load, len(specs) * KV_HEADS)
         saved = {a: getattr(backend, a) for a in attributes}
-        shipped = saved[attributes[0]]
         if which == "large":
             candidates = LARGE
         else:

@@ -8,8 +8,8 @@ matmul of each projection can be read off (qkv, o, gate_up, down).
 
 Cases: batch-1 decode (graph replay) at contexts 256 and 1024, the 256-request mix's two
 decode shapes (batch 256 at context 512, batch 80 at context 1280), one 2048-token prefill
-(the TTFT case; again with the dense prefill path off) and one mixed step (64 decodes plus
-8,128 prompt tokens).
+(the TTFT case; again with the dense prefill path off), one mixed step (64 decodes plus
+8,128 prompt tokens) and one prefill step as the 256-request mix runs them (again paged only).
 
     python3 bench/gpu_kernel_profile.py MODEL_DIR OUT_JSON [--quantize fp8] [--kv-cache-dtype fp8_e4m3fn]
         [--pdl | --pdl-prefetch] [CASE ...]
@@ -50,6 +50,9 @@ GROUPS = [
     ("matmul", r"gemm|gemv|nvjet|sm90|cutlass|xmma|splitk|matmul"),  # names are matched lowercased
     ("lm_tail", r"argmax|logsumexp|reduce|softmax|max|gather|exp|log"),
 ]
+
+
+MIX_PREFILL = [1024] * 6 + [128] * 15
 
 
 def group_of(name: str) -> str:
@@ -221,6 +224,10 @@ def profile(model_dir: Path, out: Path, quantize, kv_dtype, wanted: set) -> None
         ("prefill_2048", lambda: prefill_case(runner, [2048])),
         ("prefill_2048_paged_attention", lambda: paged_only(runner, lambda: prefill_case(runner, [2048]))),
         ("mixed_64x512_plus_8x1016", lambda: prefill_case(runner, [1016] * 8, decodes=64)),
+        # A prefill step of the 256-request mix: 8,192 tokens, most in whole 1,024-token prompts
+        # (the dense path), the rest in 128-token ones, beside the decodes of those before.
+        ("mix_prefill_6x1024_15x128_plus_128x600", lambda: prefill_case(runner, MIX_PREFILL, 128, 600)),
+        ("mix_prefill_paged_attention", lambda: paged_only(runner, lambda: prefill_case(runner, MIX_PREFILL, 128, 600))),
     ]
     for name, case in cases:
         if wanted and name not in wanted:

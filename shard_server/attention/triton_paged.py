@@ -38,6 +38,10 @@ LOG2_E = 1.4426950408889634
 # Split-KV aims at about this many programs per small-tile launch (~2 per SM on an H200).
 SPLIT_TARGET_PROGRAMS = 256
 MAX_SPLITS = 16
+# Decode launches over an fp8 pool with this many programs (tiles x KV heads x splits) take the
+# light word-read tile (`small_fp8_words`): the band where it measured faster on an H200, from
+# batch 80 (640 programs) to the batch-96 graph of the mix's batch-77 phase (768).
+WORDS_LIGHT_PROGRAMS = range(512, 769)
 
 
 @dataclass(frozen=True)
@@ -120,6 +124,11 @@ class TritonPagedAttention(AttentionBackend):
         # against 128-key 4-warp tiles (gpu_vs_transformers_h200_fp8.json, run11_series).
         self.fp8_values_by_words = True
         self.small_fp8_words = replace(self.small, block_n=64, num_warps=2, num_stages=2)
+        # ... but only for launches of WORDS_LIGHT_PROGRAMS: outside that band 128 keys, 4 warps
+        # and 3 stages do better (per layer, batch 24 at context 1536 0.073 -> 0.054 ms, batch 48
+        # at 1280 0.074 -> 0.058, batch 256 at 512 0.121 -> 0.116, attention_tiles_fp8_band_h200.json;
+        # in the mix, batch-256 steps 9.17 -> 8.91 ms, run12_series).
+        self.small_fp8_words_wide = replace(self.small, block_n=128, num_warps=4, num_stages=3)
 
     # -- per-step planning -------------------------------------------------------------
     def build_metadata(
@@ -291,6 +300,12 @@ class TritonPagedAttention(AttentionBackend):
             return "plain"
         return "words_ptx" if device.type == "cuda" else "words"
 
+    def fp8_decode_tile(self, value_load: str, programs: int) -> TileConfig:
+        """The decode tile over an fp8 pool for a launch of `programs` (tiles x KV heads x splits)."""
+        if value_load == "plain":
+            return self.small_fp8
+        return self.small_fp8_words if programs in WORDS_LIGHT_PROGRAMS else self.small_fp8_words_wide
+
     def _attend(self, kernels, q, k_cache, v_cache, out, metadata: TritonMetadata, launch: TileLaunch, splits: int):
         shape, config = self.shape, launch.config
         decode_tiles = config == self.small
@@ -298,7 +313,7 @@ class TritonPagedAttention(AttentionBackend):
         fp8_into_fp16 = is_fp8(k_cache.dtype) and (fp16_dots or q.dtype == torch.float16)
         value_load = self._value_load(q.device) if fp8_into_fp16 and decode_tiles else "plain"
         if decode_tiles and is_fp8(k_cache.dtype):
-            config = self.small_fp8 if value_load == "plain" else self.small_fp8_words
+            config = self.fp8_decode_tile(value_load, launch.num_tiles * shape.num_kv_heads * splits)
         tokens, heads, dim = q.shape
         target, ml = out, out  # unsplit: the kernel writes the output itself (ml unused)
         if splits > 1:

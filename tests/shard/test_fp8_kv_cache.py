@@ -174,6 +174,22 @@ def test_values_load_by_words_unless_switched_off_or_rows_are_not_whole_words():
     assert odd._value_load(torch.device("cuda")) == "plain"
 
 
+def test_decode_tiles_over_an_fp8_pool_are_light_only_in_their_band():
+    """Word-read decode tiles are light for launches of WORDS_LIGHT_PROGRAMS programs (tiles x
+    KV heads x splits) and wide outside it; plain reads keep their one tile."""
+    from shard_server.attention.triton_paged import WORDS_LIGHT_PROGRAMS, TritonPagedAttention
+
+    backend = TritonPagedAttention(AttentionShape(32, 8, 128, 128**-0.5))
+    light, wide = backend.small_fp8_words, backend.small_fp8_words_wide
+    assert wide.block_n > light.block_n and light.block_q == wide.block_q == backend.small.block_q
+    band = WORDS_LIGHT_PROGRAMS
+    for programs in (band.start, band.stop - 1, 80 * 8):
+        assert backend.fp8_decode_tile("words_ptx", programs) == light
+    for programs in (1, band.start - 1, band.stop, 256 * 8):
+        assert backend.fp8_decode_tile("words", programs) == wide
+    assert backend.fp8_decode_tile("plain", 80 * 8) == backend.small_fp8 == backend.fp8_decode_tile("plain", 1)
+
+
 @pytest.mark.parametrize("splits", [1, 3])
 @pytest.mark.parametrize("kv_dtype", FP8, ids=str)
 @pytest.mark.parametrize("case", ["decodes_only", "block_boundaries", "mixed_step", "many_tiny"])
@@ -190,7 +206,8 @@ def test_values_read_by_words_give_the_plain_reads_output(case, kv_dtype, splits
     for by_words in (False, True):
         backend = TritonPagedAttention(SHAPE, None)
         backend.fp8_values_by_words = by_words
-        backend.small_fp8 = backend.small_fp8_words  # the same tile both ways: only the loads differ
+        # the same tile both ways: only the loads differ
+        backend.small_fp8 = backend.small_fp8_words_wide = backend.small_fp8_words
         metadata = backend.build_metadata(layout, device)
         metadata.splits = splits
         outputs.append(backend.forward(q, k, v, k_cache.clone(), v_cache.clone(), metadata))
