@@ -1,18 +1,27 @@
-"""Causal attention of a fresh prompt over its own keys, through torch's dense SDPA.
+"""Causal attention of fresh prompts over their own keys, through torch's dense SDPA.
 
 A prompt with no cached prefix, in an eager step, attends only to the keys it brings, so it
 needs no page table: torch's SDPA (cuDNN's Hopper kernel on an H200) runs it at about twice
 the paged Triton kernel's rate. cuDNN builds an execution plan per shape (~40 ms on first
-use), so the prompt is zero-padded at its end to a multiple of DENSE_BUCKET_TOKENS (causal
-masking keeps the padding out of every real row) and warmup builds each bucket's plan.
+use), so each prompt is padded at its end to a multiple of DENSE_BUCKET_TOKENS, and the
+prompts of one bucket go together in batches of a power of two: warmup builds the plan of
+every (batch, bucket) a step's token budget allows. Padding rows repeat the prompt's last
+row: causal masking keeps them out of every real row, whatever they hold.
+
+The step's index arrays (which rows and KV slots each batch gathers, which rows it writes
+back) are built on the host with the rest of the step's metadata: a layer's batch costs a
+few gathers, one SDPA and one scatter, not a dozen launches per prompt.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..device_copy import host_to_device
 from .base import AttentionShape
 
 # On an H200 (bench/gpu_prefill_attention.py, 8B heads) the dense kernel takes 0.53x the
@@ -20,6 +29,29 @@ from .base import AttentionShape
 # and padded copies of q, k and v, which only a long prompt's attention time repays.
 DENSE_PREFILL_MIN_TOKENS = 1024
 DENSE_BUCKET_TOKENS = 256
+
+
+@dataclass(frozen=True)
+class DensePlan:
+    """One batch of same-bucket prompts, as host index arrays (int32)."""
+
+    count: int  # prompts
+    length: int  # the bucket: tokens each prompt is padded to
+    rows: np.ndarray  # [count * length] the step's row of each position (padding: the prompt's last)
+    keep: np.ndarray | None  # positions that are real rows, in `written` order; None: all are
+    written: np.ndarray  # the step rows the batch writes, one per real position
+
+
+@dataclass(frozen=True)
+class DenseBatch:
+    """A `DensePlan` on the device; `slots` are the KV slots of its `rows`."""
+
+    count: int
+    length: int
+    rows: torch.Tensor
+    slots: torch.Tensor
+    keep: torch.Tensor | None
+    written: torch.Tensor
 
 
 class DensePrefill:
@@ -35,48 +67,95 @@ class DensePrefill:
             return np.zeros(len(query_lens), dtype=bool)
         return (query_lens == context_lens) & (query_lens >= self.min_tokens)
 
-    def attend(self, q, v, k_cache, v_cache, out, slot_mapping, start: int, length: int) -> None:
-        """Writes the attention of the prompt in rows [start, start + length) into `out`. Its
-        keys come back from the cache, where the store just wrote them rotated; values are
-        never rotated, so they come from the cache only when it holds them narrower (fp8)."""
+    @staticmethod
+    def plan(prompts: list[tuple[int, int]]) -> list[DensePlan]:
+        """Batches for the (first row, length) of each dense prompt: by bucket, then in powers of two."""
+        by_bucket: dict[int, list[tuple[int, int]]] = {}
+        for start, length in prompts:
+            by_bucket.setdefault(round_up(length, DENSE_BUCKET_TOKENS), []).append((start, length))
+        plans = []
+        for bucket, members in sorted(by_bucket.items()):
+            while members:
+                count = 1 << (len(members).bit_length() - 1)
+                batch, members = members[:count], members[count:]
+                plans.append(_plan(batch, bucket))
+        return plans
+
+    @staticmethod
+    def to_device(plan: DensePlan, slot_of_row: np.ndarray, device: torch.device) -> DenseBatch:
+        """The plan's arrays in one host-to-device copy, with the slots of its rows."""
+        n, w = plan.rows.size, plan.written.size
+        parts = [plan.rows, slot_of_row[plan.rows], plan.written] + ([] if plan.keep is None else [plan.keep])
+        flat = host_to_device(torch.from_numpy(np.concatenate(parts).astype(np.int64)), device)
+        keep = None if plan.keep is None else flat[2 * n + w :]
+        return DenseBatch(plan.count, plan.length, flat[:n], flat[n : 2 * n], keep, flat[2 * n : 2 * n + w])
+
+    def attend(self, q, v, k_cache, v_cache, out, batch: DenseBatch) -> None:
+        """Writes the attention of the batch's prompts into their rows of `out`. Keys come back
+        from the cache, where the store just wrote them rotated; values are never rotated, so
+        they come from the cache only when it holds them narrower (fp8)."""
         shape = self.shape
-        rows = slice(start, start + length)
 
-        def stored(cache):
-            return cache.view(-1, shape.num_kv_heads, shape.head_dim).index_select(0, slot_mapping[rows]).to(q.dtype)
+        def gathered(source, index, heads):
+            return source.index_select(0, index).view(batch.count, batch.length, heads, shape.head_dim).to(q.dtype)
 
-        values = stored(v_cache) if v_cache.dtype != v.dtype else v[rows]
-        out[rows] = self.causal(q[rows], stored(k_cache), values)[:length]
+        def cache(c):
+            return c.view(-1, shape.num_kv_heads, shape.head_dim)
+
+        queries = gathered(q, batch.rows, shape.num_heads)
+        keys = gathered(cache(k_cache), batch.slots, shape.num_kv_heads)
+        values = gathered(cache(v_cache), batch.slots, shape.num_kv_heads) if v_cache.dtype != v.dtype else gathered(
+            v, batch.rows, shape.num_kv_heads)  # fmt: skip
+        attended = self._sdpa(queries, keys, values).reshape(-1, shape.num_heads, shape.head_dim)
+        if batch.keep is not None:
+            attended = attended.index_select(0, batch.keep)
+        out.index_copy_(0, batch.written, attended)
 
     def causal(self, q, k, v) -> torch.Tensor:
-        """[n, heads, D] causal attention, computed on copies zero-padded to the next bucket."""
+        """[n, heads, D] causal attention of one prompt, computed padded to its bucket."""
         length = q.shape[0]
         padded = round_up(length, DENSE_BUCKET_TOKENS)
 
-        def heads_first(x):  # token-major like x (a plain copy), seen as [1, heads, padded, D]
-            buffer = x.new_empty((padded, x.shape[1], x.shape[2]))
-            buffer[:length] = x
-            buffer[length:] = 0
-            return buffer.transpose(0, 1).unsqueeze(0)
+        def bucketed(x):
+            return torch.cat([x, x[-1:].expand(padded - length, *x.shape[1:])]).unsqueeze(0)
 
+        return self._sdpa(bucketed(q), bucketed(k), bucketed(v))[0, :length]
+
+    def _sdpa(self, q, k, v) -> torch.Tensor:
+        """[B, L, heads, D] token-major inputs -> causal attention, [B, L, heads, D] contiguous."""
         attended = F.scaled_dot_product_attention(
-            heads_first(q), heads_first(k), heads_first(v), is_causal=True, scale=self.shape.scale, enable_gqa=self.gqa
-        )
-        return attended[0].transpose(0, 1)
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, scale=self.shape.scale,
+            enable_gqa=self.gqa,
+        )  # fmt: skip
+        return attended.transpose(1, 2).contiguous()
 
     def prepare(self, max_tokens: int, dtype: torch.dtype, device: torch.device) -> int:
-        """Runs once per bucket that a fresh chunk of up to `max_tokens` (the most a step
-        holds) pads to, so no request pays for building a plan. Returns the count."""
+        """Runs each batch shape a step of up to `max_tokens` can hold (bucket by bucket, in
+        powers of two), so no request pays for building a plan. Returns the count."""
         if self.min_tokens is None:
             return 0
         shape = self.shape
-        first, last = (round_up(n, DENSE_BUCKET_TOKENS) for n in (self.min_tokens, max_tokens))
-        lengths = range(first, last + 1, DENSE_BUCKET_TOKENS)
-        for length in lengths:
-            q = torch.zeros((length, shape.num_heads, shape.head_dim), dtype=dtype, device=device)
-            kv = torch.zeros((length, shape.num_kv_heads, shape.head_dim), dtype=dtype, device=device)
-            self.causal(q, kv, kv)
-        return len(lengths)
+        first = round_up(self.min_tokens, DENSE_BUCKET_TOKENS)
+        shapes = [(count, length) for length in range(first, round_up(max_tokens, DENSE_BUCKET_TOKENS) + 1,
+                                                      DENSE_BUCKET_TOKENS)  # fmt: skip
+                  for count in _powers_of_two(max(1, max_tokens // length))]
+        for count, length in shapes:
+            q = torch.zeros((count, length, shape.num_heads, shape.head_dim), dtype=dtype, device=device)
+            kv = torch.zeros((count, length, shape.num_kv_heads, shape.head_dim), dtype=dtype, device=device)
+            self._sdpa(q, kv, kv)
+        return len(shapes)
+
+
+def _plan(prompts: list[tuple[int, int]], bucket: int) -> DensePlan:
+    positions = np.arange(bucket, dtype=np.int64)
+    rows = np.concatenate([start + np.minimum(positions, length - 1) for start, length in prompts])
+    real = np.concatenate([positions < length for _, length in prompts])
+    keep = None if real.all() else np.flatnonzero(real)
+    return DensePlan(len(prompts), bucket, rows, keep, rows[real])
+
+
+def _powers_of_two(limit: int) -> list[int]:
+    return [1 << i for i in range(limit.bit_length())]
 
 
 def round_up(value: int, multiple: int) -> int:

@@ -31,7 +31,7 @@ from ..device_copy import copy_into, host_to_device
 from ..kernels.pdl import launch_args
 from ..kv_cache import fp8_max, is_fp8
 from .base import AttentionBackend, AttentionShape, StepLayout
-from .dense_prefill import DENSE_PREFILL_MIN_TOKENS, DensePrefill
+from .dense_prefill import DENSE_PREFILL_MIN_TOKENS, DenseBatch, DensePrefill
 from .triton_kernels import kernels_for
 
 LOG2_E = 1.4426950408889634
@@ -76,6 +76,7 @@ class TritonMetadata:
     width: int
     splits: int = 1  # key ranges per small (decode) tile
     dense_rows: tuple[tuple[int, int], ...] = ()  # (first row, length) of each dense-path prompt
+    dense_batches: tuple[DenseBatch, ...] = ()  # those prompts as the dense path batches them
 
 
 def split_count(tiles: int, kv_heads: int) -> int:
@@ -137,7 +138,11 @@ class TritonPagedAttention(AttentionBackend):
         host, sections, width, dense_rows = self._pack(layout, pad_to, width)
         packed = host_to_device(host, device)
         metadata = self._views(packed, sections, pad_to, width)
-        metadata.dense_rows = dense_rows
+        if dense_rows:
+            slots = host[: sections[0][1]].numpy()  # the buffer opens with each token's slot
+            plans = self.dense.plan(list(dense_rows))
+            metadata.dense_rows = dense_rows
+            metadata.dense_batches = tuple(self.dense.to_device(plan, slots, device) for plan in plans)
         small = [launch for launch in metadata.launches if launch.config == self.small]
         if pad_to is not None and small:
             metadata.splits = split_count(small[0].num_tiles, self.shape.num_kv_heads)
@@ -264,8 +269,8 @@ class TritonPagedAttention(AttentionBackend):
         for launch in metadata.launches:
             splits = metadata.splits if launch.config == self.small else 1
             self._attend(kernels, q, k_cache, v_cache, out, metadata, launch, splits)
-        for start, length in metadata.dense_rows:
-            self.dense.attend(q, v, k_cache, v_cache, out, metadata.slot_mapping, start, length)
+        for batch in metadata.dense_batches:
+            self.dense.attend(q, v, k_cache, v_cache, out, batch)
         return out
 
     def prepare_prefill(self, max_tokens: int, dtype: torch.dtype, device: torch.device) -> int:

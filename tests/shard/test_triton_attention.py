@@ -107,6 +107,26 @@ def test_dense_prefill_path_equals_reference(case, heads, kv_heads):
     assert tiled == {i for i, (start, (n, ctx)) in enumerate(zip(starts, specs)) if (start, n) not in fresh}
 
 
+def test_dense_prompts_batch_by_bucket_in_powers_of_two():
+    """Seven prompts: five in the first bucket (a batch of 4, then 1), two in the second; a
+    padded position repeats its prompt's last row, and only real rows are written back."""
+    from shard_server.attention.dense_prefill import DensePrefill
+
+    b = DENSE_BUCKET_TOKENS
+    prompts = [(0, b), (b, 3), (2 * b, b + 1), (4 * b, b), (5 * b, b), (6 * b, 2 * b), (8 * b, 7)]
+    plans = DensePrefill.plan(prompts)
+    assert [(p.count, p.length) for p in plans] == [(4, b), (1, b), (2, 2 * b)]
+    first = plans[0]  # (0, b), (b, 3), (4b, b), (5b, b)
+    assert first.rows.size == 4 * b and first.rows[b : b + 3].tolist() == [b, b + 1, b + 2]
+    assert set(first.rows[b + 3 : 2 * b].tolist()) == {b + 2}  # padding: the last real row
+    assert first.keep is not None and first.keep.size == 3 * b + 3
+    assert first.written.tolist() == first.rows[first.keep].tolist()
+    assert sorted(first.written.tolist()) == sorted(set(first.written.tolist()))  # each row once
+    assert plans[1].keep is not None and plans[1].written.tolist() == list(range(8 * b, 8 * b + 7))
+    assert plans[2].written.size == (b + 1) + 2 * b
+    assert DensePrefill.plan([(0, b), (b, b)])[0].keep is None  # no padding: every position is real
+
+
 def test_dense_path_is_never_taken_under_a_sliding_window_or_in_a_padded_step():
     backend = TritonPagedAttention(AttentionShape(4, 2, 16, 0.25, sliding_window=3), dense_min_tokens=1)
     layout = StepLayout([9], [9], [[0, 1, 2]], 4)
@@ -308,17 +328,19 @@ def test_every_metadata_section_starts_16_byte_aligned(query_lens):
         assert all(view.data_ptr() % 16 == 0 for view in views), [view.storage_offset() for view in views]
 
 
-def test_prepare_runs_every_bucket_a_chunk_of_the_step_budget_pads_to(monkeypatch):
+def test_prepare_runs_every_batch_shape_a_chunk_of_the_step_budget_pads_to(monkeypatch):
+    """Each bucket up to the one the whole budget pads to, in every power-of-two batch that fits."""
     dense = TritonPagedAttention(AttentionShape(4, 2, 16, 0.25), dense_min_tokens=300).dense
     seen = []
-    original = dense.causal
-    monkeypatch.setattr(dense, "causal", lambda q, k, v: seen.append(q.shape[0]) or original(q, k, v))
-    bucket = DENSE_BUCKET_TOKENS
-    # A chunk of 4 buckets + 7 tokens pads to 5 buckets.
-    assert dense.prepare(4 * bucket + 7, torch.float32, torch.device("cpu")) == 4
-    assert seen == [2 * bucket, 3 * bucket, 4 * bucket, 5 * bucket]
+    original = dense._sdpa
+    monkeypatch.setattr(dense, "_sdpa", lambda q, k, v: seen.append(tuple(q.shape[:2])) or original(q, k, v))
+    b = DENSE_BUCKET_TOKENS
+    # A chunk of 4 buckets + 7 tokens pads to 5 buckets; two prompts of 2 buckets fit in it.
+    assert dense.prepare(4 * b + 7, torch.float32, torch.device("cpu")) == 5
+    assert seen == [(1, 2 * b), (2, 2 * b), (1, 3 * b), (1, 4 * b), (1, 5 * b)]
     seen.clear()
-    assert dense.prepare(3 * bucket, torch.float32, torch.device("cpu")) == 2 and seen == [2 * bucket, 3 * bucket]
+    assert dense.prepare(8 * b, torch.float32, torch.device("cpu")) == 11
+    assert seen[:3] == [(1, 2 * b), (2, 2 * b), (4, 2 * b)] and (2, 4 * b) in seen and (2, 5 * b) not in seen
     backend = TritonPagedAttention(AttentionShape(4, 2, 16, 0.25), None)
     assert backend.prepare_prefill(4096, torch.float32, torch.device("cpu")) == 0
 
