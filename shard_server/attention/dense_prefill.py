@@ -8,9 +8,9 @@ prompts of one bucket go together in batches of a power of two: warmup builds th
 every (batch, bucket) a step's token budget allows. Padding rows repeat the prompt's last
 row: causal masking keeps them out of every real row, whatever they hold.
 
-The step's index arrays (which rows and KV slots each batch gathers, which rows it writes
-back) are built on the host with the rest of the step's metadata: a layer's batch costs a
-few gathers, one SDPA and one scatter, not a dozen launches per prompt.
+The step's index arrays (which rows and KV slots each batch gathers) are built on the host
+with the rest of the step's metadata: a layer's batch costs a few gathers, one SDPA and a copy
+per prompt, not a dozen launches per prompt.
 """
 
 from __future__ import annotations
@@ -35,23 +35,19 @@ DENSE_BUCKET_TOKENS = 256
 class DensePlan:
     """One batch of same-bucket prompts, as host index arrays (int32)."""
 
-    count: int  # prompts
+    prompts: tuple[tuple[int, int], ...]  # (first row, length) of each
     length: int  # the bucket: tokens each prompt is padded to
     rows: np.ndarray  # [count * length] the step's row of each position (padding: the prompt's last)
-    keep: np.ndarray | None  # positions that are real rows, in `written` order; None: all are
-    written: np.ndarray  # the step rows the batch writes, one per real position
 
 
 @dataclass(frozen=True)
 class DenseBatch:
-    """A `DensePlan` on the device; `slots` are the KV slots of its `rows`."""
+    """A `DensePlan` with its `rows` on the device, and their KV slots."""
 
-    count: int
+    prompts: tuple[tuple[int, int], ...]
     length: int
     rows: torch.Tensor
     slots: torch.Tensor
-    keep: torch.Tensor | None
-    written: torch.Tensor
 
 
 class DensePrefill:
@@ -84,11 +80,8 @@ class DensePrefill:
     @staticmethod
     def to_device(plan: DensePlan, slot_of_row: np.ndarray, device: torch.device) -> DenseBatch:
         """The plan's arrays in one host-to-device copy, with the slots of its rows."""
-        n, w = plan.rows.size, plan.written.size
-        parts = [plan.rows, slot_of_row[plan.rows], plan.written] + ([] if plan.keep is None else [plan.keep])
-        flat = host_to_device(torch.from_numpy(np.concatenate(parts).astype(np.int64)), device)
-        keep = None if plan.keep is None else flat[2 * n + w :]
-        return DenseBatch(plan.count, plan.length, flat[:n], flat[n : 2 * n], keep, flat[2 * n : 2 * n + w])
+        both = host_to_device(torch.from_numpy(np.stack([plan.rows, slot_of_row[plan.rows]]).astype(np.int64)), device)
+        return DenseBatch(plan.prompts, plan.length, both[0], both[1])
 
     def attend(self, q, v, k_cache, v_cache, out, batch: DenseBatch) -> None:
         """Writes the attention of the batch's prompts into their rows of `out`. Keys come back
@@ -96,8 +89,10 @@ class DensePrefill:
         they come from the cache only when it holds them narrower (fp8)."""
         shape = self.shape
 
+        count = len(batch.prompts)
+
         def gathered(source, index, heads):
-            return source.index_select(0, index).view(batch.count, batch.length, heads, shape.head_dim).to(q.dtype)
+            return source.index_select(0, index).view(count, batch.length, heads, shape.head_dim).to(q.dtype)
 
         def cache(c):
             return c.view(-1, shape.num_kv_heads, shape.head_dim)
@@ -106,10 +101,11 @@ class DensePrefill:
         keys = gathered(cache(k_cache), batch.slots, shape.num_kv_heads)
         values = gathered(cache(v_cache), batch.slots, shape.num_kv_heads) if v_cache.dtype != v.dtype else gathered(
             v, batch.rows, shape.num_kv_heads)  # fmt: skip
-        attended = self._sdpa(queries, keys, values).reshape(-1, shape.num_heads, shape.head_dim)
-        if batch.keep is not None:
-            attended = attended.index_select(0, batch.keep)
-        out.index_copy_(0, batch.written, attended)
+        attended = self._sdpa(queries, keys, values)
+        # A copy per prompt into its rows: ~3 TB/s on an H200, where one index_copy_ of the
+        # whole batch ran at 1.4 (kernel_profile_fp8_h200.json, run12).
+        for i, (start, length) in enumerate(batch.prompts):
+            out[start : start + length] = attended[i, :length]
 
     def causal(self, q, k, v) -> torch.Tensor:
         """[n, heads, D] causal attention of one prompt, computed padded to its bucket."""
@@ -149,9 +145,7 @@ class DensePrefill:
 def _plan(prompts: list[tuple[int, int]], bucket: int) -> DensePlan:
     positions = np.arange(bucket, dtype=np.int64)
     rows = np.concatenate([start + np.minimum(positions, length - 1) for start, length in prompts])
-    real = np.concatenate([positions < length for _, length in prompts])
-    keep = None if real.all() else np.flatnonzero(real)
-    return DensePlan(len(prompts), bucket, rows, keep, rows[real])
+    return DensePlan(tuple(prompts), bucket, rows)
 
 
 def _powers_of_two(limit: int) -> list[int]:

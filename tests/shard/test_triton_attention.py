@@ -115,16 +115,13 @@ def test_dense_prompts_batch_by_bucket_in_powers_of_two():
     b = DENSE_BUCKET_TOKENS
     prompts = [(0, b), (b, 3), (2 * b, b + 1), (4 * b, b), (5 * b, b), (6 * b, 2 * b), (8 * b, 7)]
     plans = DensePrefill.plan(prompts)
-    assert [(p.count, p.length) for p in plans] == [(4, b), (1, b), (2, 2 * b)]
-    first = plans[0]  # (0, b), (b, 3), (4b, b), (5b, b)
+    assert [(len(p.prompts), p.length) for p in plans] == [(4, b), (1, b), (2, 2 * b)]
+    first = plans[0]
+    assert first.prompts == ((0, b), (b, 3), (4 * b, b), (5 * b, b))
     assert first.rows.size == 4 * b and first.rows[b : b + 3].tolist() == [b, b + 1, b + 2]
     assert set(first.rows[b + 3 : 2 * b].tolist()) == {b + 2}  # padding: the last real row
-    assert first.keep is not None and first.keep.size == 3 * b + 3
-    assert first.written.tolist() == first.rows[first.keep].tolist()
-    assert sorted(first.written.tolist()) == sorted(set(first.written.tolist()))  # each row once
-    assert plans[1].keep is not None and plans[1].written.tolist() == list(range(8 * b, 8 * b + 7))
-    assert plans[2].written.size == (b + 1) + 2 * b
-    assert DensePrefill.plan([(0, b), (b, b)])[0].keep is None  # no padding: every position is real
+    assert first.rows[2 * b :].tolist() == list(range(4 * b, 6 * b))
+    assert plans[1].prompts == ((8 * b, 7),) and plans[2].prompts == ((2 * b, b + 1), (6 * b, 2 * b))
 
 
 def test_dense_path_is_never_taken_under_a_sliding_window_or_in_a_padded_step():
