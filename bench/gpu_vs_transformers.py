@@ -38,7 +38,7 @@ TTFT_SAMPLES = 9  # (c) is their median: one sample's client-side share varies b
 MIX = [(128, 128)] * 179 + [(1024, 512)] * 77  # 256 requests: 70 % short, 30 % long
 # Steps of up to 16,384 tokens (the launcher's default is TGI's 4,096, kinder to the streams
 # decoding beside a prefill): the mix's prefill takes 8 steps instead of 14, 0.06-0.08 s less
-# (H200, three A/B pairs against 8,192 in runs 12-13: +0.6 %, +2.5 %, -0.3 % output tok/s).
+# (H200, three A/B pairs against 8,192 in run12_series: -0.3 %, +2.5 %, +0.6 % output tok/s).
 SERVER_FLAGS = ["--max-concurrent-requests", "1024", "--max-input-tokens", "4096", "--max-total-tokens", "4608",
                 "--max-batch-prefill-tokens", "16384"]  # fmt: skip
 
