@@ -33,7 +33,7 @@ DENSE_BUCKET_TOKENS = 256
 
 @dataclass(frozen=True)
 class DensePlan:
-    """One batch of same-bucket prompts, as host index arrays (int32)."""
+    """One batch of same-bucket prompts, with the step row of each of its positions."""
 
     prompts: tuple[tuple[int, int], ...]  # (first row, length) of each
     length: int  # the bucket: tokens each prompt is padded to
