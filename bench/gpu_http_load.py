@@ -98,6 +98,20 @@ def _client_part(job) -> tuple[list[StreamResult], float]:
     return results, time.perf_counter()
 
 
+def timeline(results: list[StreamResult], wall: float) -> dict:
+    """Where a run's wall time sits on the clients' clock, from the first request sent: how
+    far the sends spread, the first and last token, and the wall time outside first send to
+    last token (the client processes' start lag after their common start, plus their tail)."""
+    sent = [r.sent for r in results]
+    firsts = [r.token_times[0] for r in results if r.token_times]
+    lasts = [r.token_times[-1] for r in results if r.token_times]
+    if not firsts:
+        return {"sends_spread_s": max(sent) - min(sent) if sent else 0.0, "wall_s": wall}
+    start = min(sent)
+    return {"sends_spread_s": max(sent) - start, "first_token_s": min(firsts) - start,
+            "last_token_s": max(lasts) - start, "wall_s": wall, "outside_tokens_s": wall - (max(lasts) - start)}  # fmt: skip
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]

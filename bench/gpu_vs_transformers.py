@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import gpu_report, step_log  # noqa: E402
 from bench.gpu_busy import ServerWindow  # noqa: E402
-from bench.gpu_http_load import clients_for, percentile, streams  # noqa: E402
+from bench.gpu_http_load import clients_for, percentile, streams, timeline  # noqa: E402
 
 PHASES = ("ceilings", "model", "parity", "textgen", "transformers", "report")
 TEXT_VOCAB = 49152  # the demo tokenizer's vocabulary
@@ -229,6 +229,7 @@ def phase_textgen(args) -> dict:
         result["b_steps"] = step_log.summary(step_log.read(args.out / "textgen.log", log_start))
         result["b_client_processes"] = clients_for(len(requests))
         result["b_server"] = window.summary(wall_s=wall)  # the clients start a few seconds in
+        result["b_timeline"] = timeline(res, wall)
         errors = [r.error for r in res if r.error]
         tokens = sum(len(r.token_times) for r in res)
         result["b_mixed"] = {"requests": len(requests), "output_tokens": tokens, "wall_s": wall,

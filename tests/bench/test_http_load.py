@@ -4,7 +4,7 @@ import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from bench.gpu_http_load import streams
+from bench.gpu_http_load import StreamResult, streams, timeline
 
 
 class FakeStream(BaseHTTPRequestHandler):
@@ -39,3 +39,13 @@ def test_streams_over_several_client_processes_keep_request_order():
     assert 0 < wall < 60
     sent = [r.sent for r in results]
     assert max(sent) - min(sent) < 2.0  # the processes start together
+
+
+def test_timeline_places_tokens_and_wall_time_from_the_first_send():
+    results = [StreamResult(sent=10.0, token_times=[10.5, 11.0]), StreamResult(sent=10.2, token_times=[10.4, 12.0]),
+               StreamResult(sent=10.1, error="HTTP 422: ...")]  # fmt: skip
+    got = timeline(results, wall=2.3)
+    assert abs(got["sends_spread_s"] - 0.2) < 1e-9
+    assert abs(got["first_token_s"] - 0.4) < 1e-9 and abs(got["last_token_s"] - 2.0) < 1e-9
+    assert abs(got["outside_tokens_s"] - 0.3) < 1e-9 and got["wall_s"] == 2.3
+    assert timeline([StreamResult(sent=1.0, error="refused")], wall=0.5) == {"sends_spread_s": 0.0, "wall_s": 0.5}
