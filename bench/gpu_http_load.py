@@ -108,8 +108,9 @@ def timeline(results: list[StreamResult], wall: float) -> dict:
     if not firsts:
         return {"sends_spread_s": max(sent) - min(sent) if sent else 0.0, "wall_s": wall}
     start = min(sent)
-    return {"sends_spread_s": max(sent) - start, "first_token_s": min(firsts) - start,
-            "last_token_s": max(lasts) - start, "wall_s": wall, "outside_tokens_s": wall - (max(lasts) - start)}  # fmt: skip
+    last = max(lasts) - start
+    return {"sends_spread_s": max(sent) - start, "first_token_s": min(firsts) - start, "last_token_s": last,
+            "wall_s": wall, "outside_tokens_s": wall - last}  # fmt: skip
 
 
 def percentile(values: list[float], q: float) -> float:

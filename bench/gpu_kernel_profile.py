@@ -216,6 +216,10 @@ def profile(model_dir: Path, out: Path, quantize, kv_dtype, wanted: set) -> None
     runner, _ = parity_runner(model_dir, graph_sizes=(1, 80, 256), memory_fraction=0.85, quantize=quantize,
                               kv_dtype=kv_dtype)  # fmt: skip
     results = {}
+
+    def mix_prefill():
+        return prefill_case(runner, MIX_PREFILL, decodes=128, decode_context=600)
+
     cases = [
         ("decode_b1_ctx256", lambda: decode_case(runner, 1, 256)),
         ("decode_b1_ctx1024", lambda: decode_case(runner, 1, 1024)),
@@ -226,8 +230,8 @@ def profile(model_dir: Path, out: Path, quantize, kv_dtype, wanted: set) -> None
         ("mixed_64x512_plus_8x1016", lambda: prefill_case(runner, [1016] * 8, decodes=64)),
         # A prefill step of the 256-request mix: 8,192 tokens, most in whole 1,024-token prompts
         # (the dense path), the rest in 128-token ones, beside the decodes of those before.
-        ("mix_prefill_6x1024_15x128_plus_128x600", lambda: prefill_case(runner, MIX_PREFILL, 128, 600)),
-        ("mix_prefill_paged_attention", lambda: paged_only(runner, lambda: prefill_case(runner, MIX_PREFILL, 128, 600))),
+        ("mix_prefill_6x1024_15x128_plus_128x600", mix_prefill),
+        ("mix_prefill_paged_attention", lambda: paged_only(runner, mix_prefill)),
     ]
     for name, case in cases:
         if wanted and name not in wanted:

@@ -87,9 +87,7 @@ class DensePrefill:
         """Writes the attention of the batch's prompts into their rows of `out`. Keys come back
         from the cache, where the store just wrote them rotated; values are never rotated, so
         they come from the cache only when it holds them narrower (fp8)."""
-        shape = self.shape
-
-        count = len(batch.prompts)
+        shape, count = self.shape, len(batch.prompts)
 
         def gathered(source, index, heads):
             return source.index_select(0, index).view(count, batch.length, heads, shape.head_dim).to(q.dtype)
