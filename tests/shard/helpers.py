@@ -17,19 +17,20 @@ from shard_server.weights import WeightStore, read_config
 CPU = torch.device("cpu")
 
 
-def load_model(directory: Path, dtype=torch.float32):
+def load_model(directory: Path, dtype=torch.float32, device=CPU, attention="reference"):
     config = ModelConfig.from_dict(read_config(directory))
     with WeightStore(directory) as store:
-        return build_model(config, store, ParallelContext(), "reference", dtype, CPU)
+        return build_model(config, store, ParallelContext(), attention, dtype, device)
 
 
 def load_runner(
-    directory: Path, block_size: int = 4, num_blocks: int = 256, dtype=torch.float32
-) -> ModelRunner:
-    model = load_model(directory, dtype)
+    directory: Path, block_size: int = 4, num_blocks: int = 256, dtype=torch.float32, device=CPU,
+    attention="reference",
+) -> ModelRunner:  # fmt: skip
+    model = load_model(directory, dtype, device, attention)
     cfg = model.config
     spec = KVSpec(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, block_size, dtype)
-    runner = ModelRunner(model, spec, CPU)
+    runner = ModelRunner(model, spec, device)
     runner.allocate_kv_cache(num_blocks)
     return runner
 

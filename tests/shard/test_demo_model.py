@@ -1,4 +1,5 @@
-"""The demo model (SmolLM2-135M-Instruct, fp32): greedy tokens identical to transformers."""
+"""The demo model (SmolLM2-135M-Instruct, fp32): greedy tokens identical to transformers',
+on the CPU with the reference backend and, where there is a GPU, on the served GPU path."""
 
 import pytest
 import torch
@@ -6,6 +7,8 @@ import transformers
 
 from launcher.demo_model import ensure_demo_model
 from shard_server.pb import generate_pb2 as pb
+
+from shard_server.warmup import PoolSizing, warmup
 
 from .helpers import StepDriver, load_runner
 
@@ -53,9 +56,8 @@ def transformers_greedy(model_dir, prompts) -> list[list[int]]:
     return out
 
 
-def textgen_greedy(model_dir, prompts, chunk: int = 24) -> list[list[int]]:
+def textgen_greedy(runner, prompts, chunk: int = 24) -> list[list[int]]:
     """All prompts in one batch: chunked prefills and decodes share steps."""
-    runner = load_runner(model_dir, block_size=16, num_blocks=128)
     driver = StepDriver(runner)
     done = [0] * len(prompts)
     out: list[list[int]] = [[] for _ in prompts]
@@ -82,4 +84,18 @@ def textgen_greedy(model_dir, prompts, chunk: int = 24) -> list[list[int]]:
 def test_demo_model_greedy_matches_transformers(demo_model_dir, prompts):
     assert len({len(p) for p in prompts}) > 1, "prompts of different lengths exercise batching"
     expected = transformers_greedy(demo_model_dir, prompts)
-    assert textgen_greedy(demo_model_dir, prompts) == expected
+    runner = load_runner(demo_model_dir, block_size=16, num_blocks=128)
+    assert textgen_greedy(runner, prompts) == expected
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the served GPU path needs CUDA")
+def test_on_the_gpu_triton_and_cuda_graphs_give_transformers_greedy_tokens(demo_model_dir, prompts):
+    """The path a GPU server runs: triton attention, dense prefill, decodes replayed from the
+    CUDA graphs warmup captures, all in fp32 (matmuls without TF32) against transformers on CPU."""
+    assert not torch.backends.cuda.matmul.allow_tf32
+    cuda = torch.device("cuda")
+    runner = load_runner(demo_model_dir, block_size=16, device=cuda, attention="triton")
+    warmup(runner, 256, 8, PoolSizing(0, 0.2, (1, 2, 4, 8)))
+    assert runner.graphs is not None
+    expected = transformers_greedy(demo_model_dir, prompts)
+    assert textgen_greedy(runner, prompts) == expected
