@@ -33,6 +33,7 @@ def summarize(m: dict) -> dict:
     hf_b = (hf.get("b_generate_batch") or {}).get("tokens_per_s")
     p50, p99 = tg.get("d_tpot_p50_s"), tg.get("d_tpot_p99_s")
     parity = m.get("parity") or {}
+    floor = parity.get("reference_noise_floor") or {}
     return {
         "a_decode_tok_s": a,
         "a_roofline_tok_s": roofline_tok_s,
@@ -51,6 +52,10 @@ def summarize(m: dict) -> dict:
         "gpu_idle_fraction_mix": (tg.get("b_server") or {}).get("device_idle_fraction"),
         "parity_agreement_bfloat16": parity.get("positionwise_token_agreement"),
         "parity_agreement_float32": (parity.get("float32") or {}).get("positionwise_token_agreement"),
+        # bf16's stated tolerance: triton moves the logits at most 1.5x as far from the reference
+        # as the reference moves them itself when only its batch split changes.
+        "parity_bf16_logits_over_noise_floor": _ratio(
+            parity.get("first_step_logits_rel_l2"), floor.get("first_step_logits_rel_l2")),
     }
 
 
@@ -61,8 +66,10 @@ BARS = [
     ("(b) output tok/s", "b_output_tok_s", ">=", 12000.0),
     ("(c) TTFT 2048 / compute roofline", "c_ratio_to_roofline", "<=", 1.3),
     ("(d) TPOT p99 / p50", "d_p99_over_p50", "<=", 2.0),
-    ("parity: greedy tokens = reference, bf16", "parity_agreement_bfloat16", ">=", 0.99),
+    # Greedy tokens in float32: in bf16 a random model's near-tied logits fork under any change
+    # of rounding, the reference's own batch split included (its agreement with itself is ~10 %).
     ("parity: greedy tokens = reference, float32", "parity_agreement_float32", ">=", 0.99),
+    ("parity: bf16 logits rel L2 / reference noise floor", "parity_bf16_logits_over_noise_floor", "<=", 1.5),
 ]
 
 
