@@ -1,6 +1,7 @@
 """The benchmarks' reading of the router's metrics around a measured window."""
 
-from bench.gpu_busy import window_summary
+from bench import gpu_busy
+from bench.gpu_busy import ServerWindow, window_summary
 
 BEFORE = {
     "textgen_step_duration_seconds_sum": 1.0,
@@ -67,3 +68,22 @@ def test_many_streams_get_enough_client_processes():
     assert clients_for(1) == 1 and clients_for(15) == 1
     assert clients_for(32) == 2
     assert clients_for(256) == MAX_CLIENTS
+
+
+def test_the_window_runs_between_the_middles_of_its_two_scrapes(monkeypatch):
+    """Each scrape takes 20 ms and the body 2 s: the snapshots stand for the requests' middles."""
+    clock = [100.0]
+    snapshots = iter([BEFORE, after(steps=400, step_s=0.005, batch=1, device_s=0.005)])
+
+    def slow_scrape(url):
+        clock[0] += 0.020
+        return next(snapshots)
+
+    monkeypatch.setattr(gpu_busy, "scrape", slow_scrape)
+    monkeypatch.setattr(gpu_busy.time, "perf_counter", lambda: clock[0])
+    with ServerWindow("http://server") as window:
+        clock[0] += 2.0
+    summary = window.summary()
+    assert abs(summary["wall_s"] - 2.020) < 1e-9
+    assert abs(summary["device_idle_fraction"] - (1 - 2.0 / 2.020)) < 1e-9
+    assert window.summary(wall_s=4.0)["wall_s"] == 4.0  # a caller's own wall replaces it
