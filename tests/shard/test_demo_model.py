@@ -7,7 +7,6 @@ import transformers
 
 from launcher.demo_model import ensure_demo_model
 from shard_server.pb import generate_pb2 as pb
-
 from shard_server.warmup import PoolSizing, warmup
 
 from .helpers import StepDriver, load_runner
@@ -36,6 +35,12 @@ def prompts(demo_model_dir):
         )
         for q in QUESTIONS
     ]
+
+
+@pytest.fixture(scope="module")
+def expected(demo_model_dir, prompts):
+    """transformers' tokens, computed once for both paths."""
+    return transformers_greedy(demo_model_dir, prompts)
 
 
 def transformers_greedy(model_dir, prompts) -> list[list[int]]:
@@ -81,15 +86,14 @@ def textgen_greedy(runner, prompts, chunk: int = 24) -> list[list[int]]:
     return out
 
 
-def test_demo_model_greedy_matches_transformers(demo_model_dir, prompts):
+def test_demo_model_greedy_matches_transformers(demo_model_dir, prompts, expected):
     assert len({len(p) for p in prompts}) > 1, "prompts of different lengths exercise batching"
-    expected = transformers_greedy(demo_model_dir, prompts)
     runner = load_runner(demo_model_dir, block_size=16, num_blocks=128)
     assert textgen_greedy(runner, prompts) == expected
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the served GPU path needs CUDA")
-def test_on_the_gpu_triton_and_cuda_graphs_give_transformers_greedy_tokens(demo_model_dir, prompts):
+def test_on_the_gpu_triton_and_cuda_graphs_give_transformers_greedy_tokens(demo_model_dir, prompts, expected):
     """The path a GPU server runs: triton attention, dense prefill, decodes replayed from the
     CUDA graphs warmup captures, all in fp32 (matmuls without TF32) against transformers on CPU."""
     assert not torch.backends.cuda.matmul.allow_tf32
@@ -97,5 +101,4 @@ def test_on_the_gpu_triton_and_cuda_graphs_give_transformers_greedy_tokens(demo_
     runner = load_runner(demo_model_dir, block_size=16, device=cuda, attention="triton")
     warmup(runner, 256, 8, PoolSizing(0, 0.2, (1, 2, 4, 8)))
     assert runner.graphs is not None
-    expected = transformers_greedy(demo_model_dir, prompts)
     assert textgen_greedy(runner, prompts) == expected
