@@ -109,6 +109,9 @@ pub struct SamplingExtras {
     pub logit_bias: Vec<(u32, f32)>,
     /// Replaces `--max-top-n-tokens` (OpenAI's `top_logprobs` has its own cap of 20).
     pub max_top_n_tokens: Option<u32>,
+    /// The output constraint (`response_format`, `structured_outputs`, `guided_*`, tools).
+    /// TGI's native routes carry theirs in `GenerateParameters::grammar` instead.
+    pub grammar: Option<crate::grammar::GrammarRequest>,
 }
 
 /// The prompt: text to tokenize, or token ids given by the client.
