@@ -2,15 +2,17 @@
 
 Input: the shared corpus (folder or .tar.xz) and the per-schema results of
 bench/grammar_conformance.py with llguidance (--per-schema). Only schemas that passed there
-(compiled, every valid instance accepted, every invalid one rejected) are eligible, and only
-files up to --max-file-bytes, so the subset stays small. Each sub-collection (file-name prefix
-before '---') gets a share of --count proportional to the square root of its eligible size,
-at least --min-per-collection, so small collections are not drowned by Github_*. Within a
-collection, files are taken in the order of a seeded hash of their names: the pick is
-deterministic and does not favour any name. Files are copied byte for byte.
+(compiled, every valid instance accepted, every invalid one rejected, at least one test) are
+eligible, and only files up to --max-file-bytes, so the subset stays small. Each
+sub-collection (file-name prefix before '---'; BFCL's seven splits count as one source) gets a
+share of --count proportional to the square root of its number of eligible files, at least
+--min-per-collection, so small collections are not drowned by Github_*. A collection with no
+file under the size cap (Github_ultra) gets its smallest passing files. Within a collection,
+files are taken in the order of a seeded hash of their names: the pick is deterministic and
+favours no name. Files are copied byte for byte.
 
     .venv/bin/python bench/grammar_corpus_subset.py --corpus ../shared/data/jsonschemabench.tar.xz \
-        --results bench/results/grammar_conformance_llguidance.jsonl --out tests/data/jsonschemabench
+        --results bench/results/grammar_conformance_cpu_llguidance.jsonl --out tests/data/jsonschemabench
 """
 
 from __future__ import annotations
@@ -28,6 +30,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.grammar_conformance import collection_of, corpus_files  # noqa: E402
+
+
+def group_of(name: str) -> str:
+    """Quota group: the sub-collection, with BFCL's seven splits as one source."""
+    collection = collection_of(name)
+    return "BFCL" if collection.startswith("BFCL_") else collection
 
 
 def shares(sizes: dict[str, int], count: int, minimum: int) -> dict[str, int]:
@@ -64,10 +72,17 @@ def main() -> None:
     passing = {r["file"] for r in map(json.loads, args.results.read_text().splitlines())
                if r["status"] == "passing"}
     with tempfile.TemporaryDirectory() as tmp:
-        eligible: dict[str, list[Path]] = defaultdict(list)
+        passed: dict[str, list[Path]] = defaultdict(list)
         for path in map(Path, corpus_files(args.corpus, tmp)):
-            if path.name in passing and path.stat().st_size <= args.max_file_bytes:
-                eligible[collection_of(path.name)].append(path)
+            if path.name in passing:
+                passed[group_of(path.name)].append(path)
+        eligible = {}
+        for name, paths in passed.items():
+            small = [p for p in paths if p.stat().st_size <= args.max_file_bytes]
+            if len(small) < args.min_per_collection:
+                # A collection of only big schemas (Github_ultra) still gets its smallest few.
+                small = sorted(paths, key=lambda p: p.stat().st_size)[:args.min_per_collection]
+            eligible[name] = small
         quota = shares({k: len(v) for k, v in eligible.items()}, args.count,
                        args.min_per_collection)
         chosen = []
