@@ -16,6 +16,12 @@ class InvalidStepError(ValueError):
     """A step asked for something impossible; reported to the router as INVALID_ARGUMENT."""
 
 
+class SequenceRefused(InvalidStepError):
+    """One sequence's own parameters are unusable. Only that sequence fails (its output
+    carries the reason); the rest of the step runs. The reason names only that sequence's
+    offending field, never another request's values."""
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """Validated sampling parameters.
@@ -60,25 +66,27 @@ class SamplingParams:
 
     def validate(self) -> None:
         checks = [
-            (math.isfinite(self.temperature) and self.temperature > 0, "temperature must be > 0"),
-            (0 < self.top_p <= 1, "top_p must be in (0, 1]"),
-            (0 < self.typical_p <= 1, "typical_p must be in (0, 1]"),
+            (math.isfinite(self.temperature) and self.temperature > 0, "temperature must be finite and > 0", self.temperature),
+            (0 < self.top_p <= 1, "top_p must be in (0, 1]", self.top_p),
+            (0 < self.typical_p <= 1, "typical_p must be in (0, 1]", self.typical_p),
             (
                 math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0,
-                "repetition_penalty must be > 0",
+                "repetition_penalty must be finite and > 0",
+                self.repetition_penalty,
             ),
-            (math.isfinite(self.frequency_penalty), "frequency_penalty must be finite"),
-            (math.isfinite(self.presence_penalty), "presence_penalty must be finite"),
-            (self.top_k >= 0, "top_k must be >= 0"),
-            (all(math.isfinite(bias) for _, bias in self.logit_bias), "logit_bias values must be finite"),
+            (math.isfinite(self.frequency_penalty), "frequency_penalty must be finite", self.frequency_penalty),
+            (math.isfinite(self.presence_penalty), "presence_penalty must be finite", self.presence_penalty),
+            (self.top_k >= 0, "top_k must be >= 0", self.top_k),
+            (all(math.isfinite(bias) for _, bias in self.logit_bias), "logit_bias values must be finite", None),
             (
                 not self.watermark or (0 < self.watermark_gamma < 1 and math.isfinite(self.watermark_delta)),
                 "watermark needs 0 < watermark_gamma < 1 and a finite watermark_delta",
+                None,
             ),
         ]
-        for ok, message in checks:
+        for ok, message, value in checks:
             if not ok:
-                raise InvalidStepError(f"{message}, got {self}")
+                raise SequenceRefused(message if value is None else f"{message}, got {value}")
 
     @property
     def needs_all_tokens(self) -> bool:
@@ -97,7 +105,7 @@ class SamplingParams:
         """Token ids in logit_bias must index the model's vocabulary."""
         for token_id, _ in self.logit_bias:
             if token_id >= vocab_size:
-                raise InvalidStepError(f"logit_bias token {token_id} is outside the vocabulary ({vocab_size})")
+                raise SequenceRefused(f"logit_bias token {token_id} is outside the vocabulary ({vocab_size})")
 
 
 def _unset_is_one(value: float) -> float:
@@ -134,6 +142,10 @@ class SequenceState:
 @dataclass
 class SequenceTable:
     sequences: dict[int, SequenceState] = field(default_factory=dict)
+    # Sequences that failed on their own (refused parameters, a grammar dead end): steps the
+    # router planned before it heard may still name them, and are skipped for them until
+    # the router releases them.
+    failed: set[int] = field(default_factory=set)
 
     def __len__(self) -> int:
         return len(self.sequences)
@@ -155,6 +167,13 @@ class SequenceTable:
     def release(self, seq_id: int) -> None:
         # Releasing an unknown id is harmless (e.g. cancelled before it was sent).
         self.sequences.pop(seq_id, None)
+        self.failed.discard(seq_id)
+
+    def fail(self, seq_id: int) -> None:
+        """Drops a sequence that failed on its own; later steps skip it until its release."""
+        self.sequences.pop(seq_id, None)
+        self.failed.add(seq_id)
 
     def clear(self) -> None:
         self.sequences.clear()
+        self.failed.clear()

@@ -120,6 +120,8 @@ class ModelRunner:
             settle()
         apply_plan(plan, self.table)
         launched = LaunchedStep(pb.StepResponse(step_id=request.step_id), plan.work)
+        for seq_id, reason in plan.refused.items():
+            launched.response.outputs.add(id=seq_id, error=reason)
         if not plan.work:
             return launched
         launched.started_ns = time.perf_counter_ns()

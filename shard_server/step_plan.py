@@ -7,9 +7,9 @@ the scheduled batch.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from .requests import InvalidStepError, SamplingParams, SequenceState, SequenceTable
+from .requests import InvalidStepError, SamplingParams, SequenceRefused, SequenceState, SequenceTable
 from .sampling import argmax_suffices
 
 
@@ -34,6 +34,8 @@ class StepPlan:
     released_ids: list[int]
     new_states: list[SequenceState]
     work: list[ScheduledWork]
+    # New sequences refused for their own parameters: id -> reason, answered as errors.
+    refused: dict[int, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -93,10 +95,16 @@ def new_sequence_state(msg, limits: PoolLimits) -> SequenceState:
 def plan_step(request, table: SequenceTable, limits: PoolLimits) -> StepPlan:
     released = set(request.released_ids)
     new_states: dict[int, SequenceState] = {}
+    refused: dict[int, str] = {}
     for msg in request.new_sequences:
-        if msg.id in new_states or (msg.id in table and msg.id not in released):
+        if msg.id in new_states or msg.id in refused or (msg.id in table and msg.id not in released):
             raise InvalidStepError(f"sequence {msg.id} is already registered")
-        new_states[msg.id] = new_sequence_state(msg, limits)
+        try:
+            new_states[msg.id] = new_sequence_state(msg, limits)
+        except SequenceRefused as exc:
+            refused[msg.id] = str(exc)
+    # Failed earlier and not released yet: the router planned this step before it heard.
+    skipped = refused.keys() | (table.failed - released)
 
     work: list[ScheduledWork] = []
     seen: set[int] = set()
@@ -104,6 +112,8 @@ def plan_step(request, table: SequenceTable, limits: PoolLimits) -> StepPlan:
         if msg.id in seen:
             raise InvalidStepError(f"sequence {msg.id} is scheduled twice")
         seen.add(msg.id)
+        if msg.id in skipped:
+            continue
         if msg.id in new_states:
             state = new_states[msg.id]
         elif msg.id in released:
@@ -111,7 +121,7 @@ def plan_step(request, table: SequenceTable, limits: PoolLimits) -> StepPlan:
         else:
             state = table.get(msg.id)
         work.append(_scheduled(msg, state, limits))
-    return StepPlan(list(request.released_ids), list(new_states.values()), work)
+    return StepPlan(list(request.released_ids), list(new_states.values()), work, refused)
 
 
 def _scheduled(msg, state: SequenceState, limits: PoolLimits) -> ScheduledWork:
@@ -144,5 +154,7 @@ def apply_plan(plan: StepPlan, table: SequenceTable) -> None:
         table.release(seq_id)
     for state in plan.new_states:
         table.add(state)
+    for seq_id in plan.refused:
+        table.fail(seq_id)
     for item in plan.work:
         item.state.block_table.extend(item.new_block_ids)

@@ -22,9 +22,9 @@ pub enum ValidationError {
     TopNTokens(u32, u32),
     #[error("`decoder_input_details` == true is not supported when streaming tokens")]
     PrefillDetailsStream,
-    #[error("`temperature` must be strictly positive")]
+    #[error("`temperature` must be strictly positive and finite")]
     Temperature,
-    #[error("`repetition_penalty` must be strictly positive")]
+    #[error("`repetition_penalty` must be strictly positive and finite")]
     RepetitionPenalty,
     #[error("`frequency_penalty` must be >= -2.0 and <= 2.0")]
     FrequencyPenalty,
@@ -160,6 +160,8 @@ pub struct CheckedParameters {
     pub decoder_input_details: bool,
     pub top_n_tokens: u32,
     pub return_full_text: bool,
+    /// The compiled output constraint, if any.
+    pub grammar: Option<pb::Grammar>,
 }
 
 /// A request ready for the scheduler.
@@ -189,12 +191,14 @@ pub fn check_parameters_with(
     limits: &ValidationLimits,
 ) -> Result<CheckedParameters, ValidationError> {
     reject_unsupported(p)?;
+    // Each rule holds in f32, the precision the shard computes in: JSON's 1e308 parses
+    // into an f32 as infinity, which is not a temperature.
     let temperature = p.temperature.unwrap_or(1.0);
-    if !(temperature > 0.0) {
+    if !(temperature > 0.0 && temperature.is_finite()) {
         return Err(ValidationError::Temperature);
     }
     let repetition_penalty = p.repetition_penalty.unwrap_or(1.0);
-    if !(repetition_penalty > 0.0) {
+    if !(repetition_penalty > 0.0 && repetition_penalty.is_finite()) {
         return Err(ValidationError::RepetitionPenalty);
     }
     let frequency_penalty = p.frequency_penalty.unwrap_or(0.0);
@@ -288,6 +292,7 @@ pub fn check_parameters_with(
         decoder_input_details: p.decoder_input_details,
         top_n_tokens,
         return_full_text: p.return_full_text.unwrap_or(false),
+        grammar: None,
     })
 }
 

@@ -71,6 +71,10 @@ fn range_rules() {
     let cases: &[(&str, ValidationError)] = &[
         (r#"{"temperature":0}"#, Temperature),
         (r#"{"temperature":-1}"#, Temperature),
+        // Finite in f64, infinite in f32 (the shard's precision): defect 1 of issue 27.
+        (r#"{"temperature":1e308}"#, Temperature),
+        (r#"{"temperature":3.5e38}"#, Temperature),
+        (r#"{"repetition_penalty":1e39}"#, RepetitionPenalty),
         (r#"{"repetition_penalty":0}"#, RepetitionPenalty),
         (r#"{"frequency_penalty":2.5}"#, FrequencyPenalty),
         (r#"{"frequency_penalty":-2.01}"#, FrequencyPenalty),
@@ -231,6 +235,7 @@ fn extras_are_range_checked() {
         presence_penalty: Some(1.5),
         logit_bias: vec![(7, -100.0), (299, 100.0)],
         max_top_n_tokens: None,
+        grammar: None,
     })
     .unwrap();
     assert_eq!(biased.sampling.presence_penalty, 1.5);

@@ -182,6 +182,7 @@ impl Infer {
             stop_token_ids: self.stop_token_ids.clone(),
             prefill_logprobs: valid.params.decoder_input_details,
             top_n_tokens: valid.params.top_n_tokens,
+            grammar: valid.params.grammar.clone(),
             trace,
         };
         self.scheduler

@@ -20,6 +20,8 @@ pub struct SequenceRequest {
     pub stop_token_ids: Vec<u32>,
     pub prefill_logprobs: bool,
     pub top_n_tokens: u32,
+    /// The compiled output constraint, if any; the shard computes its masks.
+    pub grammar: Option<pb::Grammar>,
     /// The request's span when it is traced: its queue and step spans hang under it.
     pub trace: Option<opentelemetry::trace::SpanContext>,
 }

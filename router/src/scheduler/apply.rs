@@ -53,6 +53,11 @@ impl SchedulerState {
         }
         sequence.pending_samples = sequence.pending_samples.saturating_sub(u32::from(sample));
         let (token, prefill_logprobs) = match output {
+            Some(output) if !output.error.is_empty() => {
+                // This sequence alone failed on the shard; the rest of the step stands.
+                self.fail_one(id, &output.error, deliveries);
+                return;
+            }
             Some(output) => (output.token, output.prefill_logprobs),
             None => (None, Vec::new()),
         };
@@ -101,6 +106,17 @@ impl SchedulerState {
             self.cache_computed(&sequence);
             self.release_on_shards(&sequence);
         }
+    }
+
+    /// A sequence the shard failed on its own account (its parameters were refused, its
+    /// grammar reached a dead end): only it ends, with the shard's reason, which names
+    /// nothing of any other sequence. What it computed is not cached.
+    fn fail_one(&mut self, id: u64, reason: &str, deliveries: &mut Vec<Delivery>) {
+        tracing::warn!(sequence = id, %reason, "the shard failed one sequence");
+        if let Some(sequence) = self.running.remove(&id) {
+            self.release_on_shards(&sequence);
+        }
+        deliveries.push(Delivery::new(id, SequenceEvent::Error(reason.to_owned())));
     }
 
     fn finish_with_error(&mut self, id: u64, message: String, deliveries: &mut Vec<Delivery>) {

@@ -156,6 +156,7 @@ impl Sequence {
             block_ids: self.blocks.ids()[..self.cached_blocks].to_vec(),
             prefill_logprobs: self.wants_prefill_logprobs(),
             top_n_tokens: self.request.top_n_tokens,
+            grammar: self.request.grammar.clone(),
         }
     }
 

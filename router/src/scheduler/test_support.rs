@@ -36,6 +36,7 @@ pub fn request(prompt_len: u32, max_new_tokens: u32) -> SequenceRequest {
         stop_token_ids: Vec::new(),
         prefill_logprobs: false,
         top_n_tokens: 0,
+        grammar: None,
         trace: None,
     }
 }
@@ -288,6 +289,7 @@ impl ShardSim {
             id,
             token,
             prefill_logprobs,
+            error: String::new(),
         })
     }
 }

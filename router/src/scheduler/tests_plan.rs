@@ -262,6 +262,29 @@ fn a_response_for_the_wrong_step_fails_the_batch() {
 }
 
 #[test]
+fn a_sequence_the_shard_refused_fails_alone_with_only_its_reason() {
+    let mut h = Harness::new(config(4, 16, 64));
+    let a = h.submit(request(4, 3));
+    let b = h.submit(request(4, 3));
+    let planned = h.state.plan_step(Instant::now()).unwrap();
+    let mut response = h.sim.step(&planned.request);
+    let refused = response.outputs.iter_mut().find(|o| o.id == a).unwrap();
+    refused.token = None;
+    refused.error = "temperature must be finite and > 0, got inf".into();
+    let deliveries = h.state.apply(response);
+    h.state.deliver(deliveries);
+    h.collect();
+    assert!(matches!(h.events(a).last(),
+        Some(SequenceEvent::Error(m)) if m == "temperature must be finite and > 0, got inf"));
+    // The other sequence of the step goes on, and the refused one is released.
+    let step = h.step().unwrap();
+    assert_eq!(step.released_ids, vec![a]);
+    h.run_to_idle(10);
+    assert_eq!(h.tokens(b), expected_tokens(b, 4, 3));
+    assert!(h.events(b).iter().all(|e| !matches!(e, SequenceEvent::Error(_))));
+}
+
+#[test]
 fn a_missing_token_fails_only_that_sequence() {
     let mut h = Harness::new(config(4, 16, 64));
     let a = h.submit(request(4, 3));
