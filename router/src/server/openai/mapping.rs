@@ -107,6 +107,7 @@ fn sampling(
         presence_penalty: fields.presence_penalty,
         logit_bias,
         max_top_n_tokens: Some(MAX_TOP_LOGPROBS),
+        grammar: None,
     };
     Ok((parameters, extras))
 }
