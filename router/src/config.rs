@@ -67,6 +67,11 @@ pub struct Args {
     /// (radix prefix cache): `true` or `false`.
     #[arg(long, env = "PREFIX_CACHING", default_value = "true", value_parser = parse_bool, action = clap::ArgAction::Set)]
     pub prefix_caching: bool,
+    /// Apply the model's generation_config.json sampling values (temperature, top_p,
+    /// top_k, repetition_penalty) to OpenAI requests that leave them unset: `true` or
+    /// `false`. TGI's native routes never apply them.
+    #[arg(long, env = "GENERATION_CONFIG_DEFAULTS", default_value = "true", value_parser = parse_bool, action = clap::ArgAction::Set)]
+    pub generation_config_defaults: bool,
     /// Order of admission: `longest-prefix` (longest cached prefix first, with an age
     /// cap) or `fifo`.
     #[arg(long, env = "SCHEDULING_POLICY", default_value = "longest-prefix")]

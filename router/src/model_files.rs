@@ -1,5 +1,6 @@
 //! What the router reads from the model directory besides tokenizer.json: the token ids
-//! that end generation (config.json, generation_config.json, tokenizer_config.json).
+//! that end generation (config.json, generation_config.json, tokenizer_config.json); the
+//! sampling defaults live in `generation_defaults`.
 use std::path::Path;
 
 use serde_json::Value;
@@ -13,7 +14,7 @@ pub enum ModelFilesError {
 }
 
 /// Reads a JSON file; a missing file is `None` (generation_config.json is optional).
-fn read_json(path: &Path) -> Result<Option<Value>, ModelFilesError> {
+pub(crate) fn read_json(path: &Path) -> Result<Option<Value>, ModelFilesError> {
     let text = match std::fs::read_to_string(path) {
         Ok(text) => text,
         Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(None),

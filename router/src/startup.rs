@@ -7,6 +7,7 @@ use futures::future::BoxFuture;
 
 use crate::chat_template::ChatTemplate;
 use crate::config::{Args, Limits, ShardCapacity};
+use crate::generation_defaults::GenerationDefaults;
 use crate::infer::Infer;
 use crate::pb;
 use crate::scheduler::{self, SchedulerConfig};
@@ -100,7 +101,7 @@ fn model_info(args: &Args, limits: &Limits, shard: &pb::InfoResponse) -> Info {
 /// The chat template and the model's identity for the OpenAI routes. A model without a
 /// (working) chat template still serves everything else; chat requests then get a 400
 /// that says why.
-fn openai_context(args: &Args) -> OpenAiContext {
+fn openai_context(args: &Args, stop_token_ids: &[u32]) -> anyhow::Result<OpenAiContext> {
     let chat_template = ChatTemplate::from_model_dir(&args.model_path);
     match &chat_template {
         Ok(_) => tracing::info!("chat template loaded"),
@@ -112,11 +113,22 @@ fn openai_context(args: &Args) -> OpenAiContext {
         .ok()
         .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
         .map_or_else(server::openai::unix_now, |d| d.as_secs());
-    OpenAiContext {
+    // Off, requests fall back to OpenAI's defaults alone (vLLM's `--generation-config vllm`).
+    let generation = if args.generation_config_defaults {
+        GenerationDefaults::from_model_dir(&args.model_path)?
+    } else {
+        GenerationDefaults::default()
+    };
+    tracing::info!(?generation, "OpenAI routes' sampling defaults");
+    Ok(OpenAiContext {
         model_id: args.model_id.clone(),
         created,
         chat_template,
-    }
+        defaults: server::openai::mapping::ModelDefaults {
+            generation,
+            stop_token_ids: stop_token_ids.to_vec(),
+        },
+    })
 }
 
 /// Resolves on the first SIGTERM or SIGINT.
@@ -160,7 +172,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     )?);
     let stop_token_ids = crate::model_files::stop_token_ids(&args.model_path, &tokenizer)?;
     tracing::info!(?stop_token_ids, "tokenizer loaded");
-    let openai = openai_context(&args);
+    let openai = openai_context(&args, &stop_token_ids)?;
 
     let shards = ShardSet::connect(
         &args.shard_uds_path,

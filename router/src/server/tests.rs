@@ -94,6 +94,10 @@ pub fn app_scripted(options: HttpOptions, healthy: bool, script: Script) -> Rout
                 None,
                 Some("<eos>".into()),
             ),
+            defaults: crate::server::openai::mapping::ModelDefaults {
+                stop_token_ids: vec![eos],
+                ..Default::default()
+            },
         }),
     };
     router(state, &options)

@@ -1,15 +1,32 @@
 //! OpenAI requests → textgen's generation inputs. Every OpenAI-only rule is checked here
-//! (ranges OpenAI documents, fields refused until implemented); everything else goes
-//! through the native validation, so both API surfaces enforce the same limits.
-use crate::chat_template::{ChatTemplate, ChatTemplateError, TemplateMessage};
+//! (ranges OpenAI documents, fields refused until implemented), vLLM's extensions in
+//! `extensions`, output constraints in `structured`; everything else goes through the
+//! native validation, so both API surfaces enforce the same limits.
+mod chat_prompt;
+mod extensions;
+mod structured;
+
+use crate::generation_defaults::GenerationDefaults;
 use crate::schema::GenerateParameters;
 use crate::validation::{GenerationInput, Prompt, SamplingExtras};
 
 use super::errors::OpenAiError;
 use super::types::{
-    ChatCompletionRequest, ChatMessage, CompletionRequest, MessageContent, PromptField,
-    SamplingFields,
+    ChatCompletionRequest, CompletionRequest, ExtensionFields, LogitBiasField, PromptField,
+    SamplingFields, StructuredFields,
 };
+pub use chat_prompt::{chat_prompt, render_chat};
+use extensions::Extensions;
+
+/// What the served model contributes to every OpenAI request.
+#[derive(Debug, Clone, Default)]
+pub struct ModelDefaults {
+    /// generation_config.json's sampling values (empty with
+    /// `--generation-config-defaults false`).
+    pub generation: GenerationDefaults,
+    /// The ids that end generation (`stop_token_ids` naming only these is a no-op).
+    pub stop_token_ids: Vec<u32>,
+}
 
 /// Most choices (`n`, `best_of`) one request may ask for.
 pub const MAX_CHOICES: u32 = 16;
@@ -54,62 +71,103 @@ fn is_set(value: &Option<serde_json::Value>) -> bool {
     value.as_ref().is_some_and(|v| !v.is_null())
 }
 
-/// The request's fields that map onto TGI's parameters and the OpenAI extras.
-fn sampling(
-    fields: &SamplingFields,
-    max_new_tokens: Option<u32>,
-    top_n: u32,
-) -> Result<(GenerateParameters, SamplingExtras), OpenAiError> {
-    let temperature = fields.temperature.unwrap_or(1.0);
-    if !(0.0..=2.0).contains(&temperature) {
-        return Err(OpenAiError::invalid(
-            "temperature",
-            "`temperature` must be >= 0 and <= 2",
-        ));
+fn logit_bias(field: &Option<LogitBiasField>) -> Result<Vec<(u32, f32)>, OpenAiError> {
+    match field {
+        None => Ok(vec![]),
+        Some(LogitBiasField::List(list)) if list.is_empty() => Ok(vec![]),
+        Some(LogitBiasField::List(_)) => Err(OpenAiError::unsupported(
+            "logit_bias",
+            "a list (TGI's unused shape); send a map of token id to bias",
+        )),
+        Some(LogitBiasField::Map(map)) => map
+            .iter()
+            .map(|(token, &bias)| match token.parse::<u32>() {
+                Ok(id) => Ok((id, bias)),
+                Err(_) => Err(OpenAiError::invalid(
+                    "logit_bias",
+                    format!("`logit_bias` keys must be token ids, got {token:?}"),
+                )),
+            })
+            .collect(),
     }
-    let top_p = fields.top_p.unwrap_or(1.0);
-    if !(top_p > 0.0 && top_p <= 1.0) {
-        return Err(OpenAiError::invalid(
-            "top_p",
-            "`top_p` must be > 0 and <= 1",
-        ));
+}
+
+/// The request's sampling, with what the request left unset taken from the model's
+/// generation_config.json (as vLLM does), then OpenAI's defaults.
+struct Sampling<'a> {
+    fields: &'a SamplingFields,
+    extensions: Extensions,
+    structured: &'a StructuredFields,
+    defaults: &'a GenerationDefaults,
+}
+
+impl Sampling<'_> {
+    fn map(
+        self,
+        max_new_tokens: Option<u32>,
+        top_n: u32,
+    ) -> Result<(GenerateParameters, SamplingExtras), OpenAiError> {
+        let (fields, ext, defaults) = (self.fields, &self.extensions, self.defaults);
+        let temperature = fields.temperature.or(defaults.temperature).unwrap_or(1.0);
+        if !(0.0..=2.0).contains(&temperature) {
+            return Err(OpenAiError::invalid(
+                "temperature",
+                "`temperature` must be >= 0 and <= 2",
+            ));
+        }
+        let top_p = fields.top_p.or(defaults.top_p).unwrap_or(1.0);
+        if !(top_p > 0.0 && top_p <= 1.0) {
+            return Err(OpenAiError::invalid(
+                "top_p",
+                "`top_p` must be > 0 and <= 1",
+            ));
+        }
+        let frequency_penalty = fields.frequency_penalty.unwrap_or(0.0);
+        let repetition_penalty = ext.repetition_penalty.or(defaults.repetition_penalty);
+        let top_k = ext.top_k.or(defaults.top_k).unwrap_or(0);
+        let greedy = temperature == 0.0;
+        let parameters = GenerateParameters {
+            // OpenAI samples unless temperature is 0; greedy ignores the warpers, and
+            // setting one would turn native sampling back on.
+            do_sample: !greedy,
+            temperature: (!greedy && temperature != 1.0).then_some(temperature),
+            top_p: (!greedy && top_p < 1.0).then_some(top_p),
+            top_k: (!greedy && top_k > 0).then_some(top_k as i32),
+            repetition_penalty: repetition_penalty.filter(|&r| r != 1.0),
+            frequency_penalty: (frequency_penalty != 0.0).then_some(frequency_penalty),
+            max_new_tokens,
+            stop: fields
+                .stop
+                .clone()
+                .map(|s| s.into_vec())
+                .unwrap_or_default(),
+            top_n_tokens: (top_n > 0).then_some(top_n),
+            truncate: ext.truncate,
+            watermark: ext.watermark,
+            ..GenerateParameters::default()
+        };
+        let extras = SamplingExtras {
+            presence_penalty: fields.presence_penalty,
+            logit_bias: logit_bias(&fields.logit_bias)?,
+            max_top_n_tokens: Some(MAX_TOP_LOGPROBS),
+            grammar: structured::grammar(self.structured)?,
+        };
+        Ok((parameters, extras))
     }
-    let frequency_penalty = fields.frequency_penalty.unwrap_or(0.0);
-    let greedy = temperature == 0.0;
-    let parameters = GenerateParameters {
-        // OpenAI samples unless temperature is 0.
-        do_sample: !greedy,
-        temperature: (!greedy && temperature != 1.0).then_some(temperature),
-        top_p: (top_p < 1.0).then_some(top_p),
-        frequency_penalty: (frequency_penalty != 0.0).then_some(frequency_penalty),
-        max_new_tokens,
-        stop: fields
-            .stop
-            .clone()
-            .map(|s| s.into_vec())
-            .unwrap_or_default(),
-        top_n_tokens: (top_n > 0).then_some(top_n),
-        ..GenerateParameters::default()
-    };
-    let logit_bias = fields
-        .logit_bias
-        .iter()
-        .flatten()
-        .map(|(token, &bias)| match token.parse::<u32>() {
-            Ok(id) => Ok((id, bias)),
-            Err(_) => Err(OpenAiError::invalid(
-                "logit_bias",
-                format!("`logit_bias` keys must be token ids, got {token:?}"),
-            )),
-        })
-        .collect::<Result<_, _>>()?;
-    let extras = SamplingExtras {
-        presence_penalty: fields.presence_penalty,
-        logit_bias,
-        max_top_n_tokens: Some(MAX_TOP_LOGPROBS),
-        grammar: None,
-    };
-    Ok((parameters, extras))
+}
+
+fn sampling<'a>(
+    fields: &'a SamplingFields,
+    extension_fields: &ExtensionFields,
+    structured: &'a StructuredFields,
+    model: &'a ModelDefaults,
+) -> Result<Sampling<'a>, OpenAiError> {
+    Ok(Sampling {
+        fields,
+        extensions: extensions::check(extension_fields, &model.stop_token_ids)?,
+        structured,
+        defaults: &model.generation,
+    })
 }
 
 fn choices(fields: &SamplingFields) -> Result<u32, OpenAiError> {
@@ -135,89 +193,11 @@ fn streaming(fields: &SamplingFields) -> Result<(bool, bool), OpenAiError> {
     }
 }
 
-/// The template's view of one message; content parts must all be text.
-fn template_message(index: usize, message: &ChatMessage) -> Result<TemplateMessage, OpenAiError> {
-    let param = format!("messages[{index}]");
-    let role = match message.role.as_str() {
-        "system" | "developer" => "system",
-        "user" | "assistant" | "tool" => message.role.as_str(),
-        other => {
-            return Err(OpenAiError::invalid(
-                &param,
-                format!(
-                    "unknown role {other:?}: expected system, developer, user, assistant or tool"
-                ),
-            ))
-        }
-    };
-    let content = match &message.content {
-        None => None,
-        Some(MessageContent::Text(text)) => Some(text.clone()),
-        Some(MessageContent::Parts(parts)) => {
-            let mut text = String::new();
-            for part in parts {
-                match (part.kind.as_str(), &part.text) {
-                    ("text", Some(piece)) if part.other.is_empty() => text.push_str(piece),
-                    ("text", _) => {
-                        return Err(OpenAiError::invalid(
-                            &param,
-                            "a text part needs exactly `type` and `text`",
-                        ))
-                    }
-                    (kind, _) => {
-                        return Err(OpenAiError::unsupported(
-                            &param,
-                            &format!("content parts of type {kind:?} (the model reads text only)"),
-                        ))
-                    }
-                }
-            }
-            Some(text)
-        }
-    };
-    if content.is_none() && !(role == "assistant" && is_set(&message.tool_calls)) {
-        return Err(OpenAiError::invalid(&param, "`content` is required"));
-    }
-    Ok(TemplateMessage {
-        role: role.to_owned(),
-        content,
-        name: message.name.clone(),
-        tool_calls: message.tool_calls.clone(),
-        tool_call_id: message.tool_call_id.clone(),
-    })
-}
-
-/// Renders the conversation with the model's chat template.
-pub fn render_chat(
-    template: Result<&ChatTemplate, &ChatTemplateError>,
-    messages: &[ChatMessage],
-) -> Result<String, OpenAiError> {
-    if messages.is_empty() {
-        return Err(OpenAiError::invalid(
-            "messages",
-            "`messages` must not be empty",
-        ));
-    }
-    let messages = messages
-        .iter()
-        .enumerate()
-        .map(|(i, m)| template_message(i, m))
-        .collect::<Result<Vec<_>, _>>()?;
-    let template = template.map_err(|err| OpenAiError::invalid("messages", err.to_string()))?;
-    template
-        .render(&messages, true)
-        .map_err(|err| OpenAiError::invalid("messages", format!("chat template error: {err}")))
-}
-
 fn refuse_unsupported_chat_fields(request: &ChatCompletionRequest) -> Result<(), OpenAiError> {
-    let neutral_format = request
-        .response_format
-        .as_ref()
-        .is_some_and(|f| f.get("type").and_then(|t| t.as_str()) == Some("text"));
-    if is_set(&request.response_format) && !neutral_format {
+    if request.echo == Some(true) {
         return Err(OpenAiError::unsupported(
-            "response_format",
-            "structured output is not implemented yet",
+            "echo",
+            "chat answers never repeat the last message",
         ));
     }
     let no_tools = request
@@ -266,11 +246,34 @@ fn refuse_unsupported_chat_fields(request: &ChatCompletionRequest) -> Result<(),
     }
 }
 
-pub fn chat_plan(request: &ChatCompletionRequest, prompt: String) -> Result<Plan, OpenAiError> {
+/// Sequences per prompt: `best_of` (at least `n`), `n` when unset.
+fn runs(best_of: Option<u32>, n: u32, stream: bool) -> Result<u32, OpenAiError> {
+    let runs = best_of.unwrap_or(n);
+    if runs < n || runs > MAX_CHOICES {
+        return Err(OpenAiError::invalid(
+            "best_of",
+            format!("`best_of` must be >= `n` and <= {MAX_CHOICES}. Given: {runs}"),
+        ));
+    }
+    if runs > n && stream {
+        return Err(OpenAiError::invalid(
+            "best_of",
+            "`best_of` > `n` cannot be streamed",
+        ));
+    }
+    Ok(runs)
+}
+
+pub fn chat_plan(
+    request: &ChatCompletionRequest,
+    prompt: String,
+    model: &ModelDefaults,
+) -> Result<Plan, OpenAiError> {
     refuse_unsupported_chat_fields(request)?;
     let fields = request.sampling_fields();
     let n = choices(&fields)?;
     let (stream, include_usage) = streaming(&fields)?;
+    let runs = runs(request.best_of, n, stream)?;
     let logprobs = request.logprobs.unwrap_or(false);
     let top = request.top_logprobs.unwrap_or(0);
     if top > MAX_TOP_LOGPROBS {
@@ -286,18 +289,21 @@ pub fn chat_plan(request: &ChatCompletionRequest, prompt: String) -> Result<Plan
         ));
     }
     let max_tokens = request.max_completion_tokens.or(request.max_tokens);
-    let (parameters, extras) = sampling(&fields, max_tokens, top)?;
+    let (extension_fields, structured) = (request.extension_fields(), request.structured_fields());
+    let (parameters, extras) =
+        sampling(&fields, &extension_fields, &structured, model)?.map(max_tokens, top)?;
     Ok(Plan {
         inputs: vec![GenerationInput {
             prompt: Prompt::Text {
                 text: prompt,
-                add_special_tokens: false,
+                // The template writes the special tokens; vLLM's default is false too.
+                add_special_tokens: request.add_special_tokens.unwrap_or(false),
             },
             parameters,
             extras,
         }],
         n,
-        runs: n,
+        runs,
         seed: fields.seed.map(|s| s as u64),
         stream,
         include_usage,
@@ -306,10 +312,10 @@ pub fn chat_plan(request: &ChatCompletionRequest, prompt: String) -> Result<Plan
     })
 }
 
-fn prompts(field: &PromptField) -> Result<Vec<Prompt>, OpenAiError> {
+fn prompts(field: &PromptField, add_special_tokens: bool) -> Result<Vec<Prompt>, OpenAiError> {
     let text = |text: &String| Prompt::Text {
         text: text.clone(),
-        add_special_tokens: true,
+        add_special_tokens,
     };
     let prompts: Vec<Prompt> = match field {
         PromptField::Text(one) => vec![text(one)],
@@ -325,7 +331,10 @@ fn prompts(field: &PromptField) -> Result<Vec<Prompt>, OpenAiError> {
     Ok(prompts)
 }
 
-pub fn completion_plan(request: &CompletionRequest) -> Result<Plan, OpenAiError> {
+pub fn completion_plan(
+    request: &CompletionRequest,
+    model: &ModelDefaults,
+) -> Result<Plan, OpenAiError> {
     if request.suffix.as_ref().is_some_and(|s| !s.is_empty()) {
         return Err(OpenAiError::unsupported(
             "suffix",
@@ -335,19 +344,7 @@ pub fn completion_plan(request: &CompletionRequest) -> Result<Plan, OpenAiError>
     let fields = request.sampling_fields();
     let n = choices(&fields)?;
     let (stream, include_usage) = streaming(&fields)?;
-    let runs = request.best_of.unwrap_or(n);
-    if runs < n || runs > MAX_CHOICES {
-        return Err(OpenAiError::invalid(
-            "best_of",
-            format!("`best_of` must be >= `n` and <= {MAX_CHOICES}. Given: {runs}"),
-        ));
-    }
-    if runs > n && stream {
-        return Err(OpenAiError::invalid(
-            "best_of",
-            "`best_of` > `n` cannot be streamed",
-        ));
-    }
+    let runs = runs(request.best_of, n, stream)?;
     let logprobs = request.logprobs;
     let top = logprobs.unwrap_or(0);
     if top > MAX_COMPLETION_LOGPROBS {
@@ -358,10 +355,12 @@ pub fn completion_plan(request: &CompletionRequest) -> Result<Plan, OpenAiError>
     }
     let echo = request.echo.unwrap_or(false);
     let max_tokens = request.max_tokens.unwrap_or(DEFAULT_COMPLETION_TOKENS);
-    let (mut parameters, extras) = sampling(&fields, Some(max_tokens), top)?;
+    let (extension_fields, structured) = (request.extension_fields(), request.structured_fields());
+    let (mut parameters, extras) =
+        sampling(&fields, &extension_fields, &structured, model)?.map(Some(max_tokens), top)?;
     // Echoed prompts come with their own logprobs (not while streaming).
     parameters.decoder_input_details = echo && logprobs.is_some() && !stream;
-    let prompts = prompts(&request.prompt)?;
+    let prompts = prompts(&request.prompt, request.add_special_tokens.unwrap_or(true))?;
     if prompts.len() as u32 * runs > MAX_SEQUENCES {
         return Err(OpenAiError::invalid(
             "prompt",
@@ -390,15 +389,17 @@ pub fn completion_plan(request: &CompletionRequest) -> Result<Plan, OpenAiError>
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::chat_template::{ChatTemplate, ChatTemplateError};
+    use crate::server::openai::types::ChatMessage;
 
     fn chat(json: &str) -> Result<Plan, OpenAiError> {
         let request: ChatCompletionRequest = serde_json::from_str(json).expect("parses");
-        chat_plan(&request, "prompt".into())
+        chat_plan(&request, "prompt".into(), &ModelDefaults::default())
     }
 
     fn completion(json: &str) -> Result<Plan, OpenAiError> {
         let request: CompletionRequest = serde_json::from_str(json).expect("parses");
-        completion_plan(&request)
+        completion_plan(&request, &ModelDefaults::default())
     }
 
     const USER: &str = r#""messages":[{"role":"user","content":"hi"}]"#;

@@ -36,6 +36,8 @@ pub struct OpenAiContext {
     /// Unix time of the model files (`/v1/models`' `created`).
     pub created: u64,
     pub chat_template: Result<ChatTemplate, ChatTemplateError>,
+    /// generation_config.json's sampling values and the model's EOS ids.
+    pub defaults: mapping::ModelDefaults,
 }
 
 impl OpenAiContext {
@@ -187,8 +189,8 @@ pub async fn chat_completions(
     let OpenAiJson(request) = super::counted(body, Route::ChatCompletions)?;
     let route = Route::openai(true, request.stream.unwrap_or(false));
     let context = &state.openai;
-    let plan = mapping::render_chat(context.chat_template.as_ref(), &request.messages)
-        .and_then(|prompt| mapping::chat_plan(&request, prompt));
+    let plan = mapping::chat_prompt(context.chat_template.as_ref(), &request)
+        .and_then(|prompt| mapping::chat_plan(&request, prompt, &context.defaults));
     let plan = super::counted(plan, route)?;
     if plan.stream {
         return stream::respond(&state, plan, stream::Format::Chat).await;
@@ -277,7 +279,8 @@ pub async fn completions(
 ) -> Result<Response, OpenAiError> {
     let OpenAiJson(request) = super::counted(body, Route::Completions)?;
     let route = Route::openai(false, request.stream.unwrap_or(false));
-    let plan = super::counted(mapping::completion_plan(&request), route)?;
+    let plan = mapping::completion_plan(&request, &state.openai.defaults);
+    let plan = super::counted(plan, route)?;
     if plan.stream {
         return stream::respond(&state, plan, stream::Format::Completion).await;
     }

@@ -146,8 +146,10 @@ impl Chunker {
             Format::Chat => self.chat_chunk(
                 vec![ChatChunkChoice {
                     index: delta.index,
+                    // Every delta names the role: TGI's Python client requires it, and
+                    // OpenAI's SDK accepts it.
                     delta: ChatDelta {
-                        role: None,
+                        role: Some("assistant"),
                         content: (!delta.text.is_empty()).then_some(delta.text),
                     },
                     logprobs: wants_logprobs

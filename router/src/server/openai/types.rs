@@ -2,11 +2,11 @@
 //! the OpenAPI document share these types.
 //!
 //! Unknown-field policy (the same as the native routes): a field that is not part of the
-//! route's OpenAI request schema is rejected with 400. Every field of OpenAI's schema is
-//! known: implemented ones work, metadata-only ones (`user`, `store`, `metadata`,
-//! `service_tier`, `safety_identifier`, `prompt_cache_key`, `parallel_tool_calls`) are
-//! accepted and have no effect, and the rest are refused with 400 unless they carry their
-//! neutral value (`null`).
+//! route's OpenAI request schema, nor one of the extensions TGI's and vLLM's clients send,
+//! is rejected with 400. Every known field is implemented, accepted without effect where
+//! it cannot change the answer (`user`, `store`, `metadata`, `request_id`, ...), or refused
+//! by name unless it carries its neutral value; `null` always means unset. docs/openai.md
+//! lists them all.
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
@@ -113,7 +113,8 @@ macro_rules! openai_request {
     pub frequency_penalty: Option<f32>,
     /// Token id (as a string) to a bias in [-100, 100] added to its logit.
     #[serde(default)]
-    pub logit_bias: Option<BTreeMap<String, f32>>,
+    #[schema(value_type = Option<BTreeMap<String, f32>>)]
+    pub logit_bias: Option<LogitBiasField>,
     #[serde(default)]
     pub stream: Option<bool>,
     #[serde(default)]
@@ -135,6 +136,99 @@ macro_rules! openai_request {
     pub safety_identifier: Option<String>,
     #[serde(default)]
     pub prompt_cache_key: Option<String>,
+
+    // Structured output (OpenAI, TGI and vLLM shapes); parsed in `mapping::structured`.
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub response_format: Option<Value>,
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub structured_outputs: Option<Value>,
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub guided_json: Option<Value>,
+    #[serde(default)]
+    pub guided_regex: Option<String>,
+    #[serde(default)]
+    pub guided_choice: Option<Vec<String>>,
+    #[serde(default)]
+    pub guided_grammar: Option<String>,
+    #[serde(default)]
+    pub guided_decoding_backend: Option<String>,
+    #[serde(default)]
+    pub guided_whitespace_pattern: Option<String>,
+
+    // vLLM's sampling extensions; `mapping::extensions` gives each its rule.
+    #[serde(default)]
+    pub top_k: Option<i64>,
+    #[serde(default)]
+    pub min_p: Option<f32>,
+    #[serde(default)]
+    pub repetition_penalty: Option<f32>,
+    #[serde(default)]
+    pub min_tokens: Option<u32>,
+    #[serde(default)]
+    pub ignore_eos: Option<bool>,
+    #[serde(default)]
+    pub stop_token_ids: Option<Vec<u32>>,
+    #[serde(default)]
+    pub skip_special_tokens: Option<bool>,
+    #[serde(default)]
+    pub spaces_between_special_tokens: Option<bool>,
+    #[serde(default)]
+    pub include_stop_str_in_output: Option<bool>,
+    #[serde(default)]
+    pub use_beam_search: Option<bool>,
+    #[serde(default)]
+    pub length_penalty: Option<f32>,
+    #[serde(default)]
+    pub early_stopping: Option<bool>,
+    #[serde(default)]
+    pub truncate_prompt_tokens: Option<i64>,
+    #[serde(default)]
+    pub truncation_side: Option<String>,
+    #[serde(default)]
+    pub prompt_logprobs: Option<i64>,
+    #[serde(default)]
+    pub add_special_tokens: Option<bool>,
+    #[serde(default)]
+    pub watermarking: Option<bool>,
+    #[serde(default)]
+    pub priority: Option<i64>,
+    #[serde(default)]
+    pub request_id: Option<String>,
+    #[serde(default)]
+    pub session_id: Option<String>,
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub logits_processors: Option<Value>,
+    #[serde(default)]
+    pub bad_words: Option<Vec<String>>,
+    #[serde(default)]
+    pub allowed_token_ids: Option<Vec<u32>>,
+    #[serde(default)]
+    pub return_tokens_as_token_ids: Option<bool>,
+    #[serde(default)]
+    pub return_token_ids: Option<bool>,
+    #[serde(default)]
+    pub cache_salt: Option<String>,
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub vllm_xargs: Option<Value>,
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub kv_transfer_params: Option<Value>,
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub logprob_token_ids: Option<Value>,
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub repetition_detection: Option<Value>,
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub thinking_token_budget: Option<Value>,
+    #[serde(default)]
+    pub stream_interval: Option<u32>,
         }
 
         impl $name {
@@ -152,8 +246,103 @@ macro_rules! openai_request {
                     stream_options: self.stream_options.clone(),
                 }
             }
+
+            pub fn extension_fields(&self) -> ExtensionFields {
+                ExtensionFields {
+                    top_k: self.top_k,
+                    min_p: self.min_p,
+                    repetition_penalty: self.repetition_penalty,
+                    min_tokens: self.min_tokens,
+                    ignore_eos: self.ignore_eos,
+                    stop_token_ids: self.stop_token_ids.clone(),
+                    skip_special_tokens: self.skip_special_tokens,
+                    include_stop_str_in_output: self.include_stop_str_in_output,
+                    use_beam_search: self.use_beam_search,
+                    length_penalty: self.length_penalty,
+                    truncate_prompt_tokens: self.truncate_prompt_tokens,
+                    truncation_side: self.truncation_side.clone(),
+                    prompt_logprobs: self.prompt_logprobs,
+                    watermarking: self.watermarking,
+                    priority: self.priority,
+                    logits_processors: self.logits_processors.clone(),
+                    bad_words: self.bad_words.clone(),
+                    allowed_token_ids: self.allowed_token_ids.clone(),
+                    return_tokens_as_token_ids: self.return_tokens_as_token_ids,
+                    return_token_ids: self.return_token_ids,
+                    cache_salt: self.cache_salt.clone(),
+                    vllm_xargs: self.vllm_xargs.clone(),
+                    kv_transfer_params: self.kv_transfer_params.clone(),
+                    logprob_token_ids: self.logprob_token_ids.clone(),
+                    repetition_detection: self.repetition_detection.clone(),
+                    thinking_token_budget: self.thinking_token_budget.clone(),
+                }
+            }
+
+            pub fn structured_fields(&self) -> StructuredFields {
+                StructuredFields {
+                    response_format: self.response_format.clone(),
+                    structured_outputs: self.structured_outputs.clone(),
+                    guided_json: self.guided_json.clone(),
+                    guided_regex: self.guided_regex.clone(),
+                    guided_choice: self.guided_choice.clone(),
+                    guided_grammar: self.guided_grammar.clone(),
+                    guided_whitespace_pattern: self.guided_whitespace_pattern.clone(),
+                }
+            }
         }
     };
+}
+
+/// `logit_bias`: OpenAI's map, or the list TGI's Python client types it as (TGI ignores
+/// it; a non-empty list is refused, an empty one is unset).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(untagged)]
+pub enum LogitBiasField {
+    Map(BTreeMap<String, f32>),
+    List(Vec<f32>),
+}
+
+/// The vLLM extensions that change generation (the no-effect ones are not read).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ExtensionFields {
+    pub top_k: Option<i64>,
+    pub min_p: Option<f32>,
+    pub repetition_penalty: Option<f32>,
+    pub min_tokens: Option<u32>,
+    pub ignore_eos: Option<bool>,
+    pub stop_token_ids: Option<Vec<u32>>,
+    pub skip_special_tokens: Option<bool>,
+    pub include_stop_str_in_output: Option<bool>,
+    pub use_beam_search: Option<bool>,
+    pub length_penalty: Option<f32>,
+    pub truncate_prompt_tokens: Option<i64>,
+    pub truncation_side: Option<String>,
+    pub prompt_logprobs: Option<i64>,
+    pub watermarking: Option<bool>,
+    pub priority: Option<i64>,
+    pub logits_processors: Option<Value>,
+    pub bad_words: Option<Vec<String>>,
+    pub allowed_token_ids: Option<Vec<u32>>,
+    pub return_tokens_as_token_ids: Option<bool>,
+    pub return_token_ids: Option<bool>,
+    pub cache_salt: Option<String>,
+    pub vllm_xargs: Option<Value>,
+    pub kv_transfer_params: Option<Value>,
+    pub logprob_token_ids: Option<Value>,
+    pub repetition_detection: Option<Value>,
+    pub thinking_token_budget: Option<Value>,
+}
+
+/// The output-constraint fields, as sent.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StructuredFields {
+    pub response_format: Option<Value>,
+    pub structured_outputs: Option<Value>,
+    pub guided_json: Option<Value>,
+    pub guided_regex: Option<String>,
+    pub guided_choice: Option<Vec<String>>,
+    pub guided_grammar: Option<String>,
+    pub guided_whitespace_pattern: Option<String>,
 }
 
 /// The shared fields that change generation.
@@ -166,7 +355,7 @@ pub struct SamplingFields {
     pub stop: Option<StopField>,
     pub presence_penalty: Option<f32>,
     pub frequency_penalty: Option<f32>,
-    pub logit_bias: Option<BTreeMap<String, f32>>,
+    pub logit_bias: Option<LogitBiasField>,
     pub stream: Option<bool>,
     pub stream_options: Option<StreamOptions>,
 }
@@ -187,10 +376,6 @@ pub struct ChatCompletionRequest {
     #[serde(default)]
     #[schema(minimum = 0, maximum = 20)]
     pub top_logprobs: Option<u32>,
-    /// Refused until structured output exists.
-    #[serde(default)]
-    #[schema(value_type = Option<Object>)]
-    pub response_format: Option<Value>,
     /// Refused until tool calling exists.
     #[serde(default)]
     #[schema(value_type = Option<Object>)]
@@ -225,6 +410,33 @@ pub struct ChatCompletionRequest {
     #[serde(default)]
     #[schema(value_type = Option<Object>)]
     pub web_search_options: Option<Value>,
+    /// TGI: text put before the tool definitions (used with `tools` only).
+    #[serde(default)]
+    pub tool_prompt: Option<String>,
+    /// vLLM: generate this many (at least `n`, at most 16) and return the `n` with the
+    /// highest mean logprob.
+    #[serde(default)]
+    #[schema(minimum = 1, maximum = 16)]
+    pub best_of: Option<u32>,
+    /// vLLM: open the assistant turn after the messages (default true).
+    #[serde(default)]
+    pub add_generation_prompt: Option<bool>,
+    /// vLLM: leave the final (assistant) message open, so the model continues it.
+    #[serde(default)]
+    pub continue_final_message: Option<bool>,
+    /// vLLM: refused when true (it prepends the last message to the answer).
+    #[serde(default)]
+    pub echo: Option<bool>,
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub documents: Option<Value>,
+    #[serde(default)]
+    pub chat_template: Option<String>,
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub chat_template_kwargs: Option<Value>,
+    #[serde(default)]
+    pub include_reasoning: Option<bool>,
 }
 }
 
