@@ -399,6 +399,16 @@ def percentile(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(round(q / 100 * (len(values) - 1))))]
 
 
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def stats(values: list[float]) -> dict:
     return {"p50": percentile(values, 50), "p99": percentile(values, 99),
             "max": max(values, default=float("nan")),
@@ -418,7 +428,7 @@ def summarise(results: list[dict], engine: str, version: str, args) -> dict:
         row[r["status"]] += 1
     return {
         "engine": engine, "version": version,
-        "machine": f"{platform.node()}: {platform.processor() or platform.machine()}, "
+        "machine": f"{platform.node()}: {cpu_name()}, "
                    f"{os.cpu_count()} cores, {args.jobs} worker(s), one thread each",
         "json_options": json.loads(Path(args.options).read_text()),
         "xgrammar_strict_mode": args.xgr_strict if engine == "xgrammar" else None,
