@@ -238,16 +238,6 @@ def test_prefill_logprobs_and_top_n(stub, reference):
         (dict(new_sequences=[pb.NewSequence(id=32, input_ids=[1, 999], prompt_len=2)]), "vocab"),
         (
             dict(
-                new_sequences=[
-                    pb.NewSequence(
-                        id=33, input_ids=[1], prompt_len=1, sampling=pb.SamplingParameters(temperature=-1)
-                    )
-                ]
-            ),
-            "temperature",
-        ),
-        (
-            dict(
                 new_sequences=[pb.NewSequence(id=34, input_ids=[1, 2], prompt_len=2)],
                 sequences=[pb.ScheduledSequence(id=34, num_tokens=5, new_block_ids=[0, 1], sample=True)],
             ),
@@ -278,6 +268,41 @@ def test_bad_steps_are_rejected_and_the_shard_survives(stub, request_fields, mes
                 released_ids=[seq.id],
             )
         )
+
+
+def test_a_sequence_with_refused_parameters_fails_alone_and_the_step_runs(stub):
+    """Issue 27, defect 1: one request's parameters fail that request only, with a reason
+    naming only its own field, and the shard skips it until the router releases it."""
+    refused = pb.NewSequence(
+        id=40, input_ids=[1, 2], prompt_len=2, sampling=pb.SamplingParameters(temperature=float("inf"), seed=7)
+    )
+    good = pb.NewSequence(id=41, input_ids=[3, 4], prompt_len=2)
+    first = stub.Step(
+        pb.StepRequest(
+            step_id=1,
+            new_sequences=[refused, good],
+            sequences=[
+                pb.ScheduledSequence(id=40, num_tokens=2, new_block_ids=[0], sample=True),
+                pb.ScheduledSequence(id=41, num_tokens=2, new_block_ids=[1], sample=True),
+            ],
+        )
+    )
+    outputs = {o.id: o for o in first.outputs}
+    assert outputs[40].error == "temperature must be finite and > 0, got inf"
+    assert not outputs[40].HasField("token")
+    assert outputs[41].HasField("token") and not outputs[41].error
+    # A step planned before the router heard still names it: skipped, the rest runs.
+    second = stub.Step(
+        pb.StepRequest(
+            step_id=2,
+            sequences=[pb.ScheduledSequence(id=40, num_tokens=1, sample=True), pb.ScheduledSequence(id=41, num_tokens=1, sample=True)],
+        )
+    )
+    assert [o.id for o in second.outputs] == [41]
+    # Released, the id is forgotten and may be registered again.
+    stub.Step(pb.StepRequest(step_id=3, released_ids=[40, 41]))
+    stub.Step(pb.StepRequest(step_id=4, new_sequences=[pb.NewSequence(id=40, input_ids=[1, 2], prompt_len=2)]))
+    stub.Step(pb.StepRequest(step_id=5, released_ids=[40]))
 
 
 def test_clear_cache_forgets_sequences(stub):
