@@ -281,7 +281,10 @@ fn a_sequence_the_shard_refused_fails_alone_with_only_its_reason() {
     assert_eq!(step.released_ids, vec![a]);
     h.run_to_idle(10);
     assert_eq!(h.tokens(b), expected_tokens(b, 4, 3));
-    assert!(h.events(b).iter().all(|e| !matches!(e, SequenceEvent::Error(_))));
+    assert!(h
+        .events(b)
+        .iter()
+        .all(|e| !matches!(e, SequenceEvent::Error(_))));
 }
 
 #[test]
