@@ -146,6 +146,9 @@ OPTIONS: tuple[Option, ...] = (
     Option(("--prefix-caching",), "Reuse the KV of cached prompt and generated prefixes "
            "(radix prefix cache), true/false.", parse_bool, forward=(ROUTER,),
            child_default="true"),
+    Option(("--generation-config-defaults",), "Apply the model's generation_config.json "
+           "sampling values to OpenAI requests that leave them unset, true/false "
+           "(textgen only).", parse_bool, forward=(ROUTER,), child_default="true"),
     Option(("--scheduling-policy",), "Admission order: longest cached prefix first (with "
            "an age cap) or first come, first served.", forward=(ROUTER,),
            child_default="longest-prefix", choices=("longest-prefix", "fifo")),
