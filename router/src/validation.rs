@@ -191,6 +191,11 @@ pub fn check_parameters_with(
     limits: &ValidationLimits,
 ) -> Result<CheckedParameters, ValidationError> {
     reject_unsupported(p)?;
+    if extras.grammar.is_some() {
+        // Parsed and checked by the OpenAI routes, but no shard constrains yet: refused
+        // rather than silently ignored.
+        return Err(ValidationError::Unsupported("structured output"));
+    }
     // Each rule holds in f32, the precision the shard computes in: JSON's 1e308 parses
     // into an f32 as infinity, which is not a temperature.
     let temperature = p.temperature.unwrap_or(1.0);

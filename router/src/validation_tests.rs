@@ -323,3 +323,13 @@ fn overlong_stop_sequences_are_refused() {
     let fits = "é".repeat(MAX_STOP_SEQUENCE_CHARS);
     assert!(check(&format!(r#"{{"stop":["{fits}"]}}"#)).is_ok());
 }
+
+#[test]
+fn a_grammar_from_the_openai_routes_is_refused_until_shards_constrain() {
+    let err = check_extras(SamplingExtras {
+        grammar: Some(crate::grammar::GrammarRequest::JsonObject),
+        ..SamplingExtras::default()
+    })
+    .unwrap_err();
+    assert_eq!(err, ValidationError::Unsupported("structured output"));
+}
