@@ -22,6 +22,7 @@ pub mod startup;
 pub mod stop_sequences;
 pub mod telemetry;
 pub mod tokenizer;
+pub mod tools;
 pub mod validation;
 
 #[cfg(test)]
