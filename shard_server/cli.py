@@ -24,9 +24,11 @@ import torch
 from .cuda_graphs import DEFAULT_SIZES as DEFAULT_GRAPH_SIZES
 from .cuda_graphs import parse_sizes
 from .distributed import init_parallel
+from .grammar import GrammarEngine
 from .kernels.fp8_matmul import require_fp8_support
 from .kv_cache import KV_CACHE_DTYPES, KVSpec
 from .models.config import ModelConfig
+from .models.quantization import QUANTIZE_FLAGS
 from .models.registry import build_model
 from .models.sharding import check_shardable, shard_heads
 from .pb import generate_pb2_grpc as pb_grpc
@@ -109,8 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="store the KV cache in fp8 (half the memory of bf16); default: the model dtype",
     )  # fmt: skip
     serve.add_argument(
-        "--quantize", choices=["fp8"], default=None,
-        help="fp8: quantize the linear weights to fp8 (e4m3, a scale per output feature) at load",
+        "--quantize", choices=list(QUANTIZE_FLAGS), default=None,
+        help="fp8: quantize the linear weights to fp8 (e4m3, a scale per output feature) at load; gptq, awq, "
+        "marlin: name the checkpoint's own GPTQ/AWQ quantization (loaded without the flag too)",
     )
     serve.add_argument("--cuda-memory-fraction", type=float, default=d.cuda_memory_fraction)
     serve.add_argument(
@@ -201,12 +204,13 @@ def load_service(
         block_size=config.block_size,
         dtype=config.kv_dtype(dtype),
     )
-    runner = ModelRunner(model, spec, device)
+    grammars = GrammarEngine.for_model_dir(config.model_path, model_config.vocab_size)  # tokenizer read lazily
+    runner = ModelRunner(model, spec, device, grammars)
     identity = ShardIdentity(model_config.model_type, parallel, attention)
     sizing = PoolSizing(config.kv_cache_tokens, config.cuda_memory_fraction, parse_sizes(config.cuda_graphs))
     log.info(
         "loaded %s (%s%s, %s; KV cache %s) from %s", model_config.model_type, dtype,
-        " with fp8 weights" if model_config.quantize else "", device, spec.dtype, config.model_path,
+        f" with {model_config.quantize} weights" if model_config.quantize else "", device, spec.dtype, config.model_path,
     )
     tracer = build_tracer(trace, config.rank, config.world_size)
     return ShardService(runner, identity, sizing, tracer, worker)

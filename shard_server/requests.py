@@ -43,6 +43,8 @@ class SamplingParams:
     watermark: bool = False
     watermark_gamma: float = 0.0
     watermark_delta: float = 0.0
+    min_new_tokens: int = 0  # stop_token_ids are suppressed until this many tokens exist
+    stop_token_ids: tuple[int, ...] = ()
 
     @classmethod
     def from_proto(cls, msg) -> SamplingParams:
@@ -60,6 +62,8 @@ class SamplingParams:
             watermark=bool(msg.watermark),
             watermark_gamma=float(msg.watermark_gamma),
             watermark_delta=float(msg.watermark_delta),
+            min_new_tokens=int(msg.min_new_tokens),
+            stop_token_ids=tuple(int(t) for t in msg.stop_token_ids) if msg.min_new_tokens else (),
         )
         params.validate()
         return params
@@ -78,6 +82,7 @@ class SamplingParams:
             (math.isfinite(self.presence_penalty), "presence_penalty must be finite", self.presence_penalty),
             (self.top_k >= 0, "top_k must be >= 0", self.top_k),
             (all(math.isfinite(bias) for _, bias in self.logit_bias), "logit_bias values must be finite", None),
+            (not self.min_new_tokens or self.stop_token_ids, "min_new_tokens needs stop_token_ids", None),
             (
                 not self.watermark or (0 < self.watermark_gamma < 1 and math.isfinite(self.watermark_delta)),
                 "watermark needs 0 < watermark_gamma < 1 and a finite watermark_delta",
@@ -101,11 +106,18 @@ class SamplingParams:
         """Choosing the next token reads earlier tokens on the host (penalties, watermark)."""
         return self.needs_all_tokens or self.needs_generated_counts or self.watermark
 
+    def suppresses_stops(self, generated: int) -> bool:
+        """Whether the stop tokens are banned for the token drawn after `generated` tokens."""
+        return generated < self.min_new_tokens
+
     def check_vocab(self, vocab_size: int) -> None:
-        """Token ids in logit_bias must index the model's vocabulary."""
+        """Token ids in logit_bias and stop_token_ids must index the model's vocabulary."""
         for token_id, _ in self.logit_bias:
             if token_id >= vocab_size:
                 raise SequenceRefused(f"logit_bias token {token_id} is outside the vocabulary ({vocab_size})")
+        for token_id in self.stop_token_ids:
+            if token_id >= vocab_size:
+                raise SequenceRefused(f"stop token {token_id} is outside the vocabulary ({vocab_size})")
 
 
 def _unset_is_one(value: float) -> float:
@@ -122,12 +134,15 @@ class SequenceState:
     sampling: SamplingParams
     prefill_logprobs: bool = False
     top_n_tokens: int = 0
-    # The next token is the plain argmax of the raw logits (greedy, no processor, no top-n):
-    # the CUDA graph's argmax can be used as is. Fixed for the sequence's life, so decided once.
+    # The next token is the plain argmax of the raw logits, after the grammar's mask if there
+    # is one (greedy, no processor, no top-n): unconstrained, the CUDA graph's argmax can be
+    # used as is. Fixed for the sequence's life, so decided once.
     plain_argmax: bool = False
     # Tokens sampled by launched steps whose results have not reached the host yet, oldest
     # first (see runner.PendingToken). The newest is the next decode's input.
     pending: list = field(default_factory=list)
+    # Constrained decoding: the sequence's matcher (grammar.SequenceGrammar), None for free text.
+    grammar: object | None = None
 
     @property
     def known_len(self) -> int:
@@ -137,6 +152,12 @@ class SequenceState:
     @property
     def generated_ids(self) -> list[int]:
         return self.token_ids[self.prompt_len :]
+
+    @property
+    def needs_host_tokens(self) -> bool:
+        """Choosing the next token reads the previous ones on the host (penalties, watermark,
+        or the grammar's mask, which needs every token consumed first)."""
+        return self.sampling.needs_history or self.grammar is not None
 
 
 @dataclass

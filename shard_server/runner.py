@@ -19,10 +19,13 @@ import torch
 from .attention.base import StepLayout
 from .cuda_graphs import DecodeGraphs, DecodeOutputs
 from .device_copy import to_device
+from .grammar import GrammarEngine
+from .kernels.dispatch import use_fused
+from .kernels.greedy import fused_greedy
 from .kv_cache import KVCache, KVSpec
 from .pb import generate_pb2 as pb
 from .requests import InvalidStepError, SequenceTable
-from .sampling import SampledTokens, Sampler, SamplingRows
+from .sampling import SampledTokens, Sampler, SamplingRows, TokenMask
 from .step_plan import PoolLimits, ScheduledWork, apply_plan, plan_step
 
 PREFILL_LOGPROB_ROWS = 512  # logits rows materialised at once for prefill logprobs
@@ -60,6 +63,11 @@ class LaunchedStep:
     prefill: dict[int, list[float]] = field(default_factory=dict)
     sampled: list[PendingToken] = field(default_factory=list)  # one per sampler, in order
     host: list[torch.Tensor] = field(default_factory=list)  # ids, logprobs[, top ids, top logprobs]
+    # Constrained rows: the mask of the sampler rows that have a grammar, and those of them
+    # (indices into work) whose grammar reached a dead end, with the reason.
+    token_mask: TokenMask | None = None
+    dead_ends: dict[int, str] = field(default_factory=dict)
+    mask_ns: int = 0  # host time spent filling the masks
     # On a GPU, timing events around the step's device work: `began` before its first queued
     # work (the device reaches it once the step before is done), `done` after its copies.
     began: torch.cuda.Event | None = None
@@ -68,7 +76,9 @@ class LaunchedStep:
 
 
 class ModelRunner:
-    def __init__(self, model, kv_spec: KVSpec, device: torch.device):
+    def __init__(self, model, kv_spec: KVSpec, device: torch.device, grammars: GrammarEngine | None = None):
+        """`grammars` runs constrained decoding; without one (no tokenizer), a constrained
+        sequence is refused."""
         self.model = model
         self.config = model.config
         self.kv_spec = kv_spec
@@ -78,6 +88,7 @@ class ModelRunner:
         self.table = SequenceTable()
         self.kv_cache: KVCache | None = None
         self.graphs: DecodeGraphs | None = None  # set by warmup when CUDA graphs are on
+        self.grammars = grammars or GrammarEngine(None, self.config.vocab_size)
 
     @property
     def block_size(self) -> int:
@@ -112,12 +123,15 @@ class ModelRunner:
     @torch.inference_mode()
     def launch(self, request, settle: Callable[[], None] | None = None) -> LaunchedStep:
         """Validates and queues one step. `settle` completes the step launched before, if any:
-        it is called first when this one needs that step's tokens on the host."""
+        it is called, after this step's forward is queued, when choosing this step's tokens
+        needs that step's tokens on the host."""
         if self.kv_cache is None:
             raise NotWarmedUpError("Warmup must run before the first Step")
-        plan = plan_step(request, self.table, self.limits())
-        if settle is not None and any(_needs_host_tokens(item) for item in plan.work):
-            settle()
+        plan = plan_step(request, self.table, self.limits(), self.grammars)
+        # Choosing some row's token reads the step before's tokens on the host (a grammar's
+        # mask, penalties): that step is settled, but only once this one's forward is queued,
+        # so the GPU runs the forward while the host waits, consumes and fills the masks.
+        wait_for_host = settle is not None and any(_needs_host_tokens(item) for item in plan.work)
         apply_plan(plan, self.table)
         launched = LaunchedStep(pb.StepResponse(step_id=request.step_id), plan.work)
         for seq_id, reason in plan.refused.items():
@@ -129,7 +143,13 @@ class ModelRunner:
         tensors = self._prepare(plan.work)
         needs_hidden = any(self._wants_prefill_logprobs(item) for item in plan.work)
         hidden, decoded = self._forward(tensors, needs_hidden)
-        samplers = [i for i, item in enumerate(plan.work) if item.sample]
+        failed: set[int] = set()
+        if wait_for_host:
+            settle()
+            # The step before may have failed a sequence this one schedules (a grammar dead
+            # end): its row ran in the forward, but it draws nothing and gets no output.
+            failed = {i for i, item in enumerate(plan.work) if item.state.id in self.table.failed}
+        samplers = [i for i, item in enumerate(plan.work) if item.sample and i not in failed]
         if decoded is not None and len(samplers) < len(plan.work):
             index = to_device(samplers, torch.long, self.device)
             decoded = decoded.select(index) if samplers else None
@@ -141,10 +161,12 @@ class ModelRunner:
         launched.prefill = {
             i: self._prefill_logprobs(hidden, tensors.query_starts[i], item)
             for i, item in enumerate(plan.work)
-            if self._wants_prefill_logprobs(item)
+            if self._wants_prefill_logprobs(item) and i not in failed
         }
         if samplers:
-            tokens = self._sample(decoded, [plan.work[i] for i in samplers])
+            # After the forward is queued, so that the host fills the masks while the GPU runs.
+            self._mask_constrained(launched, plan.work, samplers)
+            tokens = self._sample(decoded, [plan.work[i] for i in samplers], launched.token_mask)
             launched.samplers = samplers
             launched.sampled = [PendingToken(tokens.ids, row) for row in range(len(samplers))]
             for i, token in zip(samplers, launched.sampled):
@@ -173,6 +195,7 @@ class ModelRunner:
         response.forward_ns = results_at - launched.started_ns
         self._finish(launched)
         response.sample_ns = max(1, time.perf_counter_ns() - results_at)
+        response.mask_ns = launched.mask_ns
         return response
 
     def _device_event(self) -> torch.cuda.Event | None:
@@ -248,10 +271,32 @@ class ModelRunner:
             out.extend(logprobs.gather(1, targets.unsqueeze(1)).squeeze(1).tolist())
         return out
 
-    def _sample(self, decoded: DecodeOutputs, work: list[ScheduledWork]) -> SampledTokens:
+    def _mask_constrained(self, launched: LaunchedStep, work: list[ScheduledWork], samplers: list[int]) -> None:
+        """Fills the masks of the sampler rows that have a grammar and queues them to the device."""
+        rows = [row for row, i in enumerate(samplers) if work[i].state.grammar is not None]
+        if not rows:
+            return
+        on_gpu = self.device.type == "cuda"
+        bits = self.grammars.allocate(len(rows), pinned=on_gpu)
+        dead = self.grammars.fill([work[samplers[row]].state.grammar for row in rows], bits)
+        launched.mask_ns = self.grammars.timing.last_ns
+        launched.dead_ends = {samplers[rows[k]]: reason for k, reason in dead.items()}
+        index = None if len(rows) == len(samplers) else to_device(rows, torch.long, self.device)
+        slots = [-1] * len(samplers)
+        for k, row in enumerate(rows):
+            slots[row] = k
+        launched.token_mask = TokenMask(
+            bits.to(self.device, non_blocking=True) if on_gpu else bits, index, to_device(slots, torch.int32, self.device)
+        )
+
+    def _sample(self, decoded: DecodeOutputs, work: list[ScheduledWork], mask: TokenMask | None = None) -> SampledTokens:
         states = [item.state for item in work]
-        if decoded.greedy_ids is not None and all(s.plain_argmax for s in states):
-            return SampledTokens(decoded.greedy_ids, decoded.greedy_logprobs, None, None)
+        if all(s.plain_argmax for s in states):
+            if mask is None and decoded.greedy_ids is not None:
+                return SampledTokens(decoded.greedy_ids, decoded.greedy_logprobs, None, None)
+            if use_fused(decoded.logits):  # the argmax under the grammar's mask, in one pass
+                bits, slots = (mask.bits, mask.slots) if mask is not None else (None, None)
+                return SampledTokens(*fused_greedy(decoded.logits, bits, slots), None, None)
         params = [s.sampling for s in states]
         rows = SamplingRows(
             params=params,
@@ -260,8 +305,10 @@ class ModelRunner:
             generated_tokens=[s.generated_ids for s in states]
             if any(p.needs_generated_counts for p in params)
             else [],
+            generated_counts=[item.end - s.prompt_len for item, s in zip(work, states)],
             top_n=[s.top_n_tokens for s in states],
             previous_tokens=[s.token_ids[-1] for s in states] if any(p.watermark for p in params) else [],
+            token_mask=mask,
         )
         return self.sampler(decoded.logits.float(), rows)
 
@@ -283,20 +330,38 @@ class ModelRunner:
             if row is not None:
                 if state.pending and state.pending[0] is launched.sampled[row]:
                     state.pending.pop(0)
+                error = launched.dead_ends.get(i) or _consume(state, ids[row])
+                if error is not None:
+                    output.error = error
+                    self._fail(state)
+                    continue
                 state.token_ids.append(ids[row])
                 token = output.token
                 token.id, token.logprob = ids[row], logprobs[row]
                 n = state.top_n_tokens
                 if n and top_ids is not None:
-                    token.top_ids.extend(top_ids[row][:n])
-                    token.top_logprobs.extend(top_lps[row][:n])
+                    alternatives = list(zip(top_ids[row][:n], top_lps[row][:n]))
+                    if state.grammar is not None:  # fewer allowed tokens than n: no forbidden filler
+                        alternatives = [(t, lp) for t, lp in alternatives if lp != float("-inf")]
+                    token.top_ids.extend(t for t, _ in alternatives)
+                    token.top_logprobs.extend(lp for _, lp in alternatives)
             if i in prefill:
                 output.prefill_logprobs.extend(prefill[i])
+
+    def _fail(self, state) -> None:
+        """Drops a sequence whose grammar failed, unless the router released it meanwhile."""
+        if self.table.sequences.get(state.id) is state:
+            self.table.fail(state.id)
+
+
+def _consume(state, token: int) -> str | None:
+    """Advances a constrained sequence's grammar past its sampled token; the reason it fails."""
+    return None if state.grammar is None else state.grammar.consume(token)
 
 
 def _needs_host_tokens(item: ScheduledWork) -> bool:
     """The step reads a token of this sequence that a launched step has not returned yet."""
-    return bool(item.state.pending) and item.state.sampling.needs_history
+    return bool(item.state.pending) and item.state.needs_host_tokens
 
 
 def _fill_on_device(input_ids: torch.Tensor, on_device: list[tuple[int, PendingToken]]) -> None:

@@ -1,11 +1,13 @@
 """Token selection, vectorised over the batch.
 
-Order (as in HF/TGI): repetition penalty (over every token so far), frequency and presence
-penalties (OpenAI semantics, over generated tokens), logit bias, the green-list watermark —
-these apply in greedy mode too — then,
-for sampled rows only, temperature, top-k, top-p and typical-p. A sampled row draws with the
-Gumbel-max trick from counter-based hash noise keyed by (seed, position, vocab index), so a
-seeded draw never depends on the batch it runs in nor on preemption.
+Order: a grammar's token mask first (constrained rows: forbidden tokens get -inf, so every
+later step and the reported logprobs see the masked distribution), then, as in HF/TGI,
+repetition penalty (over every token so far), frequency and presence penalties (OpenAI
+semantics, over generated tokens), logit bias, the green-list watermark — these apply in
+greedy mode too — then, for sampled rows only, temperature, top-k, top-p and typical-p. A
+sampled row draws with the Gumbel-max trick from counter-based hash noise keyed by (seed,
+position, vocab index), so a seeded draw never depends on the batch it runs in nor on
+preemption.
 
 The logprob reported for a token, and its top-n alternatives, come from the processed
 distribution it was drawn from.
@@ -13,7 +15,7 @@ distribution it was drawn from.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -26,6 +28,31 @@ _HASH_MULTIPLIER = 0x45D9F3B  # < 2**27, so products stay inside int64
 
 
 # -- logits processors (each returns a new tensor; rows with neutral params are unchanged) --
+@dataclass(frozen=True)
+class TokenMask:
+    """Allowed tokens of the constrained rows: `bits` [n, ceil(V / 32)] int32 on the device
+    (bit j of word w allows id 32 w + j) for logits rows `rows` [n] (None: every row, in order).
+    `slots` [N] int32 is the same map the other way, for the fused greedy kernel: each logits
+    row's row of `bits`, -1 when unconstrained."""
+
+    bits: torch.Tensor
+    rows: torch.Tensor | None
+    slots: torch.Tensor | None = None
+
+
+def apply_token_mask(logits: torch.Tensor, mask: TokenMask) -> torch.Tensor:
+    """Sets to -inf the logits a grammar forbids. Plain torch ops (llguidance's own kernel
+    needs torch.compile): the same code on the CPU and on CUDA."""
+    bitmask, rows = mask.bits, mask.rows
+    vocab = logits.shape[1]
+    shifts = torch.arange(32, dtype=torch.int32, device=bitmask.device)
+    allowed = ((bitmask.unsqueeze(2) >> shifts) & 1).flatten(1)[:, :vocab].bool()
+    if rows is None:
+        return logits.masked_fill(~allowed, float("-inf"))
+    masked = logits.index_select(0, rows).masked_fill(~allowed, float("-inf"))
+    return logits.index_copy(0, rows, masked)
+
+
 def apply_repetition_penalty(
     logits: torch.Tensor, token_ids: torch.Tensor, penalty: torch.Tensor
 ) -> torch.Tensor:
@@ -61,6 +88,18 @@ def apply_logit_bias(logits: torch.Tensor, params: list[SamplingParams]) -> torc
     bias = torch.zeros((logits.shape[0], vocab + 1), dtype=logits.dtype, device=logits.device)
     bias.scatter_add_(1, to_device(ids, torch.int64, logits.device), to_device(values, logits.dtype, logits.device))
     return logits + bias[:, :vocab]
+
+
+def suppress_stops(logits: torch.Tensor, params: list[SamplingParams], generated: list[int]) -> torch.Tensor:
+    """-inf at the stop tokens of each row that has not yet generated its min_new_tokens."""
+    rows = [i for i, p in enumerate(params) if p.suppresses_stops(generated[i])]
+    if not rows:
+        return logits
+    width = max(len(params[i].stop_token_ids) for i in rows)
+    cols = [list(params[i].stop_token_ids) + [params[i].stop_token_ids[0]] * (width - len(params[i].stop_token_ids))
+            for i in rows]  # fmt: skip
+    index = (to_device([[i] * width for i in rows], torch.int64, logits.device), to_device(cols, torch.int64, logits.device))
+    return logits.index_put(index, torch.tensor(float("-inf"), dtype=logits.dtype, device=logits.device))
 
 
 MIN_TEMPERATURE = 1e-5  # below this, scaled logits could overflow; it is greedy anyway
@@ -141,8 +180,17 @@ def row_keys(seeds: list[int], positions: list[int], device: torch.device) -> to
 def gumbel_noise(keys: torch.Tensor, vocab_hashes: torch.Tensor) -> torch.Tensor:
     """[N, V] standard Gumbel noise, a pure function of (row key, vocab index)."""
     bits = _mix32(_mix32(keys.unsqueeze(1) ^ vocab_hashes.unsqueeze(0)))
-    uniform = ((bits >> 8).float() + 0.5) * (1.0 / (1 << 24))  # in (0, 1)
-    return -torch.log(-torch.log(uniform))
+    return -torch.log(-torch.log(uniform_from_bits(bits)))
+
+
+_BELOW_ONE = 1.0 - 2.0**-24  # the largest float32 below 1
+
+
+def uniform_from_bits(bits: torch.Tensor) -> torch.Tensor:
+    """Floats in (0, 1) from 32-bit values. The top value, (2**24 - 0.5) / 2**24, rounds to 1.0
+    in float32; its noise would be +inf, and +inf on a masked (-inf) token is NaN, which
+    argmax picks: a token top-k, top-p or a grammar had ruled out. Clamped below 1."""
+    return (((bits >> 8).float() + 0.5) * (1.0 / (1 << 24))).clamp(max=_BELOW_ONE)
 
 
 # -- the sampler -----------------------------------------------------------------------
@@ -156,6 +204,8 @@ class SamplingRows:
     generated_tokens: list[list[int]]
     top_n: list[int]
     previous_tokens: list[int]  # last token of each row (seeds the watermark's green list)
+    token_mask: TokenMask | None = None  # constrained rows' allowed tokens
+    generated_counts: list[int] = field(default_factory=list)  # tokens generated before this one
 
 
 @dataclass
@@ -193,6 +243,8 @@ class Sampler:
             logits = apply_frequency_presence(logits, counts, frequency, presence)
         if any(p.logit_bias for p in params):
             logits = apply_logit_bias(logits, params)
+        if any(p.min_new_tokens for p in params):
+            logits = suppress_stops(logits, params, rows.generated_counts)
         if any(p.watermark for p in params):
             logits = apply_watermark(
                 logits,
@@ -217,6 +269,8 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor, rows: SamplingRows) -> SampledTokens:
         """logits: [N, V] float32, one row per sequence that samples this step."""
+        if rows.token_mask is not None:
+            logits = apply_token_mask(logits, rows.token_mask)
         logits = self.penalize(logits, rows)
         sample_rows = [i for i, p in enumerate(rows.params) if p.do_sample]
         if not sample_rows:

@@ -113,14 +113,31 @@ class ShardService(pb_grpc.TextGenerationShardServicer):
         )
 
     async def Health(self, request, context):
+        """Liveness, answered without waiting behind a step. On the CPU the event loop
+        answers itself: a thread hop to run a one-element op proved nothing about the device
+        and cost extra GIL hand-offs, each of which waits out a native call (a grammar
+        compile) that holds the GIL on the step worker. On a GPU a tiny round trip on a side
+        stream of its own checks the device without queueing behind the step's kernels."""
+        if self.runner.device.type != "cuda":
+            return pb.HealthResponse()
+
         def probe() -> None:
-            # A tiny device round trip: fails if the device is gone.
-            (torch.ones(1, device=self.runner.device) + 1).cpu()
+            stream = self._health_stream()
+            with torch.cuda.stream(stream):
+                (torch.ones(1, device=self.runner.device) + 1).cpu()
 
         # Not behind the step lock: the default pool answers while a step runs.
         pending = asyncio.get_running_loop().run_in_executor(None, probe)
         await self._guarded(context, "Health", pending)
         return pb.HealthResponse()
+
+    def _health_stream(self):
+        """A non-blocking stream (not ordered after the step's default stream), made once."""
+        stream = getattr(self, "_health_cuda_stream", None)
+        if stream is None:
+            torch.cuda.set_device(self.runner.device)
+            stream = self._health_cuda_stream = torch.cuda.Stream(device=self.runner.device)
+        return stream
 
     async def Warmup(self, request, context):
         if request.max_batch_prefill_tokens < 1 or request.max_batch_size < 1:

@@ -58,7 +58,8 @@ def _check_blocks(block_ids, limits: PoolLimits, seq_id: int) -> None:
             )
 
 
-def new_sequence_state(msg, limits: PoolLimits) -> SequenceState:
+def new_sequence_state(msg, limits: PoolLimits, grammars=None) -> SequenceState:
+    """`grammars` (grammar.GrammarEngine) compiles the sequence's grammar when it has one."""
     ids = list(msg.input_ids)
     if not ids:
         raise InvalidStepError(f"sequence {msg.id}: input_ids is empty")
@@ -79,6 +80,7 @@ def new_sequence_state(msg, limits: PoolLimits) -> SequenceState:
     _check_blocks(msg.block_ids, limits, msg.id)
     sampling = SamplingParams.from_proto(msg.sampling) if msg.HasField("sampling") else SamplingParams()
     sampling.check_vocab(limits.vocab_size)
+    grammar = _compile_grammar(msg, ids, grammars)
     return SequenceState(
         id=msg.id,
         token_ids=ids,
@@ -89,10 +91,20 @@ def new_sequence_state(msg, limits: PoolLimits) -> SequenceState:
         prefill_logprobs=msg.prefill_logprobs,
         top_n_tokens=msg.top_n_tokens,
         plain_argmax=argmax_suffices(sampling) and not msg.top_n_tokens,
+        grammar=grammar,
     )
 
 
-def plan_step(request, table: SequenceTable, limits: PoolLimits) -> StepPlan:
+def _compile_grammar(msg, ids: list[int], grammars):
+    """The sequence's matcher, past the tokens it generated before a preemption; None for free text."""
+    if not msg.HasField("grammar"):
+        return None
+    if grammars is None:
+        raise SequenceRefused("grammar: this shard cannot run constrained decoding")
+    return grammars.compile(msg.grammar, ids[msg.prompt_len :])
+
+
+def plan_step(request, table: SequenceTable, limits: PoolLimits, grammars=None) -> StepPlan:
     released = set(request.released_ids)
     new_states: dict[int, SequenceState] = {}
     refused: dict[int, str] = {}
@@ -100,7 +112,7 @@ def plan_step(request, table: SequenceTable, limits: PoolLimits) -> StepPlan:
         if msg.id in new_states or msg.id in refused or (msg.id in table and msg.id not in released):
             raise InvalidStepError(f"sequence {msg.id} is already registered")
         try:
-            new_states[msg.id] = new_sequence_state(msg, limits)
+            new_states[msg.id] = new_sequence_state(msg, limits, grammars)
         except SequenceRefused as exc:
             refused[msg.id] = str(exc)
     # Failed earlier and not released yet: the router planned this step before it heard.

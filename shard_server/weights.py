@@ -80,6 +80,11 @@ class WeightStore:
         """Slice [start, end) of dimension 1."""
         return self._count(self._handle(name).get_slice(name)[:, start:end])
 
+    def header(self, name: str) -> tuple[str, tuple[int, ...]]:
+        """A tensor's safetensors dtype ("I32", "F16", ...) and shape, read from the header only."""
+        piece = self._handle(name).get_slice(name)
+        return piece.get_dtype(), tuple(piece.get_shape())
+
     def total_bytes(self) -> int:
         """Size of every tensor in the store, read from the headers only."""
         total = 0
@@ -92,9 +97,17 @@ class WeightStore:
         return total
 
 
+# Older GPTQ and AWQ checkpoints declare their quantization in a file of its own (TGI reads them too).
+_QUANT_FILES = (("quantize_config.json", "gptq"), ("quant_config.json", "awq"))
+
+
 def read_config(model_dir: Path) -> dict:
     path = Path(model_dir) / "config.json"
     try:
-        return json.loads(path.read_text())
+        config = json.loads(path.read_text())
     except FileNotFoundError:
         raise WeightsError(f"missing {path}") from None
+    for name, method in _QUANT_FILES:
+        if not config.get("quantization_config") and (Path(model_dir) / name).is_file():
+            config["quantization_config"] = {"quant_method": method, **json.loads((Path(model_dir) / name).read_text())}
+    return config

@@ -47,6 +47,7 @@ class AttentionShape:
     head_dim: int
     scale: float
     sliding_window: int | None = None
+    logit_softcap: float | None = None  # scores become cap * tanh(scores / cap) (Gemma 2)
 
 
 class AttentionBackend(ABC):

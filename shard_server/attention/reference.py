@@ -154,13 +154,11 @@ class ReferenceAttention(AttentionBackend):
         """Attention output of the group's padded rows, [B * max_query, H, D]."""
         rows = q if group.query_rows is None else q.index_select(0, group.query_rows)
         query = rows.view(group.batch, group.max_query, *q.shape[1:]).transpose(1, 2)
-        out = F.scaled_dot_product_attention(
+        out = self._attend(
             query,
             k_flat[group.key_slots].to(q.dtype).transpose(1, 2),
             v_flat[group.key_slots].to(q.dtype).transpose(1, 2),
-            attn_mask=group.mask,
-            scale=self.shape.scale,
-            enable_gqa=True,
+            group.mask,
         )
         return out.transpose(1, 2).reshape(-1, *q.shape[1:])
 
@@ -170,13 +168,25 @@ class ReferenceAttention(AttentionBackend):
             keys, values = k[chunk.start : chunk.end], v[chunk.start : chunk.end]
         else:
             keys, values = (flat[chunk.context_slots].to(q.dtype) for flat in (k_flat, v_flat))
-        out = F.scaled_dot_product_attention(
-            query,
-            keys.transpose(0, 1).unsqueeze(0),
-            values.transpose(0, 1).unsqueeze(0),
-            attn_mask=chunk.mask,
-            is_causal=chunk.mask is None,
-            scale=self.shape.scale,
-            enable_gqa=True,
+        out = self._attend(
+            query, keys.transpose(0, 1).unsqueeze(0), values.transpose(0, 1).unsqueeze(0), chunk.mask
         )
         return out.squeeze(0).transpose(0, 1)
+
+    def _attend(self, query, keys, values, mask) -> torch.Tensor:
+        """[B, H, n, D] queries over [B, KV, m, D] keys; mask None: causal over n == m."""
+        cap = self.shape.logit_softcap
+        if cap is None:
+            return F.scaled_dot_product_attention(
+                query, keys, values, attn_mask=mask, is_causal=mask is None, scale=self.shape.scale, enable_gqa=True
+            )
+        # Soft-capping sits between the product and the softmax, where SDPA has no hook.
+        group = query.shape[1] // keys.shape[1]
+        keys, values = keys.repeat_interleave(group, dim=1), values.repeat_interleave(group, dim=1)
+        scores = torch.matmul(query, keys.transpose(-1, -2)) * self.shape.scale
+        scores = torch.tanh(scores / cap) * cap
+        if mask is None:
+            n, m = scores.shape[-2:]
+            mask = torch.ones(n, m, dtype=torch.bool, device=scores.device).tril(m - n)
+        scores = scores.masked_fill(~mask, float("-inf"))
+        return torch.matmul(scores.softmax(dim=-1, dtype=torch.float32).to(query.dtype), values)

@@ -11,9 +11,19 @@ one float32 scale per output feature; `fp8_linear` does the product, of rows its
 have quantized already (`takes_fp8_rows`, `Fp8Rows`). A checkpoint's fp8 slice
 is copied with its `weight_scale` (per tensor or per channel: both are per-row scales); any
 other slice is quantized on the device as it loads, so the bf16 model is never resident.
+
+Built inside `packed_linears(scheme)` (a GPTQ or AWQ checkpoint: `build_model` opens it), a
+layer allocates no dense weight: it holds a `PackedWeight` (layers/int4.py), loads its rank's
+slice of qweight/qzeros/scales/g_idx, and `PackedWeight.linear` does the product. The same holds
+for compressed-tensors integer and block-wise fp8 checkpoints (`layers/quantized.py`:
+`quantized_weight` picks the module for the scheme; each has `load_columns`, `load_rows`,
+`linear` and `dequantize`).
 """
 
 from __future__ import annotations
+
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 import torch
 from torch import nn
@@ -21,7 +31,21 @@ from torch import nn
 from ..distributed import ParallelContext, RowRange
 from ..kernels.fp8_matmul import FP8, Fp8Rows, fp8_linear, quantize_rows_reference, quantizes_rows
 from ..kernels.skinny_matmul import project
+from ..models.quantization import QuantizedScheme
 from ..weights import WeightsError, WeightStore
+from .quantized import quantized_weight
+
+_PACKED: ContextVar[QuantizedScheme | None] = ContextVar("packed_linears", default=None)
+
+
+@contextmanager
+def packed_linears(scheme: QuantizedScheme | None):
+    """Linear layers built inside hold `scheme`'s packed weights instead of dense ones (None: dense)."""
+    token = _PACKED.set(scheme)
+    try:
+        yield
+    finally:
+        _PACKED.reset(token)
 
 
 def _empty(shape, dtype, device) -> nn.Parameter:
@@ -32,6 +56,11 @@ class _Weight(nn.Module):
     """A [out, in] weight, in the model dtype or in fp8 with per-row scales, and its product."""
 
     def _init_weight(self, shape, fp8: bool, dtype, device) -> None:
+        scheme = _PACKED.get()
+        self.packed = None if scheme is None else quantized_weight(scheme, shape, dtype, device)
+        if self.packed is not None:
+            self.weight = self.weight_scale = None
+            return
         self.weight = _empty(shape, FP8 if fp8 else dtype, device)
         self.weight_scale = _empty((shape[0], 1), torch.float32, device) if fp8 else None
 
@@ -56,6 +85,8 @@ class _Weight(nn.Module):
         return self.weight_scale is not None and quantizes_rows(x)
 
     def _product(self, x: torch.Tensor | Fp8Rows, bias: torch.Tensor | None) -> torch.Tensor:
+        if self.packed is not None:
+            return self.packed.linear(x, bias)
         if self.weight_scale is not None:
             return fp8_linear(x, self.weight, self.weight_scale, bias)
         return project(x, self.weight, bias)
@@ -101,10 +132,14 @@ class ColumnParallelLinear(_Weight):
         offset = 0
         for prefix, part in zip(prefixes, self.parts):
             rows = slice(offset, offset + part.size)
-            self._set_rows(rows, store.get_rows(f"{prefix}.weight", part.start, part.end), store, prefix, part.start)
+            if self.packed is None:
+                weight = store.get_rows(f"{prefix}.weight", part.start, part.end)
+                self._set_rows(rows, weight, store, prefix, part.start)
             if self.bias is not None:
                 self.bias[rows].copy_(store.get_rows(f"{prefix}.bias", part.start, part.end))
             offset += part.size
+        if self.packed is not None:
+            self.packed.load_columns(store, prefixes, self.parts)
 
     def forward(self, x: torch.Tensor | Fp8Rows) -> torch.Tensor:
         return self._product(x, self.bias)
@@ -130,7 +165,10 @@ class RowParallelLinear(_Weight):
 
     def load(self, store: WeightStore, prefix: str) -> None:
         start, end = self.ctx.split(self.in_features)
-        self._set_rows(slice(None), store.get_cols(f"{prefix}.weight", start, end), store, prefix, 0)
+        if self.packed is not None:
+            self.packed.load_rows(store, prefix, start, end, self.in_features)
+        else:
+            self._set_rows(slice(None), store.get_cols(f"{prefix}.weight", start, end), store, prefix, 0)
         if self.bias is not None:
             self.bias.copy_(store.get(f"{prefix}.bias"))
 

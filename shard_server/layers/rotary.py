@@ -2,6 +2,14 @@
 
 cos/sin are tabulated once for every position up to max_position_embeddings; a step looks
 its positions up once and every layer reuses them.
+
+Scaling types, as transformers computes them (modeling_rope_utils): `linear`, `llama3`, `yarn`
+(blended frequencies, cos/sin times the attention factor), `dynamic` (NTK: transformers keeps the
+base frequencies up to max_position_embeddings, and no position here goes beyond it) and
+`longrope` (Phi-3's `su`: short factors below original_max_position_embeddings, long ones from
+there, cos/sin times the attention factor). transformers picks longrope's factors once per forward
+pass by its longest position; here each position takes its own, which is the same whenever a
+sequence stays on one side of the boundary.
 """
 
 from __future__ import annotations
@@ -24,7 +32,42 @@ def inverse_frequencies(head_dim: int, theta: float, scaling: RopeScaling) -> to
         return inv_freq / scaling.factor
     if scaling.kind == "llama3":
         return _llama3_frequencies(inv_freq, scaling)
-    return inv_freq
+    if scaling.kind == "yarn":
+        return _yarn_frequencies(head_dim, theta, scaling)
+    if scaling.kind == "longrope":
+        return inv_freq / _longrope_factors(scaling.short_factor, head_dim)
+    return inv_freq  # "default", and "dynamic" within max_position_embeddings
+
+
+def long_inverse_frequencies(head_dim: int, theta: float, scaling: RopeScaling) -> torch.Tensor:
+    """longrope's frequencies from original_max_position_embeddings on."""
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
+    return 1.0 / (_longrope_factors(scaling.long_factor, head_dim) * theta**exponents)
+
+
+def _longrope_factors(factors: tuple[float, ...], head_dim: int) -> torch.Tensor:
+    if len(factors) != head_dim // 2:
+        raise ValueError(f"longrope needs {head_dim // 2} factors (head_dim / 2), got {len(factors)}")
+    return torch.tensor(factors, dtype=torch.float32)
+
+
+def _yarn_frequencies(dim: int, theta: float, s: RopeScaling) -> torch.Tensor:
+    # Interpolate (divide by `factor`) the low frequencies, keep the high ones, ramp between.
+    pos_freqs = theta ** (torch.arange(0, dim, 2).float() / dim)
+    extrapolation, interpolation = 1.0 / pos_freqs, 1.0 / (s.factor * pos_freqs)
+
+    def correction_dim(rotations: float) -> float:
+        return (dim * math.log(s.original_max_position_embeddings / (rotations * 2 * math.pi))) / (2 * math.log(theta))
+
+    low, high = correction_dim(s.beta_fast), correction_dim(s.beta_slow)
+    if s.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    keep = 1 - ramp
+    return interpolation * (1 - keep) + extrapolation * keep
 
 
 def _llama3_frequencies(inv_freq: torch.Tensor, s: RopeScaling) -> torch.Tensor:
@@ -53,9 +96,16 @@ class RotaryEmbedding:
         inv_freq = inverse_frequencies(head_dim, theta, scaling)
         positions = torch.arange(max_positions, dtype=torch.float32)
         freqs = torch.outer(positions, inv_freq)
+        if scaling.kind == "longrope":
+            long_freqs = torch.outer(positions, long_inverse_frequencies(head_dim, theta, scaling))
+            is_long = (positions >= scaling.original_max_position_embeddings).unsqueeze(1)
+            freqs = torch.where(is_long, long_freqs, freqs)
         table = torch.cat((freqs, freqs), dim=-1)
-        self.cos = table.cos().to(dtype=dtype, device=device)
-        self.sin = table.sin().to(dtype=dtype, device=device)
+        cos, sin = table.cos(), table.sin()
+        if scaling.attention_factor != 1.0:
+            cos, sin = cos * scaling.attention_factor, sin * scaling.attention_factor
+        self.cos = cos.to(dtype=dtype, device=device)
+        self.sin = sin.to(dtype=dtype, device=device)
         self.max_positions = max_positions
 
     def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -2,23 +2,33 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 
 from .errors import UnsupportedModelError
-from .quantization import checkpoint_quantization
+from .moe_config import MOE_FAMILY, MoeConfig, moe_config
+from .quantization import PackedScheme, checkpoint_quantization, packed_scheme, served_quantization
 
 __all__ = ["LLAMA_FAMILY", "ModelConfig", "RopeScaling", "UnsupportedModelError"]
 
 LLAMA_FAMILY = ("llama", "mistral", "qwen2", "qwen3")
+DENSE_FAMILIES = ("gemma2", "gemma3_text", "phi3")  # their own model files (gemma.py, phi3.py)
+GEMMA_FAMILY = ("gemma2", "gemma3_text")
 
 
 @dataclass(frozen=True)
 class RopeScaling:
-    kind: str = "default"  # "default" | "linear" | "llama3"
+    kind: str = "default"  # one of ROPE_TYPES
     factor: float = 1.0
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
+    attention_factor: float = 1.0  # multiplies cos and sin (yarn, longrope)
+    beta_fast: float = 32.0  # yarn's correction range
+    beta_slow: float = 1.0
+    truncate: bool = True
+    short_factor: tuple[float, ...] = ()  # longrope: per-frequency divisors below / from
+    long_factor: tuple[float, ...] = ()  # original_max_position_embeddings
 
 
 @dataclass(frozen=True)
@@ -39,21 +49,31 @@ class ModelConfig:
     qk_norm: bool  # per-head RMSNorm on q and k (Qwen3)
     sliding_window: int | None
     rope_scaling: RopeScaling = field(default_factory=RopeScaling)
-    quantize: str | None = None  # "fp8": fp8 linear weights (an fp8 checkpoint, or --quantize fp8)
+    quantize: str | None = None  # "fp8" (an fp8 checkpoint, or --quantize fp8), "gptq" or "awq" (the checkpoint's)
+    packed: PackedScheme | None = None  # GPTQ/AWQ: how the checkpoint packs its int4/int8 linear weights
+    # Dense families beyond Llama (defaults: Llama's maths).
+    hidden_act: str = "silu"  # "gelu_pytorch_tanh": Gemma's GeGLU
+    layer_windows: tuple[int | None, ...] | None = None  # per-layer sliding window; None: `sliding_window` everywhere
+    attention_scale: float | None = None  # None: head_dim ** -0.5 (Gemma: query_pre_attn_scalar ** -0.5)
+    attn_logit_softcap: float | None = None  # tanh soft-capping of attention scores (Gemma 2)
+    final_logit_softcap: float | None = None  # of the LM head's logits (Gemma 2)
+    local_rope_theta: float | None = None  # Gemma 3's sliding layers rotate with their own base
+    local_rope_scaling: RopeScaling | None = None
+    moe: MoeConfig | None = None  # Mixture-of-Experts families (moe_config.py); None: dense
 
     @classmethod
     def from_dict(cls, raw: dict) -> ModelConfig:
         model_type = raw.get("model_type", "")
-        if model_type not in LLAMA_FAMILY:
+        if model_type not in LLAMA_FAMILY + DENSE_FAMILIES + MOE_FAMILY:
             raise UnsupportedModelError(
-                f"model_type {model_type!r} is not supported (supported: {', '.join(LLAMA_FAMILY)})"
+                f"model_type {model_type!r} is not supported (supported: {', '.join(LLAMA_FAMILY + DENSE_FAMILIES + MOE_FAMILY)})"
             )
-        if raw.get("hidden_act", "silu") != "silu":
+        if model_type not in GEMMA_FAMILY and raw.get("hidden_act", "silu") != "silu":
             raise UnsupportedModelError(f"hidden_act {raw['hidden_act']!r} is not supported")
         heads = int(raw["num_attention_heads"])
         hidden = int(raw["hidden_size"])
         head_dim = raw.get("head_dim") or hidden // heads
-        return cls(
+        config = cls(
             model_type=model_type,
             vocab_size=int(raw["vocab_size"]),
             hidden_size=hidden,
@@ -67,16 +87,18 @@ class ModelConfig:
             max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
             attention_bias=_attention_bias(raw),
-            qk_norm=model_type == "qwen3",
+            qk_norm=model_type in ("qwen3", "qwen3_moe"),
             sliding_window=_sliding_window(raw),
             rope_scaling=_rope_scaling(raw),
             quantize=checkpoint_quantization(raw),
+            packed=packed_scheme(raw),
         )
+        return replace(config, moe=moe_config(raw), **_gemma_fields(raw))
 
     def with_quantize(self, flag: str | None) -> ModelConfig:
-        """The config served under `--quantize flag`: the flag quantizes an unquantized
-        checkpoint; an fp8 checkpoint is fp8 with or without it."""
-        return replace(self, quantize=flag or self.quantize)
+        """The config served under `--quantize flag`: fp8 quantizes an unquantized checkpoint; a
+        quantized checkpoint is served as it declares, and a flag that disagrees is refused."""
+        return replace(self, quantize=served_quantization(self.quantize, flag))
 
 
 def _rope_param(raw: dict, key: str, default):
@@ -91,6 +113,8 @@ def _rope_param(raw: dict, key: str, default):
 def _attention_bias(raw: dict) -> bool:
     if raw["model_type"] == "qwen2":
         return True
+    if raw["model_type"] == "qwen2_moe":
+        return bool(raw.get("qkv_bias", True))
     return bool(raw.get("attention_bias", False))
 
 
@@ -98,14 +122,37 @@ def _sliding_window(raw: dict) -> int | None:
     window = raw.get("sliding_window")
     if not window:
         return None
-    if raw["model_type"] in ("qwen2", "qwen3") and not raw.get("use_sliding_window", False):
+    if raw["model_type"] in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe") and not raw.get("use_sliding_window", False):
         return None
     return int(window)
 
 
-def _rope_scaling(raw: dict) -> RopeScaling:
-    scaling = raw.get("rope_scaling") or raw.get("rope_parameters") or {}
+ROPE_TYPES = ("default", "linear", "llama3", "dynamic", "yarn", "longrope")
+
+# The keys each rope type may carry; any other key would change the maths and is refused.
+_ROPE_KEYS = {
+    "dynamic": {"factor"},
+    "yarn": {"factor", "original_max_position_embeddings", "attention_factor", "beta_fast", "beta_slow",
+             "mscale", "mscale_all_dim", "truncate"},  # fmt: skip
+    "longrope": {"factor", "original_max_position_embeddings", "attention_factor", "short_factor", "long_factor"},
+}
+_ROPE_COMMON_KEYS = {"rope_type", "type", "rope_theta", "partial_rotary_factor"}
+
+
+def _rope_scaling(raw: dict, scaling: dict | None = None) -> RopeScaling:
+    """`scaling`: the rope dict to read (Gemma 3 keeps one per layer type); else the config's."""
+    if scaling is None:
+        scaling = raw.get("rope_scaling") or raw.get("rope_parameters") or {}
     kind = scaling.get("rope_type") or scaling.get("type") or "default"
+    if raw.get("model_type") == "phi3" and kind in ("su", "yarn"):
+        kind = "longrope"  # as transformers reads Phi-3's configs
+    partial = scaling.get("partial_rotary_factor", raw.get("partial_rotary_factor"))
+    if partial is not None and float(partial) != 1.0:
+        raise UnsupportedModelError(f"partial_rotary_factor {partial} is not supported (only 1.0: full rotary)")
+    if kind in _ROPE_KEYS:
+        unknown = set(scaling) - _ROPE_KEYS[kind] - _ROPE_COMMON_KEYS
+        if unknown:
+            raise UnsupportedModelError(f"rope scaling {kind!r} has unsupported keys: {', '.join(sorted(unknown))}")
     if kind == "default":
         return RopeScaling()
     if kind == "linear":
@@ -118,4 +165,100 @@ def _rope_scaling(raw: dict) -> RopeScaling:
             high_freq_factor=float(scaling["high_freq_factor"]),
             original_max_position_embeddings=int(scaling["original_max_position_embeddings"]),
         )
-    raise UnsupportedModelError(f"rope scaling {kind!r} is not supported")
+    if kind == "dynamic":
+        return RopeScaling(kind="dynamic", factor=float(scaling["factor"]))
+    if kind in ("yarn", "longrope"):
+        return _long_context_scaling(raw, scaling, kind)
+    raise UnsupportedModelError(
+        f"rope scaling {kind!r} is not supported (supported: {', '.join(ROPE_TYPES)})"
+    )
+
+
+def _long_context_scaling(raw: dict, scaling: dict, kind: str) -> RopeScaling:
+    """yarn and longrope, with transformers' defaults for the factor and the attention factor."""
+    max_positions = int(raw.get("max_position_embeddings", 2048))
+    # Phi-3 keeps the pretraining length outside the rope dict, and that copy wins.
+    original = raw.get("original_max_position_embeddings") if kind == "longrope" else None
+    original = int(original or scaling.get("original_max_position_embeddings") or max_positions)
+    factor = scaling.get("factor")
+    factor = float(factor) if factor is not None else max_positions / original
+    attention = scaling.get("attention_factor")
+    if kind == "yarn":
+        if attention is None:
+            mscale, mscale_all = scaling.get("mscale"), scaling.get("mscale_all_dim")
+            if mscale and mscale_all:
+                attention = _yarn_mscale(factor, mscale) / _yarn_mscale(factor, mscale_all)
+            else:
+                attention = _yarn_mscale(factor)
+        return RopeScaling(
+            kind="yarn",
+            factor=factor,
+            original_max_position_embeddings=original,
+            attention_factor=float(attention),
+            beta_fast=float(scaling.get("beta_fast") or 32),
+            beta_slow=float(scaling.get("beta_slow") or 1),
+            truncate=bool(scaling.get("truncate", True)),
+        )
+    if attention is None:
+        attention = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+    return RopeScaling(
+        kind="longrope",
+        factor=factor,
+        original_max_position_embeddings=original,
+        attention_factor=float(attention),
+        short_factor=tuple(float(x) for x in scaling["short_factor"]),
+        long_factor=tuple(float(x) for x in scaling["long_factor"]),
+    )
+
+
+def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+def _gemma_fields(raw: dict) -> dict:
+    """Gemma 2 / Gemma 3 (text): the fields that differ from Llama's maths; {} for other families."""
+    model_type = raw["model_type"]
+    if model_type not in GEMMA_FAMILY:
+        return {}
+    act = raw.get("hidden_activation") or raw.get("hidden_act") or "gelu_pytorch_tanh"
+    if act != "gelu_pytorch_tanh":
+        raise UnsupportedModelError(f"{model_type} hidden_activation {act!r} is not supported (gelu_pytorch_tanh)")
+    for flag in ("use_bidirectional_attention", "attention_bias"):
+        if raw.get(flag):
+            raise UnsupportedModelError(f"{model_type} with {flag}=true is not supported")
+    layers = int(raw["num_hidden_layers"])
+    pattern = 2 if model_type == "gemma2" else int(raw.get("sliding_window_pattern") or 6)
+    types = raw.get("layer_types") or [
+        "sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(layers)
+    ]
+    unknown = set(types) - {"sliding_attention", "full_attention"}
+    if unknown or len(types) != layers:
+        raise UnsupportedModelError(f"{model_type} layer_types {types} are not supported")
+    window = raw.get("sliding_window")
+    windows = tuple(int(window) if t == "sliding_attention" and window else None for t in types)
+    fields = dict(
+        hidden_act=act,
+        sliding_window=None,  # per layer instead
+        layer_windows=windows,
+        attention_scale=float(raw.get("query_pre_attn_scalar", 256)) ** -0.5,
+        attn_logit_softcap=_optional_float(raw, "attn_logit_softcapping", 50.0 if model_type == "gemma2" else None),
+        final_logit_softcap=_optional_float(raw, "final_logit_softcapping", 30.0 if model_type == "gemma2" else None),
+        tie_word_embeddings=bool(raw.get("tie_word_embeddings", True)),
+        qk_norm=model_type == "gemma3_text",
+    )
+    if model_type == "gemma3_text":
+        params = raw.get("rope_parameters") or {}
+        full = params.get("full_attention") or {**(raw.get("rope_scaling") or {})}
+        local = params.get("sliding_attention") or {}
+        fields.update(
+            rope_theta=float(full.get("rope_theta") or raw.get("rope_theta") or 1_000_000.0),
+            rope_scaling=_rope_scaling(raw, full),
+            local_rope_theta=float(local.get("rope_theta") or raw.get("rope_local_base_freq") or 10_000.0),
+            local_rope_scaling=_rope_scaling(raw, local),
+        )
+    return fields
+
+
+def _optional_float(raw: dict, key: str, default: float | None) -> float | None:
+    value = raw.get(key, default)
+    return None if value is None else float(value)

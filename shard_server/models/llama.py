@@ -91,12 +91,15 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
+    attention_cls = LlamaAttention  # a family with another checkpoint layout (Phi-3) replaces these
+    mlp_cls = LlamaMLP
+
     def __init__(self, cfg: ModelConfig, ctx: ParallelContext, backend: AttentionBackend, dtype, device):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
-        self.self_attn = LlamaAttention(cfg, ctx, backend, dtype, device)
+        self.self_attn = self.attention_cls(cfg, ctx, backend, dtype, device)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
-        self.mlp = LlamaMLP(cfg, ctx, dtype, device)
+        self.mlp = self.mlp_cls(cfg, ctx, dtype, device)
 
     def load(self, store: WeightStore, prefix: str) -> None:
         self.input_layernorm.load(store, f"{prefix}.input_layernorm.weight")
@@ -118,12 +121,14 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
+    decoder_layer = LlamaDecoderLayer  # a family's layer class (e.g. MoE layers) may replace it
+
     def __init__(self, cfg: ModelConfig, ctx: ParallelContext, backend: AttentionBackend, dtype, device):
         super().__init__()
         self.config = cfg
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, ctx, dtype, device)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(cfg, ctx, backend, dtype, device) for _ in range(cfg.num_hidden_layers)
+            self.decoder_layer(cfg, ctx, backend, dtype, device) for _ in range(cfg.num_hidden_layers)
         )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
         tied = self.embed_tokens if cfg.tie_word_embeddings else None

@@ -5,11 +5,17 @@ from __future__ import annotations
 import torch
 
 from ..attention.base import AttentionShape
+from ..attention.per_layer import layer_backends
 from ..attention.registry import create_backend
 from ..distributed import ParallelContext
+from ..layers.linear import packed_linears
 from ..weights import WeightStore
 from .config import ModelConfig
+from .gemma import GemmaForCausalLM
 from .llama import LlamaForCausalLM
+from .moe import MoeForCausalLM
+from .olmoe import OlmoeForCausalLM
+from .phi3 import Phi3ForCausalLM
 from .sharding import check_shardable, shard_heads
 
 FAMILIES = {
@@ -17,6 +23,13 @@ FAMILIES = {
     "mistral": LlamaForCausalLM,
     "qwen2": LlamaForCausalLM,
     "qwen3": LlamaForCausalLM,
+    "gemma2": GemmaForCausalLM,
+    "gemma3_text": GemmaForCausalLM,
+    "phi3": Phi3ForCausalLM,
+    "mixtral": MoeForCausalLM,
+    "qwen2_moe": MoeForCausalLM,
+    "qwen3_moe": MoeForCausalLM,
+    "olmoe": OlmoeForCausalLM,
 }
 
 
@@ -26,8 +39,9 @@ def attention_shape(cfg: ModelConfig, ctx: ParallelContext) -> AttentionShape:
         num_heads=heads.num_heads,
         num_kv_heads=heads.num_kv_heads,
         head_dim=cfg.head_dim,
-        scale=cfg.head_dim**-0.5,
+        scale=cfg.head_dim**-0.5 if cfg.attention_scale is None else cfg.attention_scale,
         sliding_window=cfg.sliding_window,
+        logit_softcap=cfg.attn_logit_softcap,
     )
 
 
@@ -40,8 +54,12 @@ def build_model(
     device: torch.device,
 ) -> LlamaForCausalLM:
     check_shardable(cfg, ctx.world_size)
-    backend = create_backend(attention, attention_shape(cfg, ctx), dtype)
-    model = FAMILIES[cfg.model_type](cfg, ctx, backend, dtype, device)
+    if cfg.layer_windows is None:
+        backend = create_backend(attention, attention_shape(cfg, ctx), dtype)
+    else:  # a list: one backend view per layer (Gemma)
+        backend = layer_backends(attention, attention_shape(cfg, ctx), cfg.layer_windows, dtype)
+    with packed_linears(cfg.packed):  # GPTQ/AWQ: the decoder's linears keep their weights packed
+        model = FAMILIES[cfg.model_type](cfg, ctx, backend, dtype, device)
     with torch.no_grad():
         model.load(store)
     return model.eval()

@@ -346,13 +346,13 @@ def test_the_store_counts_fp8_tensors_as_one_byte(tiny_model_dirs, tmp_path):
 
 
 @pytest.mark.parametrize("quantization,message", [
-    ({"quant_method": "gptq", "bits": 4}, "\\('gptq'\\): only fp8 checkpoints load"),
-    ({"quant_method": "fp8", "weight_block_size": [128, 128]}, "block-wise fp8 scales"),
-    ({**COMPRESSED_TENSORS, "format": "pack-quantized"}, "format 'pack-quantized' is not fp8"),
+    ({"quant_method": "bitsandbytes"}, "\\('bitsandbytes'\\): fp8, gptq, awq and compressed-tensors checkpoints load"),
+    ({"quant_method": "fp8", "weight_block_size": [128]}, "weight_block_size \\[128\\] is not two positive integers"),
+    ({**COMPRESSED_TENSORS, "format": "pack-quantized"}, "pack-quantized group 'group_0' has 'float' weights"),
     ({**COMPRESSED_TENSORS, "config_groups": {"g": {"weights": {"type": "int", "num_bits": 4, "strategy": "group"}}}},
      "group 'g' has weights \\('int', 4, 'group'\\)"),
     ({**COMPRESSED_TENSORS, "config_groups": {"g": {"weights": {"type": "float", "num_bits": 8, "strategy": "block"}}}},
-     "per tensor or channel"),
+     "block_structure None is not two positive integers"),
 ])  # fmt: skip
 def test_other_pre_quantized_checkpoints_are_refused_naming_the_method(tiny_model_dirs, quantization, message):
     raw = read_config(tiny_model_dirs["llama"])
@@ -374,7 +374,7 @@ def test_the_shard_cli_takes_quantize_fp8_only():
     base = ["serve", "--model-path", "/m", "--uds-path", "/tmp/s"]
     assert parse_config(base).quantize is None
     assert parse_config([*base, "--quantize", "fp8"]).quantize == "fp8"
-    for bad in ("int8", "awq", ""):
+    for bad in ("int8", "bitsandbytes", ""):
         with pytest.raises(SystemExit):
             parse_config([*base, "--quantize", bad])
 

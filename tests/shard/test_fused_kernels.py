@@ -161,3 +161,32 @@ def test_skinny_config_follows_the_measured_table():
     assert config_for(4, 4096, 14336) == DEEP  # down
     assert config_for(1, 28672, 4096) is None  # gate_up: cuBLAS
     assert config_for(16, 28672, 4096) == WIDE
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_masked_greedy_matches_the_torch_mask(dtype):
+    """The grammar's mask inside the greedy kernel: the argmax and logprob of the masked
+    distribution, as apply_token_mask + argmax + log_softmax give them, for constrained and
+    unconstrained rows in one batch, and a chunk with nothing allowed."""
+    from shard_server.kernels.greedy import fused_greedy
+    from shard_server.sampling import TokenMask, apply_token_mask
+
+    vocab = 9000  # three chunks, the last one partial
+    logits = _randn(4, vocab, dtype=dtype, seed=11) * 4
+    words = (vocab + 31) // 32
+    gen = torch.Generator().manual_seed(5)
+    bits = torch.randint(-(2**31), 2**31 - 1, (2, words), generator=gen, dtype=torch.int64).to(torch.int32)
+    bits[1] = 0
+    bits[1, 8500 // 32] = 1 << (8500 % 32)  # row 3 allows one token, in the last chunk only
+    logits[3, 8500] = -30  # far below the forbidden maximum
+    rows = torch.tensor([1, 3])
+    slots = torch.tensor([-1, 0, -1, 1], dtype=torch.int32)
+    with fused_kernels(True, on_cpu=True):
+        ids, logprobs = fused_greedy(logits, bits.to(DEVICE), slots.to(DEVICE))
+    want = apply_token_mask(logits.float(), TokenMask(bits.to(DEVICE), rows.to(DEVICE)))
+    want_ids = want.argmax(dim=1)
+    assert ids.tolist() == want_ids.tolist()
+    assert ids[3] == 8500
+    want_lp = want.log_softmax(dim=1).gather(1, want_ids.unsqueeze(1)).squeeze(1)
+    torch.testing.assert_close(logprobs, want_lp, atol=1e-5, rtol=1e-5)
+    assert logprobs[3] == 0

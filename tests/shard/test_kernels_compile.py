@@ -77,8 +77,10 @@ CASES = {
     **{f"silu_mul_fp8_rows_block{block}": ("shard_server.kernels.activation", "_silu_mul_quant_kernel",
                                            dict(BLOCK=block, WHOLE_ROW=block > 1024, FP8_MAX=448.0, TINY=1e-12),
                                            {"out_ptr": "*fp8e4nv", "scale_ptr": "*fp32"}) for block in (1024, 16384)},
-    "greedy_chunks": ("shard_server.kernels.greedy", "_chunk_stats_kernel", dict(CHUNK=4096, CHUNKS_P=32),
-                      {"max_ptr": "*fp32", "arg_ptr": "*i32", "sum_ptr": "*fp32"}),  # fmt: skip
+    **{f"greedy_chunks{'_masked' if masked else ''}": (
+        "shard_server.kernels.greedy", "_chunk_stats_kernel", dict(CHUNK=4096, CHUNKS_P=32, MASKED=masked),
+        {"max_ptr": "*fp32", "arg_ptr": "*i32", "sum_ptr": "*fp32", "bits_ptr": "*i32", "slot_ptr": "*i32"})
+       for masked in (False, True)},  # fmt: skip
     "greedy_merge": ("shard_server.kernels.greedy", "_merge_kernel", dict(CHUNKS=32, CHUNKS_P=32),
                      {"max_ptr": "*fp32", "arg_ptr": "*i32", "sum_ptr": "*fp32", "ids_ptr": "*i64",
                       "logprobs_ptr": "*fp32"}),  # fmt: skip

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shard_server.pb import generate_pb2 as pb
-from shard_server.requests import InvalidStepError, SamplingParams
+from shard_server.requests import InvalidStepError, SamplingParams, SequenceRefused
 from shard_server.sampling import (
     Sampler,
     SamplingRows,
@@ -20,6 +20,7 @@ from shard_server.sampling import (
     apply_top_k,
     apply_top_p,
     apply_typical_p,
+    argmax_suffices,
     token_counts,
 )
 
@@ -255,3 +256,67 @@ def test_argmax_suffices_only_for_unprocessed_greedy_rows():
     assert not argmax_suffices(SamplingParams(repetition_penalty=1.2))
     assert not argmax_suffices(SamplingParams(frequency_penalty=0.1))
     assert not argmax_suffices(SamplingParams(presence_penalty=-0.1))
+
+
+def test_uniforms_stay_below_one_so_the_noise_is_finite():
+    from shard_server.sampling import uniform_from_bits
+
+    bits = torch.tensor([0, 0xFF, 0xFFFFFF00, 0xFFFFFFFF], dtype=torch.int64)
+    uniform = uniform_from_bits(bits)
+    assert bool(((uniform > 0) & (uniform < 1)).all()), uniform
+    assert bool(torch.isfinite(-torch.log(-torch.log(uniform))).all())
+
+
+def test_a_ruled_out_token_is_never_drawn_even_where_its_noise_is_largest():
+    """A key whose noise peaks (uniform rounds to 1 in float32) on a token the logits rule out:
+    before the clamp that token's -inf + inf was NaN, and argmax drew it."""
+    from shard_server.sampling import _mix32, row_keys
+
+    vocab = 49152
+    sampler = Sampler(vocab, torch.device("cpu"))
+    seeds = list(range(4000))
+    keys = row_keys(seeds, [0] * len(seeds), torch.device("cpu"))
+    bits = _mix32(_mix32(keys.unsqueeze(1) ^ sampler.vocab_hashes.unsqueeze(0)))
+    peaks = ((bits >> 8) == (1 << 24) - 1).nonzero()
+    assert len(peaks) > 0, "no peaking key among these seeds"
+    seed_index, token = (int(v) for v in peaks[0])
+    logits = torch.full((1, vocab), float("-inf"))
+    allowed = (token + 1) % vocab
+    logits[0, allowed] = 0.0
+    params = SamplingParams(do_sample=True, seed=seeds[seed_index])
+    rows = SamplingRows([params], positions=[0], all_tokens=[], generated_tokens=[], top_n=[0], previous_tokens=[])
+    assert int(sampler(logits, rows).ids[0]) == allowed
+
+
+# -- min_new_tokens: stop tokens suppressed until enough exist ---------------------------
+def test_stop_tokens_cannot_be_drawn_before_min_new_tokens():
+    logits = random_logits(3)
+    logits[:, 7] = 100.0  # the stop token would win every row
+    banned = SamplingParams(min_new_tokens=4, stop_token_ids=(7, 9))
+    rows = SamplingRows([banned, banned, SamplingParams()], positions=[10] * 3, all_tokens=[], generated_tokens=[],
+                        top_n=[0] * 3, previous_tokens=[], generated_counts=[3, 4, 0])  # fmt: skip
+    ids = Sampler(VOCAB, torch.device("cpu"))(logits.clone(), rows).ids.tolist()
+    # Row 0 has 3 tokens (< 4): neither stop token; row 1 has its 4: free again; row 2 has no floor.
+    assert ids[0] not in (7, 9) and ids[0] == logits[0].clone().index_fill(0, torch.tensor([7, 9]), -1e9).argmax()
+    assert ids[1] == 7 and ids[2] == 7
+
+
+def test_sampled_rows_respect_min_new_tokens_too():
+    logits = random_logits(1)
+    logits[0, 3] = 50.0
+    params = SamplingParams(do_sample=True, temperature=0.5, seed=11, min_new_tokens=2, stop_token_ids=(3,))
+    rows = SamplingRows([params], positions=[5], all_tokens=[], generated_tokens=[], top_n=[1], previous_tokens=[],
+                        generated_counts=[1])  # fmt: skip
+    out = Sampler(VOCAB, torch.device("cpu"))(logits, rows)
+    assert out.ids.item() != 3 and torch.isfinite(out.logprobs).all()
+    assert not argmax_suffices(params)  # the fast argmax path would ignore the floor
+
+
+def test_min_new_tokens_from_the_wire_needs_stop_ids_in_the_vocabulary():
+    msg = pb.SamplingParameters(min_new_tokens=3, stop_token_ids=[2])
+    params = SamplingParams.from_proto(msg)
+    assert params.min_new_tokens == 3 and params.stop_token_ids == (2,)
+    with pytest.raises(SequenceRefused, match="needs stop_token_ids"):
+        SamplingParams.from_proto(pb.SamplingParameters(min_new_tokens=3))
+    with pytest.raises(SequenceRefused, match="outside the vocabulary"):
+        SamplingParams.from_proto(pb.SamplingParameters(min_new_tokens=1, stop_token_ids=[VOCAB])).check_vocab(VOCAB)

@@ -363,6 +363,28 @@ def test_a_bad_streamed_step_ends_the_stream_with_its_status_after_the_good_ones
     assert [r.step_id for r in stub.StepStream(iter([good]))] == [1]
 
 
+def test_a_constrained_sequence_without_a_tokenizer_is_refused_alone(stub):
+    """The tiny checkpoint has no tokenizer.json: a grammar cannot be run, the rest can."""
+    stub.ClearCache(pb.ClearCacheRequest())
+    grammar = pb.Grammar(llguidance='{"grammars": [{"lark_grammar": "start: /[0-9]+/"}]}', stop_token_ids=[0])
+    constrained = pb.NewSequence(id=50, input_ids=[1, 2], prompt_len=2, grammar=grammar)
+    free = pb.NewSequence(id=51, input_ids=[3, 4], prompt_len=2)
+    response = stub.Step(
+        pb.StepRequest(
+            step_id=1,
+            new_sequences=[constrained, free],
+            sequences=[
+                pb.ScheduledSequence(id=50, num_tokens=2, new_block_ids=[0], sample=True),
+                pb.ScheduledSequence(id=51, num_tokens=2, new_block_ids=[1], sample=True),
+            ],
+        )
+    )
+    outputs = {o.id: o for o in response.outputs}
+    assert "needs the model's tokenizer.json" in outputs[50].error
+    assert outputs[51].HasField("token") and not outputs[51].error
+    stub.Step(pb.StepRequest(step_id=2, released_ids=[50, 51]))
+
+
 def test_sigterm_stops_cleanly(shard):
     process, stub, socket = shard
     process.send_signal(signal.SIGTERM)

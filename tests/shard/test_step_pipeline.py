@@ -156,8 +156,9 @@ def test_a_finished_step_is_answered_while_the_queue_stays_empty(runner):
 def test_a_sequence_needing_its_tokens_on_the_host_settles_the_step_before(runner):
     steps = scripted_steps({1: GREEDY, 2: PENALISED, 3: GREEDY}, decodes=2)
     order = run_pipelined(runner, steps).order
-    # The repetition penalty reads every token: step 1 completes before step 2 is prepared.
-    assert order[:5] == ["launch 1", "prepare", "launch 2", "complete 1", "prepare"]
+    # The repetition penalty reads every token: step 1 completes before step 2 samples, but
+    # after step 2 is prepared and its forward queued, so the GPU has work while it waits.
+    assert order[:5] == ["launch 1", "prepare", "launch 2", "prepare", "complete 1"]
 
 
 def test_without_overlap_each_step_completes_before_the_next_launches(runner):

@@ -1,0 +1,139 @@
+"""Gemma 2 and Gemma 3 (text-only, `gemma3_text`) decoders.
+
+Differences from Llama, as transformers computes them:
+- embeddings scaled by sqrt(hidden_size) (the factor rounded to the model dtype);
+- RMSNorm scales by (1 + w): the checkpoint's w is stored as 1 + w at load, so the norms (and
+  their fused kernels) are Llama's;
+- four norms per layer: input, post-attention (on the attention output, before the residual
+  add), pre-feedforward and post-feedforward (on the MLP output, before the residual add);
+- GeGLU MLP: gelu (tanh approximation) of gate, times up;
+- queries scaled by query_pre_attn_scalar ** -0.5; attention scores soft-capped
+  (cap * tanh(s / cap), Gemma 2) and final logits soft-capped;
+- alternating sliding-window and global layers (`layer_types`): each layer gets its own backend
+  view (attention/per_layer.py);
+- Gemma 3: (1 + w) RMSNorm on q and k per head, and sliding layers rotate with their own base
+  (rope_local_base_freq), global layers with rope_theta and the config's rope scaling;
+- tied embeddings (an untied checkpoint loads lm_head.weight).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..attention.base import AttentionBackend
+from ..distributed import ParallelContext
+from ..kv_cache import KVCache
+from ..layers.embedding import LMHead, VocabParallelEmbedding
+from ..layers.norm import RMSNorm
+from ..layers.rotary import RotaryEmbedding
+from ..weights import WeightStore
+from .config import ModelConfig, RopeScaling
+from .llama import LlamaAttention, LlamaMLP
+
+
+class GemmaRMSNorm(RMSNorm):
+    """Scales by (1 + w); holds 1 + w, computed in float32 as transformers does."""
+
+    def load(self, store: WeightStore, name: str) -> None:
+        self.weight.copy_(store.get(name).float() + 1.0)
+
+
+class GemmaAttention(LlamaAttention):
+    def __init__(self, cfg: ModelConfig, ctx: ParallelContext, backend: AttentionBackend, dtype, device):
+        super().__init__(cfg, ctx, backend, dtype, device)
+        if cfg.qk_norm:  # Gemma 3
+            self.q_norm = GemmaRMSNorm(cfg.head_dim, cfg.rms_norm_eps, dtype, device)
+            self.k_norm = GemmaRMSNorm(cfg.head_dim, cfg.rms_norm_eps, dtype, device)
+
+
+class GemmaMLP(LlamaMLP):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.gelu(gate, approximate="tanh") * up)
+
+
+class GemmaDecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, ctx: ParallelContext, backend: AttentionBackend, dtype, device):
+        super().__init__()
+
+        def norm() -> GemmaRMSNorm:
+            return GemmaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
+
+        self.input_layernorm = norm()
+        self.self_attn = GemmaAttention(cfg, ctx, backend, dtype, device)
+        self.post_attention_layernorm = norm()
+        self.pre_feedforward_layernorm = norm()
+        self.mlp = GemmaMLP(cfg, ctx, dtype, device)
+        self.post_feedforward_layernorm = norm()
+
+    def load(self, store: WeightStore, prefix: str) -> None:
+        for name in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                     "post_feedforward_layernorm"):  # fmt: skip
+            getattr(self, name).load(store, f"{prefix}.{name}.weight")
+        self.self_attn.load(store, f"{prefix}.self_attn")
+        self.mlp.load(store, f"{prefix}.mlp")
+
+    def forward(self, hidden, residual, rotary, k_cache, v_cache, metadata):
+        """(hidden, residual) in, (the MLP's normed output, the residual stream before it) out."""
+        quantize = self.self_attn.qkv_proj.takes_fp8_rows(hidden)
+        if residual is None:
+            residual, hidden = hidden, self.input_layernorm(hidden, quantize)
+        else:
+            hidden, residual = self.input_layernorm.add_and_norm(hidden, residual, quantize)
+        hidden = self.post_attention_layernorm(self.self_attn(hidden, rotary, k_cache, v_cache, metadata))
+        quantize = self.mlp.gate_up_proj.takes_fp8_rows(hidden)
+        hidden, residual = self.pre_feedforward_layernorm.add_and_norm(hidden, residual, quantize)
+        return self.post_feedforward_layernorm(self.mlp(hidden)), residual
+
+
+class GemmaForCausalLM(nn.Module):
+    """`backends`: one attention backend view per layer (the layers' windows differ)."""
+
+    def __init__(self, cfg: ModelConfig, ctx: ParallelContext, backends, dtype, device):
+        super().__init__()
+        if isinstance(backends, AttentionBackend):
+            backends = [backends] * cfg.num_hidden_layers
+        self.config = cfg
+        self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, ctx, dtype, device)
+        self.embed_scale = torch.tensor(cfg.hidden_size**0.5, dtype=dtype, device=device)
+        self.layers = nn.ModuleList(GemmaDecoderLayer(cfg, ctx, b, dtype, device) for b in backends)
+        self.norm = GemmaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
+        tied = self.embed_tokens if cfg.tie_word_embeddings else None
+        self.lm_head = LMHead(cfg.vocab_size, cfg.hidden_size, ctx, dtype, device, tied_to=tied)
+
+        def rotary(theta: float, scaling: RopeScaling) -> RotaryEmbedding:
+            return RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, theta, scaling, dtype, device)
+
+        self.rotary = rotary(cfg.rope_theta, cfg.rope_scaling)
+        self.local_rotary = None
+        if cfg.local_rope_theta is not None:  # Gemma 3: sliding layers have their own base
+            self.local_rotary = rotary(cfg.local_rope_theta, cfg.local_rope_scaling or RopeScaling())
+        windows = cfg.layer_windows or (cfg.sliding_window,) * cfg.num_hidden_layers
+        self.layer_is_local = [window is not None for window in windows]
+
+    def load(self, store: WeightStore) -> None:
+        self.embed_tokens.load(store, "model.embed_tokens.weight")
+        for i, layer in enumerate(self.layers):
+            layer.load(store, f"model.layers.{i}")
+        self.norm.load(store, "model.norm.weight")
+        if not self.config.tie_word_embeddings:
+            self.lm_head.load(store, "lm_head.weight")
+
+    def forward(self, input_ids, positions, kv_cache: KVCache, metadata) -> torch.Tensor:
+        """Final-norm hidden states [T, hidden] of every token of the step."""
+        rotary = self.rotary.for_step(positions)
+        local = rotary if self.local_rotary is None else self.local_rotary.for_step(positions)
+        hidden, residual = self.embed_tokens(input_ids) * self.embed_scale, None
+        for index, layer in enumerate(self.layers):
+            k_cache, v_cache = kv_cache.layer(index)
+            step = local if self.layer_is_local[index] else rotary
+            hidden, residual = layer(hidden, residual, step, k_cache, v_cache, metadata)
+        hidden, _ = self.norm.add_and_norm(hidden, residual)
+        return hidden
+
+    def compute_logits(self, hidden: torch.Tensor, float32: bool = True) -> torch.Tensor:
+        logits = self.lm_head(hidden, float32)
+        cap = self.config.final_logit_softcap
+        return logits if cap is None else torch.tanh(logits / cap) * cap

@@ -1,0 +1,214 @@
+"""The Mixture-of-Experts block: router, top-k routing, routed experts and a shared expert.
+
+Maths (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, as in transformers):
+    probs = softmax(float32(x @ router.T)); weights, ids = topk(probs, k)
+    weights /= weights.sum()                        # when renormalising (norm_topk_prob; Mixtral always)
+    y = sum_j weights[j] * down_e(silu(gate_e(x)) * up_e(x)) for e = ids[j]
+    y += sigmoid(x @ shared_gate.T) * shared(x)     # Qwen2-MoE's shared expert
+
+Tensor parallelism slices every expert (and the shared expert) by its intermediate size: a rank
+holds rows [start, end) of each expert's gate and up weights and the same columns of its down
+weight, reading only that slice from the checkpoint. The router is replicated, so every rank
+routes alike; each rank's output is a partial sum, and the block does one all-reduce at the end.
+
+The routed experts' weights are stacked the way a grouped-GEMM kernel wants them:
+`w13` [experts, 2 * local intermediate, hidden] (gate rows, then up rows) and `w2`
+[experts, hidden, local intermediate]. `experts_forward` is the one function a fused kernel
+replaces; `reference_experts` is the plain-torch oracle (an eager loop over the experts that
+were hit, with data-dependent shapes), and `dense_experts` its static-shape twin, used while a
+CUDA graph captures (correct but experts/top_k times the work: the fused kernel is still to come).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..distributed import ParallelContext
+from ..layers.norm import RMSNorm
+from ..weights import WeightStore
+from .config import ModelConfig
+from .errors import UnsupportedModelError
+from .llama import LlamaAttention, LlamaForCausalLM, LlamaMLP
+from .moe_config import MoeConfig
+from .sharding import ShardingError
+
+
+def route(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax over all experts in float32, then the top k: (weights float32 [T, k], ids int64 [T, k])."""
+    probs = torch.softmax(router_logits.float(), dim=-1)
+    weights, ids = torch.topk(probs, top_k, dim=-1)
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights, ids
+
+
+def reference_experts(
+    x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
+) -> torch.Tensor:
+    """sum_j topk_weights[t, j] * expert_{topk_ids[t, j]}(x[t]), accumulated in float32: [T, hidden]
+    in x's dtype. With tensor parallelism this is the rank's partial sum."""
+    tokens, hidden = x.shape
+    out = torch.zeros(tokens, w2.shape[1], dtype=torch.float32, device=x.device)
+    flat_ids = topk_ids.reshape(-1)
+    order = torch.argsort(flat_ids, stable=True)
+    counts = torch.bincount(flat_ids, minlength=w13.shape[0]).tolist()
+    token_of = order // topk_ids.shape[1]
+    weight_of = topk_weights.reshape(-1)[order]
+    start = 0
+    for expert, count in enumerate(counts):
+        if count == 0:
+            continue
+        rows = token_of[start : start + count]
+        gate, up = F.linear(x[rows], w13[expert]).chunk(2, dim=-1)
+        y = F.linear(F.silu(gate) * up, w2[expert])
+        out[rows] += y.float() * weight_of[start : start + count, None]  # a token picks an expert once
+        start += count
+    return out.to(x.dtype)
+
+
+def dense_experts(
+    x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
+) -> torch.Tensor:
+    """The same sum with static shapes (every expert on every token, weighted by a dense [T, experts]
+    combine matrix that is zero off the top k): what a CUDA graph can capture until the fused
+    kernel exists. experts/top_k times the reference's work."""
+    combine = torch.zeros(x.shape[0], w13.shape[0], dtype=torch.float32, device=x.device)
+    combine.scatter_(1, topk_ids, topk_weights.float())
+    gate, up = torch.einsum("th,eih->eti", x, w13).chunk(2, dim=-1)
+    y = torch.einsum("eti,ehi->eth", F.silu(gate) * up, w2)
+    return torch.einsum("eth,te->th", y.float(), combine).to(x.dtype)
+
+
+def experts_forward(
+    x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
+) -> torch.Tensor:
+    """The routed experts' output [T, hidden]. The seam for a fused MoE kernel: same arguments,
+    same result. Today: the reference loop, or its static-shape twin under CUDA-graph capture."""
+    if x.is_cuda and torch.cuda.is_current_stream_capturing():
+        return dense_experts(x, w13, w2, topk_weights, topk_ids)
+    return reference_experts(x, w13, w2, topk_weights, topk_ids)
+
+
+class MoeBlock(nn.Module):
+    """Router + routed experts (+ Qwen2-MoE's gated shared expert), sliced for this rank."""
+
+    def __init__(self, cfg: ModelConfig, ctx: ParallelContext, dtype, device):
+        super().__init__()
+        moe: MoeConfig = cfg.moe
+        check_moe_shardable(cfg, ctx.world_size)
+        self.ctx = ctx
+        self.moe = moe
+        hidden, size = cfg.hidden_size, moe.expert_intermediate_size
+        self.rows = ctx.split(size, "expert intermediate size")
+        local = self.rows[1] - self.rows[0]
+        self.router = nn.Parameter(torch.empty(moe.num_experts, hidden, dtype=dtype, device=device), requires_grad=False)
+        self.w13 = nn.Parameter(
+            torch.empty(moe.num_experts, 2 * local, hidden, dtype=dtype, device=device), requires_grad=False
+        )
+        self.w2 = nn.Parameter(torch.empty(moe.num_experts, hidden, local, dtype=dtype, device=device), requires_grad=False)
+        self.shared_expert = self.shared_expert_gate = None
+        if moe.shared_expert_intermediate_size:
+            # A dense MLP sliced like the Llama MLP; its down projection is not all-reduced on its
+            # own (`partial`): the block's one all-reduce sums it with the routed experts.
+            shared_cfg = _with_intermediate(cfg, moe.shared_expert_intermediate_size)
+            self.shared_expert = LlamaMLP(shared_cfg, _NoReduce(ctx.rank, ctx.world_size), dtype, device)
+            self.shared_expert_gate = nn.Parameter(torch.empty(1, hidden, dtype=dtype, device=device), requires_grad=False)
+
+    def load(self, store: WeightStore, prefix: str) -> None:
+        start, end = self.rows
+        local = end - start
+        gate_name, up_name, down_name = self.moe.weight_names
+        self.router.copy_(store.get(f"{prefix}.gate.weight"))
+        for e in range(self.moe.num_experts):
+            expert = f"{prefix}.experts.{e}"
+            self.w13[e, :local].copy_(store.get_rows(f"{expert}.{gate_name}.weight", start, end))
+            self.w13[e, local:].copy_(store.get_rows(f"{expert}.{up_name}.weight", start, end))
+            self.w2[e].copy_(store.get_cols(f"{expert}.{down_name}.weight", start, end))
+        if self.shared_expert is not None:
+            self.shared_expert.load(store, f"{prefix}.shared_expert")
+            self.shared_expert_gate.copy_(store.get(f"{prefix}.shared_expert_gate.weight"))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights, ids = route(F.linear(x, self.router), self.moe.top_k, self.moe.norm_topk_prob)
+        out = experts_forward(x, self.w13, self.w2, weights, ids)
+        if self.shared_expert is not None:
+            out = out + torch.sigmoid(F.linear(x, self.shared_expert_gate)) * self.shared_expert(x)
+        return self.ctx.all_reduce(out)
+
+
+class MoeDecoderLayer(nn.Module):
+    """A Llama decoder layer whose MLP is an MoeBlock (same norms, residuals and attention)."""
+
+    attention_class = LlamaAttention
+
+    def __init__(self, cfg: ModelConfig, ctx: ParallelContext, backend, dtype, device):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
+        self.self_attn = self.attention_class(cfg, ctx, backend, dtype, device)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
+        self.mlp = MoeBlock(cfg, ctx, dtype, device)
+        self.block_name = cfg.moe.block_name
+
+    def load(self, store: WeightStore, prefix: str) -> None:
+        self.input_layernorm.load(store, f"{prefix}.input_layernorm.weight")
+        self.self_attn.load(store, f"{prefix}.self_attn")
+        self.post_attention_layernorm.load(store, f"{prefix}.post_attention_layernorm.weight")
+        self.mlp.load(store, f"{prefix}.{self.block_name}")
+
+    def forward(self, hidden, residual, rotary, k_cache, v_cache, metadata):
+        if residual is None:
+            residual, hidden = hidden, self.input_layernorm(hidden)
+        else:
+            hidden, residual = self.input_layernorm.add_and_norm(hidden, residual)
+        hidden = self.self_attn(hidden, rotary, k_cache, v_cache, metadata)
+        hidden, residual = self.post_attention_layernorm.add_and_norm(hidden, residual)
+        return self.mlp(hidden), residual
+
+
+def check_moe_supported(cfg: ModelConfig) -> None:
+    if cfg.moe is None:
+        raise UnsupportedModelError(f"{cfg.model_type} is not a Mixture-of-Experts model")
+    if cfg.quantize is not None:
+        raise UnsupportedModelError(
+            f"{cfg.model_type}: {cfg.quantize} weights are not supported for Mixture-of-Experts models yet; "
+            "serve the bf16/fp16 checkpoint without --quantize"
+        )
+
+
+def check_moe_shardable(cfg: ModelConfig, world_size: int) -> None:
+    problems = []
+    moe = cfg.moe
+    if moe.expert_intermediate_size % world_size:
+        problems.append(f"expert intermediate size {moe.expert_intermediate_size} is not divisible by {world_size}")
+    if moe.shared_expert_intermediate_size % world_size:
+        problems.append(
+            f"shared expert intermediate size {moe.shared_expert_intermediate_size} is not divisible by {world_size}"
+        )
+    if problems:
+        raise ShardingError(f"cannot split this {cfg.model_type} model over {world_size} shards: " + "; ".join(problems))
+
+
+def _with_intermediate(cfg: ModelConfig, size: int) -> ModelConfig:
+    return replace(cfg, intermediate_size=size)
+
+
+class _NoReduce(ParallelContext):
+    """The rank's context without its all-reduce: for a row-parallel partial summed later."""
+
+    def all_reduce(self, tensor):
+        return tensor
+
+
+class MoeForCausalLM(LlamaForCausalLM):
+    """Mixtral, Qwen2-MoE and Qwen3-MoE: the Llama model with MoE decoder layers (Qwen3-MoE's
+    per-head q/k norms and Qwen2-MoE's qkv bias come from the shared attention's flags)."""
+
+    decoder_layer = MoeDecoderLayer
+
+    def __init__(self, cfg: ModelConfig, ctx: ParallelContext, backend, dtype, device):
+        check_moe_supported(cfg)
+        super().__init__(cfg, ctx, backend, dtype, device)

@@ -1,0 +1,259 @@
+"""Mixture-of-Experts families (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE) on the reference path
+against transformers, from tiny random checkpoints in the Hub's per-expert layout.
+
+- fp32 prefill logits within LOGITS_ATOL of transformers' (measured: ~2e-6).
+- Greedy tokens identical to transformers' for 5 prompts x 32 tokens, with chunked prefill.
+- Two gloo ranks (experts sliced by intermediate size) give the one-rank logits and
+  transformers' greedy tokens.
+- The reference experts against a per-token loop (empty experts, one token, skewed routing).
+- Every unsupported MoE config value is refused with a message that names it.
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from shard_server.attention.base import StepLayout
+from shard_server.distributed import ParallelContext
+from shard_server.models.config import ModelConfig, UnsupportedModelError
+from shard_server.models.moe import MoeBlock, check_moe_shardable, dense_experts, reference_experts, route
+from shard_server.models.sharding import ShardingError
+from shard_server.weights import WeightStore, read_config
+
+from .helpers import StepDriver, generate_greedy, load_model, load_runner
+from .tiny_models import MOE_FAMILIES, make_tiny_moe_model
+
+# fp32 on CPU: the same maths in another op order (stacked experts, fused qkv, paged attention).
+LOGITS_ATOL = 1e-4
+PROMPT_LENGTH = 19
+PROMPT_CHUNKS = (19, 7, 5, 3, 11)  # 5 prompts, each prefilled in chunks of this size
+NEW_TOKENS = 32
+
+
+@pytest.fixture(scope="module")
+def moe_models(tmp_path_factory):
+    """{family: (checkpoint directory, transformers model)}."""
+    models = {}
+    for family in MOE_FAMILIES:
+        directory = tmp_path_factory.mktemp(family)
+        models[family] = (directory, make_tiny_moe_model(family, directory))
+    return models
+
+
+def hf_greedy(reference, prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
+    """transformers' greedy continuations of equal-length prompts (one batch, no padding)."""
+    ids = torch.tensor(prompts, device=reference.device)
+    with torch.no_grad():
+        out = reference.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=new_tokens,
+            do_sample=False,
+            pad_token_id=0,
+            eos_token_id=None,
+        )
+    return out[:, ids.shape[1] :].tolist()
+
+
+@pytest.mark.parametrize("family", sorted(MOE_FAMILIES))
+def test_prefill_logits_match_transformers(family, moe_models):
+    directory, reference = moe_models[family]
+    ids = torch.randint(0, reference.config.vocab_size, (37,), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        expected = reference(ids[None]).logits[0]
+    runner = load_runner(directory, block_size=4, num_blocks=32)
+    table = torch.randperm(32, generator=torch.Generator().manual_seed(2))[:10].tolist()
+    metadata = runner.backend.build_metadata(StepLayout([37], [37], [table], 4), torch.device("cpu"))
+    with torch.inference_mode():
+        logits = runner.model.compute_logits(runner.model(ids, torch.arange(37), runner.kv_cache, metadata))
+    assert expected.abs().max() > 1.0, "reference logits are too flat to compare"
+    torch.testing.assert_close(logits, expected, atol=LOGITS_ATOL, rtol=1e-4)
+
+
+@pytest.mark.parametrize("family", sorted(MOE_FAMILIES))
+def test_greedy_tokens_match_transformers(family, moe_models):
+    directory, reference = moe_models[family]
+    driver = StepDriver(load_runner(directory))
+    # Same-length prompts let transformers decode them as one unpadded batch; ours prefill in
+    # chunks of different sizes.
+    prompts = torch.randint(0, 160, (len(PROMPT_CHUNKS), PROMPT_LENGTH), generator=torch.Generator().manual_seed(3))
+    expected = hf_greedy(reference, prompts.tolist(), NEW_TOKENS)
+    for seq_id, chunk in enumerate(PROMPT_CHUNKS):
+        ours = generate_greedy(driver, seq_id, prompts[seq_id].tolist(), NEW_TOKENS, chunk=chunk)
+        assert ours == expected[seq_id], f"{family} prompt {seq_id}"
+
+
+def test_two_ranks_match_one_and_transformers(moe_models):
+    from .test_tensor_parallel import NEW_TOKENS as TP_TOKENS
+    from .test_tensor_parallel import PROMPT, load_rank_model, prefill_logits, run_ranks
+
+    families = sorted(MOE_FAMILIES)
+    directories = [moe_models[family][0] for family in families]
+    outputs = run_ranks(2, directories, "generate")
+    for index, family in enumerate(families):
+        one = prefill_logits(load_rank_model(directories[index], ParallelContext()), ParallelContext())
+        expected = hf_greedy(moe_models[family][1], [PROMPT], TP_TOKENS)[0]
+        for rank in range(2):
+            result = outputs[rank][index]
+            torch.testing.assert_close(result["logits"], one, atol=LOGITS_ATOL, rtol=1e-4, msg=f"{family} rank {rank}")
+            assert result["greedy"] == expected, f"{family} rank {rank}"
+        assert torch.equal(outputs[0][index]["logits"], outputs[1][index]["logits"])
+        assert outputs[0][index]["sampled"] == outputs[1][index]["sampled"]
+
+
+def test_each_rank_reads_only_its_slice_of_every_expert(moe_models):
+    directory, _ = moe_models["qwen2_moe"]
+    cfg = ModelConfig.from_dict(read_config(directory))
+    prefix = "model.layers.0.mlp"
+    blocks, read = [], []
+    for rank in range(2):
+        block = MoeBlock(cfg, ParallelContext(rank, 2), torch.float32, torch.device("cpu"))
+        with WeightStore(directory) as store, torch.no_grad():
+            block.load(store, prefix)
+            read.append(store.bytes_read)
+            full = {name: store.get(name) for name in store.names() if name.startswith(prefix)}
+        blocks.append(block)
+    half = cfg.moe.expert_intermediate_size // 2
+    for rank, block in enumerate(blocks):
+        rows = slice(rank * half, (rank + 1) * half)
+        for e in range(cfg.moe.num_experts):
+            expert = f"{prefix}.experts.{e}"
+            gate_up = torch.cat([full[f"{expert}.gate_proj.weight"][rows], full[f"{expert}.up_proj.weight"][rows]])
+            assert torch.equal(block.w13[e], gate_up)
+            assert torch.equal(block.w2[e], full[f"{expert}.down_proj.weight"][:, rows])
+        assert torch.equal(block.router, full[f"{prefix}.gate.weight"])
+    sliced = sum(t.numel() * 4 for n, t in full.items() if ".experts." in n or "shared_expert." in n)
+    replicated = sum(t.numel() * 4 for n, t in full.items() if n.endswith(("mlp.gate.weight", "shared_expert_gate.weight")))
+    assert read == [sliced // 2 + replicated] * 2
+
+
+def naive_experts(x, w13, w2, weights, ids):
+    out = torch.zeros_like(x)
+    for t in range(x.shape[0]):
+        for j in range(ids.shape[1]):
+            gate, up = (w13[ids[t, j]] @ x[t]).chunk(2)
+            out[t] += weights[t, j] * (w2[ids[t, j]] @ (F.silu(gate) * up))
+    return out
+
+
+@pytest.mark.parametrize("tokens, experts, top_k, skew", [(1, 4, 2, 0.0), (9, 8, 2, 0.0), (13, 16, 4, 8.0), (6, 5, 5, 0.0)])
+def test_reference_and_dense_experts_match_a_per_token_loop(tokens, experts, top_k, skew):
+    generator = torch.Generator().manual_seed(tokens * experts)
+    hidden, inter = 12, 10
+    x = torch.randn(tokens, hidden, generator=generator)
+    w13 = torch.randn(experts, 2 * inter, hidden, generator=generator)
+    w2 = torch.randn(experts, hidden, inter, generator=generator)
+    logits = torch.randn(tokens, experts, generator=generator)
+    logits[:, :top_k] += skew  # skewed: most experts get no token at all
+    weights, ids = route(logits, top_k, renormalize=False)
+    expected = naive_experts(x, w13, w2, weights, ids)
+    torch.testing.assert_close(reference_experts(x, w13, w2, weights, ids), expected, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(dense_experts(x, w13, w2, weights, ids), expected, atol=1e-4, rtol=1e-4)
+
+
+def test_routing_normalisation():
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]])
+    probs = torch.softmax(logits, -1)
+    weights, ids = route(logits, 2, renormalize=False)
+    assert ids.tolist() == [[0, 1]]
+    torch.testing.assert_close(weights, probs[:, :2])
+    weights, _ = route(logits, 2, renormalize=True)
+    torch.testing.assert_close(weights, probs[:, :2] / probs[:, :2].sum())
+
+
+def moe_raw(model_type: str, **changes) -> dict:
+    raw = dict(
+        model_type=model_type, vocab_size=160, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, num_experts=4, num_local_experts=4, num_experts_per_tok=2,
+        moe_intermediate_size=32, shared_expert_intermediate_size=48,
+    )  # fmt: skip
+    return {**raw, **changes}
+
+
+@pytest.mark.parametrize(
+    "model_type, field, value",
+    [
+        ("qwen2_moe", "mlp_only_layers", [1]),
+        ("qwen2_moe", "decoder_sparse_step", 2),
+        ("qwen3_moe", "mlp_only_layers", [0]),
+        ("qwen3_moe", "decoder_sparse_step", 2),
+        ("qwen2_moe", "use_sliding_window", True),
+        ("qwen3_moe", "layer_types", ["sliding_attention", "full_attention"]),
+        ("mixtral", "num_experts_per_tok", 5),
+        ("olmoe", "num_experts", 0),
+        ("qwen3_moe", "moe_intermediate_size", None),
+    ],
+)
+def test_unsupported_moe_config_values_are_refused_by_name(model_type, field, value):
+    raw = moe_raw(model_type, **{field: value})
+    if field == "num_experts":
+        raw.pop("num_local_experts")
+    with pytest.raises(UnsupportedModelError, match=field):
+        ModelConfig.from_dict(raw)
+
+
+def test_all_sparse_defaults_load():
+    cfg = ModelConfig.from_dict(moe_raw("qwen2_moe", mlp_only_layers=[], decoder_sparse_step=1))
+    assert cfg.moe.shared_expert_intermediate_size == 48 and cfg.attention_bias  # qkv_bias defaults on
+    assert ModelConfig.from_dict(moe_raw("qwen3_moe")).qk_norm
+    assert ModelConfig.from_dict(moe_raw("mixtral")).moe.norm_topk_prob  # Mixtral always renormalises
+
+
+def test_fp8_weights_are_refused_for_moe(moe_models):
+    directory, _ = moe_models["mixtral"]
+    from shard_server.models.registry import build_model
+
+    cfg = ModelConfig.from_dict(read_config(directory)).with_quantize("fp8")
+    with WeightStore(directory) as store, pytest.raises(UnsupportedModelError, match="fp8"):
+        build_model(cfg, store, ParallelContext(), "reference", torch.float32, torch.device("cpu"))
+
+
+def test_expert_sizes_that_do_not_split_are_refused():
+    cfg = ModelConfig.from_dict(moe_raw("qwen2_moe", moe_intermediate_size=30, shared_expert_intermediate_size=45))
+    with pytest.raises(ShardingError, match="expert intermediate size 30.*shared expert intermediate size 45"):
+        check_moe_shardable(cfg, 4)
+
+
+def test_loaded_model_is_moe(moe_models):
+    model = load_model(moe_models["olmoe"][0])
+    assert type(model).__name__ == "OlmoeForCausalLM"
+    assert model.layers[0].mlp.w13.shape == (8, 2 * 32, 64)
+
+
+class _Precomputed(ParallelContext):
+    """A rank whose all-reduces return the given totals, in order (the other ranks' partials
+    summed in by the test)."""
+
+    totals: list = []
+
+    def all_reduce(self, tensor):
+        return self.totals.pop(0)
+
+
+@pytest.mark.parametrize("world", [1, 2, 4])  # at 4 ranks each of the 2 KV heads sits on 2 ranks
+def test_olmoe_full_width_norms_split_over_ranks(world):
+    from shard_server.models.olmoe import OlmoeAttention
+    from shard_server.models.sharding import shard_heads
+
+    cfg = ModelConfig.from_dict(moe_raw("olmoe"))  # 4 heads, 2 KV heads of 16
+    generator = torch.Generator().manual_seed(5)
+    q, k = torch.randn(3, 64, generator=generator), torch.randn(3, 32, generator=generator)
+    wq, wk = torch.rand(64, generator=generator) + 0.5, torch.rand(32, generator=generator) + 0.5
+
+    def rms(x, w):
+        return w * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + cfg.rms_norm_eps)
+
+    rows = [shard_heads(cfg, ParallelContext(r, world)) for r in range(world)]
+    q_rows = [slice(h.q_rows(16).start, h.q_rows(16).end) for h in rows]
+    kv_rows = [slice(h.kv_rows(16).start, h.kv_rows(16).end) for h in rows]
+    q_total = sum(q[:, s].pow(2).sum(-1, keepdim=True) for s in q_rows)
+    k_total = sum(k[:, s].pow(2).sum(-1, keepdim=True) for s in kv_rows)
+    for rank in range(world):
+        ctx = _Precomputed(rank, world)
+        attention = OlmoeAttention(cfg, ctx, None, torch.float32, torch.device("cpu"))
+        ctx.totals[:] = [q_total, k_total]
+        got_q = attention._norm(q[:, q_rows[rank]], wq[q_rows[rank]], attention.q_features)
+        got_k = attention._norm(k[:, kv_rows[rank]], wk[kv_rows[rank]], attention.k_features)
+        torch.testing.assert_close(got_q, rms(q, wq)[:, q_rows[rank]])
+        torch.testing.assert_close(got_k, rms(k, wk)[:, kv_rows[rank]])
+

@@ -1,0 +1,364 @@
+"""compressed-tensors `pack-quantized` (W4A16/W8A16) and `int-quantized` (W8A8) checkpoints and
+block-wise fp8 (DeepSeek / Qwen3-FP8, and compressed-tensors' block strategy) on the `reference` path.
+
+The writer (quantized_checkpoints.py) packs with explicit per-value shifts; the loader
+(layers/quantized.py, converting pack-quantized to layers/int4.py's layout) unpacks with
+vectorised ones. Each checkpoint comes with its oracle, the same model with the dequantized
+weights stored dense in float32. Tolerances:
+- dequantized weights: both sides compute (int) * scale (or fp8 * scale) exactly in float32, so
+  they are compared for equality;
+- weight-only formats (pack-quantized, block fp8, int8 W8A16): products and logits differ from
+  the oracle only by summation order, within 1e-5 relative; greedy tokens are equal;
+- W8A8: the reference quantizes each activation row to int8 (amax / 127), as the checkpoint
+  declares and the int8 kernel will: the layer equals that formula (computed here on its own)
+  within 1e-5 and the dense product within 2 %; the model's logits are within 5 % of the
+  oracle's and its greedy tokens are the oracle's for this model and prompt;
+- TP=2 against TP=1: all-reduced partial sums, the existing TP tests' 1e-4.
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+
+from shard_server.distributed import ParallelContext
+from shard_server.layers.int4 import PackedWeight, unpack_cols
+from shard_server.layers.quantized import BlockFp8Weight, Int8Weight, quantize_rows_int8
+from shard_server.models.config import ModelConfig, UnsupportedModelError
+from shard_server.weights import WeightsError, read_config
+
+from .int4_checkpoints import edit_checkpoint
+from .quantized_checkpoints import (
+    block_fp8_config,
+    block_fp8_ct_config,
+    int8_config,
+    pack_ct_cols,
+    pack_ct_rows,
+    pack_quantized_config,
+    write_quantized_checkpoint,
+)
+from .test_int4_checkpoints import LINEAR_NAMES, _greedy, _tiny, rel
+from .test_tensor_parallel import load_rank_model, prefill_logits, run_ranks
+
+FORMATS = {
+    "w4a16-g128-sym": pack_quantized_config(4, 128, symmetric=True),
+    "w4a16-g32-asym": pack_quantized_config(4, 32, symmetric=False),
+    "w4a16-channel-asym": pack_quantized_config(4, None, symmetric=False),
+    "w4a16-g64-actorder-asym": pack_quantized_config(4, 64, symmetric=False, actorder="group"),
+    "w8a16-g128-sym": pack_quantized_config(8, 128, symmetric=True),
+    "w8a16-channel-asym": pack_quantized_config(8, None, symmetric=False),
+    "w8a8-int8": int8_config(activations=True),
+    "w8a16-int8": int8_config(activations=False),
+    "fp8-block128": block_fp8_config((128, 128)),
+    "fp8-block-ct": block_fp8_ct_config((128, 128)),
+}
+WEIGHT_ONLY = [name for name in FORMATS if name != "w8a8-int8"]
+QUANTIZE = {"pack-quantized": "compressed-tensors", "int-quantized": "compressed-tensors", "float-quantized": "fp8",
+            None: "fp8"}  # fmt: skip
+KIND = {"pack-quantized": PackedWeight, "int-quantized": Int8Weight, "float-quantized": BlockFp8Weight,
+        None: BlockFp8Weight}  # fmt: skip
+QWEN2 = ("w4a16-g32-asym", "w4a16-g64-actorder-asym", "w8a8-int8", "fp8-block128")  # biases and tied embeddings
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory):
+    return {family: _tiny(tmp_path_factory.mktemp(family), family) for family in ("llama", "qwen2")}
+
+
+@pytest.fixture(scope="module")
+def checkpoints(sources, tmp_path_factory):
+    root = tmp_path_factory.mktemp("quantized")
+    return {name: write_quantized_checkpoint(sources["qwen2" if name in QWEN2 else "llama"], root / name, config)
+            for name, config in FORMATS.items()}  # fmt: skip
+
+
+def _linears(model):
+    for layer in model.layers:
+        for module in (layer.self_attn, layer.mlp):
+            for name in LINEAR_NAMES:
+                if hasattr(module, name):
+                    yield name, getattr(module, name)
+
+
+# Packing conventions: compressed-tensors' pack_to_int32, written down independently.
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_pack_quantized_words_are_compressed_tensors_pack_to_int32(bits):
+    """Signed values + 2^(bits-1), `32/bits` consecutive columns per word, low bits first; zero
+    points packed the same way along dimension 0."""
+    signed = torch.randint(-(2 ** (bits - 1)), 2 ** (bits - 1), (6, 20), generator=torch.Generator().manual_seed(bits))
+    stored = (signed + 2 ** (bits - 1)).numpy()
+    words = pack_ct_cols(stored, bits)
+    pack = 32 // bits
+    assert words.dtype == torch.int32 and words.shape == (6, -(-20 // pack))
+    first = int(words[0, 0]) & 0xFFFFFFFF
+    assert [(first >> (bits * i)) & ((1 << bits) - 1) for i in range(pack)] == list(stored[0, :pack])
+    assert torch.equal(unpack_cols(words, bits)[:, :20], torch.from_numpy(stored).int())
+    rows = pack_ct_rows(stored, bits)
+    assert rows.shape == (-(-6 // pack), 20)
+    assert (int(rows[0, 3]) & ((1 << bits) - 1)) == stored[0, 3]
+
+
+def test_symmetric_w4a16_stores_no_zero_point_and_loads_zero_eight(checkpoints):
+    from safetensors.torch import load_file
+
+    directory = checkpoints["w4a16-g128-sym"][0]
+    tensors = load_file(str(directory / "model.safetensors"))
+    name = "model.layers.0.mlp.down_proj"
+    assert f"{name}.weight_zero_point" not in tensors and tensors[f"{name}.weight_scale"].dtype == torch.bfloat16
+    assert tensors[f"{name}.weight_packed"].shape == (256, 384 // 8)
+    assert tensors[f"{name}.weight_shape"].tolist() == [256, 384]
+    packed = load_rank_model(directory, ParallelContext()).layers[0].mlp.down_proj.packed
+    assert (packed.zeros == 8).all() and packed.qweight.shape == (384 // 8, 256)
+
+
+def test_unpacked_int8_zero_points_of_older_compressed_tensors_load_the_same(checkpoints, tmp_path):
+    """compressed-tensors before 0.10 saved asymmetric zero points unpacked: int8 [out, groups], signed."""
+    source = checkpoints["w4a16-g32-asym"][0]
+    directory = tmp_path / "unpacked-zp"
+    shutil.copytree(source, directory)
+
+    def unpack(tensors):
+        for name in [n for n in tensors if n.endswith(".weight_zero_point")]:
+            out = tensors[name.replace("zero_point", "scale")].shape[0]
+            tensors[name] = (unpack_cols(tensors[name].t().contiguous(), 4).t()[:out] - 8).to(torch.int8).contiguous()
+
+    edit_checkpoint(directory, unpack)
+    want = prefill_logits(load_rank_model(source, ParallelContext()), ParallelContext())
+    assert torch.equal(prefill_logits(load_rank_model(directory, ParallelContext()), ParallelContext()), want)
+
+
+# Every format against its oracle.
+
+
+@pytest.mark.parametrize("name", list(FORMATS))
+def test_each_layer_holds_the_dequantized_weights_and_multiplies_like_them(checkpoints, name):
+    quantized_dir, oracle_dir = checkpoints[name]
+    model, oracle = load_rank_model(quantized_dir, ParallelContext()), load_rank_model(oracle_dir, ParallelContext())
+    fmt = FORMATS[name].get("format")
+    assert model.config.quantize == QUANTIZE[fmt] and oracle.config.quantize is None
+    x = torch.randn(7, 384, generator=torch.Generator().manual_seed(1))
+    for (label, linear), (_, dense) in zip(_linears(model), _linears(oracle)):
+        assert linear.weight is None and isinstance(linear.packed, KIND[fmt])
+        assert torch.equal(linear.packed.dequantize(), dense.weight), label
+        inputs = x[:, : dense.weight.shape[1]]
+        if name == "w8a8-int8":
+            xq, scale = quantize_rows_int8(inputs)
+            assert (xq.float() * scale - inputs).abs().max() <= scale.max() / 2 + 1e-6
+            want = (xq.double() @ linear.packed.weight.double().t()) * scale.double() * linear.packed.scale.double().t()
+            if dense.bias is not None:
+                want = want + dense.bias.double()
+            assert rel(linear(inputs), want) < 1e-5, label
+            assert rel(linear(inputs), dense(inputs)) < 0.02, label
+        else:
+            assert rel(linear(inputs), dense(inputs)) < 1e-5, label
+
+
+@pytest.mark.parametrize("name", list(FORMATS))
+def test_a_tiny_model_in_each_format_generates_the_oracles_greedy_tokens(checkpoints, name):
+    quantized_dir, oracle_dir = checkpoints[name]
+    got, want = _greedy(quantized_dir), _greedy(oracle_dir)
+    assert want["logits"].std(dim=-1).min() > 0.5, "logits too flat to compare"
+    assert rel(got["logits"], want["logits"]) < (0.05 if name == "w8a8-int8" else 1e-5)
+    assert got["greedy"] == want["greedy"] and len(set(got["greedy"])) > 1
+
+
+def test_quantized_logits_stay_near_the_unquantized_models(sources, checkpoints):
+    """The writers quantize for real: 4-bit groups move the logits by tens of percent, 8 bits by ~1 %."""
+    plain = prefill_logits(load_rank_model(sources["llama"], ParallelContext()), ParallelContext())
+    for name, bound in (("w4a16-g128-sym", 0.6), ("w8a16-g128-sym", 0.05), ("w8a16-int8", 0.05),
+                        ("fp8-block-ct", 0.2)):  # fmt: skip
+        logits = prefill_logits(load_rank_model(checkpoints[name][0], ParallelContext()), ParallelContext())
+        assert 0 < rel(logits, plain) < bound, name
+
+
+def test_two_ranks_match_one(checkpoints):
+    """At TP=2 a rank's k/v rows (64 of 128) start mid-block for fp8 and its down_proj inputs
+    (192 of 384) start mid-group (128) and mid zero-point word rows for pack-quantized.
+
+    W8A8 is the exception: a row-parallel rank (o, down) quantizes its half of each activation
+    row with that half's own scale, as vLLM's int8 path does, so TP=2 is not TP=1 bit for bit;
+    both are within the activation rounding (5 %) of the oracle and of each other, and 90 % of
+    the positions' argmax agree with the oracle's (here one of 21 flips, a near-tie)."""
+    names = ["w4a16-g128-sym", "w4a16-g32-asym", "w4a16-g64-actorder-asym", "w8a16-channel-asym", "w8a16-int8", "fp8-block128", "fp8-block-ct",
+             "w8a8-int8"]  # fmt: skip
+    directories = [checkpoints[name][0] for name in names]
+    outputs = run_ranks(2, directories, "logits")
+    for index, directory in enumerate(directories):
+        one = prefill_logits(load_rank_model(directory, ParallelContext()), ParallelContext())
+        for rank in range(2):
+            got = outputs[rank][index]["logits"]
+            if names[index] == "w8a8-int8":
+                oracle = prefill_logits(load_rank_model(checkpoints["w8a8-int8"][1], ParallelContext()), ParallelContext())
+                assert 0 < rel(got, one) < 0.05 and rel(got, oracle) < 0.05
+                assert (got.argmax(-1) == oracle.argmax(-1)).float().mean() >= 0.9  # near-ties may flip
+                continue
+            torch.testing.assert_close(got, one, atol=1e-4, rtol=1e-4, msg=f"{names[index]} rank {rank}")
+
+
+@pytest.mark.parametrize("name", ["w4a16-g32-asym", "w4a16-g64-actorder-asym", "w8a8-int8", "fp8-block128"])
+def test_each_rank_holds_its_slice_of_the_dequantized_weights_and_reads_about_half(checkpoints, name):
+    from shard_server.models.registry import build_model
+    from shard_server.weights import WeightStore
+
+    directory = checkpoints[name][0]
+    cfg = ModelConfig.from_dict(read_config(directory))
+
+    def load(ctx):
+        with WeightStore(directory) as store:
+            return build_model(cfg, store, ctx, "reference", torch.float32, torch.device("cpu")), store.bytes_read
+
+    whole, read_one = load(ParallelContext())
+    for rank in range(2):
+        ctx = ParallelContext(rank, 2)
+        part, read = load(ctx)
+        assert read < 0.65 * read_one, (rank, read, read_one)
+        for layer, full in zip(part.layers, whole.layers):
+            start, end = ctx.split(cfg.intermediate_size)
+            assert torch.equal(layer.mlp.down_proj.packed.dequantize(), full.mlp.down_proj.packed.dequantize()[:, start:end])
+            size = cfg.intermediate_size
+            rows = torch.cat([torch.arange(start, end), size + torch.arange(start, end)])
+            assert torch.equal(layer.mlp.gate_up_proj.packed.dequantize(), full.mlp.gate_up_proj.packed.dequantize()[rows])
+            start, end = ctx.split(cfg.num_attention_heads * cfg.head_dim)
+            assert torch.equal(layer.self_attn.o_proj.packed.dequantize(), full.self_attn.o_proj.packed.dequantize()[:, start:end])
+
+
+def test_block_scales_are_kept_not_expanded_per_row(checkpoints):
+    """A row's blocks have different scales, so one scale per row could not be exact."""
+    linear = load_rank_model(checkpoints["fp8-block128"][0], ParallelContext()).layers[0].mlp.down_proj.packed
+    assert linear.weight.dtype == torch.float8_e4m3fn and linear.scale.shape == (2, 3)
+    assert (linear.scale[:, 0] != linear.scale[:, 1]).any()
+
+
+# Bad checkpoints stop the load, naming the tensor and the format.
+
+DOWN = "model.layers.1.mlp.down_proj"
+
+
+@pytest.mark.parametrize("name,edit,config_edit,message", [
+    ("w4a16-g128-sym", lambda t: t.pop(f"{DOWN}.weight_scale"), None,
+     f"{DOWN}.weight_scale is missing \\(compressed-tensors pack-quantized W4A16"),
+    ("w4a16-g32-asym", lambda t: t.pop(f"{DOWN}.weight_zero_point"), None,
+     f"{DOWN}.weight_zero_point is missing \\(compressed-tensors pack-quantized W4A16, group size 32, asymmetric"),
+    ("w4a16-g128-sym", None, lambda q: q["config_groups"]["group_0"]["weights"].update(group_size=64),
+     "weight_scale has shape \\[.*, 2\\]; 256 inputs in compressed-tensors pack-quantized W4A16, group size 64.* need"),
+    ("w4a16-g128-sym", None, lambda q: q["config_groups"]["group_0"]["weights"].update(num_bits=8),
+     "weight_packed has shape .*W8A16.*fit 4-bit packing, not the declared 8 bits"),
+    ("w4a16-g128-sym", None, lambda q: q["config_groups"]["group_0"]["weights"].update(symmetric=False),
+     "weight_zero_point is missing .*asymmetric"),
+    ("w4a16-g32-asym", None, lambda q: q["config_groups"]["group_0"]["weights"].update(symmetric=True),
+     "weight_zero_point is stored but the config declares symmetric weights"),
+    ("w4a16-g128-sym", lambda t: t.update({f"{DOWN}.weight_shape": torch.tensor([256, 380])}), None,
+     f"{DOWN}.weight_shape is \\[256, 380\\]"),
+    ("w4a16-g128-sym", lambda t: t.update({f"{DOWN}.weight_packed": t[f"{DOWN}.weight_packed"].float()}), None,
+     f"{DOWN}.weight_packed is F32; compressed-tensors pack-quantized W4A16.* stores it as int32"),
+    ("w4a16-g64-actorder-asym", lambda t: t.pop(f"{DOWN}.weight_g_idx"), None,
+     f"{DOWN}.weight_g_idx is missing \\(compressed-tensors pack-quantized W4A16, group size 64, actorder group"),
+    ("w4a16-g64-actorder-asym", lambda t: t[f"{DOWN}.weight_g_idx"].__setitem__(3, 9), None,
+     f"{DOWN}.weight_g_idx holds groups outside \\[0, 6\\)"),
+    ("w4a16-g64-actorder-asym", lambda t: t.update({"model.layers.0.self_attn.k_proj.weight_g_idx":
+                                                    t["model.layers.0.self_attn.k_proj.weight_g_idx"].flip(0)}), None,
+     "k_proj.weight_g_idx differs from model.layers.0.self_attn.q_proj.weight_g_idx"),
+    ("w8a8-int8", lambda t: t.pop(f"{DOWN}.weight_scale"), None,
+     f"{DOWN}.weight_scale is missing \\(compressed-tensors int-quantized W8A8"),
+    ("w8a8-int8", lambda t: t.update({f"{DOWN}.weight_scale": t[f"{DOWN}.weight_scale"][:100].contiguous()}), None,
+     f"{DOWN}.weight_scale is BF16 \\[100, 1\\]; compressed-tensors int-quantized W8A8 needs float \\[256, 1\\]"),
+    ("w8a8-int8", lambda t: t.update({f"{DOWN}.weight": t[f"{DOWN}.weight"].float()}), None,
+     f"{DOWN}.weight is F32; compressed-tensors int-quantized W8A8 stores int8 weights"),
+    ("w8a8-int8", lambda t: t.update({f"{DOWN}.weight_zero_point": torch.ones(256, 1, dtype=torch.int8)}), None,
+     f"{DOWN}.weight_zero_point holds non-zero zero points"),
+    ("fp8-block128", lambda t: t.pop(f"{DOWN}.weight_scale_inv"), None,
+     f"{DOWN}.weight_scale_inv is missing \\(block-wise fp8 \\(128x128 blocks"),
+    ("fp8-block128", lambda t: t.update({f"{DOWN}.weight_scale_inv": t[f"{DOWN}.weight_scale_inv"][:, :2].contiguous()}),
+     None, f"{DOWN}.weight_scale_inv is F32 \\[2, 2\\]; a \\[256, 384\\] weight in block-wise fp8 .* = \\[2, 3\\]"),
+    ("fp8-block128", None, lambda q: q.update(weight_block_size=[64, 64]),
+     "weight_scale_inv is F32 \\[.*\\]; .* block-wise fp8 \\(64x64 blocks.*needs"),
+    ("fp8-block128", lambda t: t.update({f"{DOWN}.weight": t[f"{DOWN}.weight"].float()}), None,
+     f"{DOWN}.weight is F32; block-wise fp8 .* stores e4m3 weights"),
+    ("fp8-block128", lambda t: t[f"{DOWN}.weight_scale_inv"].__setitem__((0, 0), float("nan")), None,
+     f"{DOWN}.weight_scale_inv holds scales that are negative, inf or nan \\(block-wise fp8"),
+])  # fmt: skip
+def test_bad_checkpoints_are_refused_naming_the_tensor_and_format(checkpoints, tmp_path, name, edit, config_edit, message):
+    directory = tmp_path / name
+    shutil.copytree(checkpoints[name][0], directory)
+    edit_checkpoint(directory, edit, config_edit)
+    with pytest.raises(WeightsError, match=message):
+        load_rank_model(directory, ParallelContext())
+
+
+def _group(**weights):
+    config = pack_quantized_config(4, 128)
+    config["config_groups"]["group_0"]["weights"].update(weights)
+    return config
+
+
+@pytest.mark.parametrize("quantization,message", [
+    (_group(num_bits=2), "pack-quantized group 'group_0': 2-bit weights are not loaded"),
+    (_group(strategy="tensor"), "strategy 'tensor' is not loaded \\(group and channel are\\)"),
+    (_group(group_size=0), "group_size 0 is not a positive integer"),
+    (_group(actorder="dynamic"), "actorder 'dynamic' is not loaded"),
+    (_group(type="float"), "has 'float' weights; pack-quantized stores int weights"),
+    ({**pack_quantized_config(), "config_groups": {**pack_quantized_config()["config_groups"],
+                                                   "group_1": pack_quantized_config(8)["config_groups"]["group_0"]}},
+     "2 config_groups \\(group_0, group_1\\)"),
+    ({**pack_quantized_config(), "ignore": ["lm_head", "model.layers.0.mlp.down_proj"]}, "ignore .*down_proj"),
+    ({**pack_quantized_config(), "format": "marlin-24"}, "format 'marlin-24' is not loaded"),
+    ({**pack_quantized_config(), "sparsity_config": {"format": "sparse-24-bitmask"}}, "sparsity_config format"),
+    ({**int8_config(), "config_groups": {"g": {**int8_config()["config_groups"]["group_0"],
+                                               "input_activations": {"type": "int", "num_bits": 8, "strategy": "tensor",
+                                                                     "dynamic": False}}}},
+     "int-quantized group 'g' quantizes activations as \\('int', 8, 'tensor'\\) \\(dynamic: False\\)"),
+    ({**int8_config(), "config_groups": {"g": {"weights": {"type": "int", "num_bits": 8, "strategy": "channel",
+                                                           "symmetric": False}}}},
+     "asymmetric int8 weights are not loaded"),
+    ({**int8_config(), "config_groups": {"g": {"weights": {"type": "int", "num_bits": 4, "strategy": "group"}}}},
+     "int-quantized group 'g' has 4-bit 'group' weights"),
+    ({**pack_quantized_config(), "config_groups": {"g": {**pack_quantized_config()["config_groups"]["group_0"],
+                                                         "input_activations": {"type": "int", "num_bits": 8}}}},
+     "quantizes activations \\(int 8-bit\\): pack-quantized W4A16 loads"),
+    (block_fp8_config((128,)), "weight_block_size \\[128\\] is not two positive integers"),
+    ({**block_fp8_config(), "activation_scheme": "static"}, "activation_scheme 'static'"),
+    ({**block_fp8_config(), "fmt": "e5m2"}, "fmt 'e5m2' is not loaded"),
+    ({**block_fp8_config(), "modules_to_not_convert": ["model.layers.0.mlp"]}, "modules_to_not_convert"),
+    ({"quant_method": "bitsandbytes"}, "\\('bitsandbytes'\\): fp8, gptq, awq and compressed-tensors checkpoints load"),
+])  # fmt: skip
+def test_unloadable_quantization_configs_are_refused_by_name(sources, quantization, message):
+    with pytest.raises(UnsupportedModelError, match=f"pre-quantized.*{message}"):
+        ModelConfig.from_dict({**read_config(sources["llama"]), "quantization_config": quantization})
+
+
+@pytest.mark.parametrize("quantization", [pack_quantized_config(), int8_config(), block_fp8_config()])
+def test_the_new_formats_load_for_the_llama_family_only(sources, quantization):
+    raw = {**read_config(sources["llama"]), "model_type": "gemma2", "quantization_config": quantization}
+    with pytest.raises(UnsupportedModelError, match="weights load for llama, mistral, qwen2, qwen3, not 'gemma2'"):
+        ModelConfig.from_dict(raw)
+
+
+def test_the_config_json_needs_no_flag_and_the_flag_must_agree(sources):
+    raw = read_config(sources["llama"])
+    w4 = ModelConfig.from_dict({**raw, "quantization_config": pack_quantized_config(4, 128)})
+    assert w4.with_quantize(None).quantize == "compressed-tensors" and w4.packed.bits == 4
+    block = ModelConfig.from_dict({**raw, "quantization_config": block_fp8_config()})
+    assert block.with_quantize("fp8").quantize == "fp8" and block.packed.block == (128, 128)
+    for cfg, flag in ((w4, "fp8"), (w4, "gptq"), (w4, "marlin"), (block, "awq")):
+        with pytest.raises(UnsupportedModelError, match=f"--quantize {flag} needs"):
+            cfg.with_quantize(flag)
+
+
+# GPU: the same reference product on the device.
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+
+
+@needs_cuda
+@pytest.mark.parametrize("name", ["w4a16-g32-asym", "w8a16-int8", "fp8-block128"])
+def test_gpu_reference_product_gives_the_oracles_tokens(checkpoints, name):
+    from .test_triton_runner import _decode_batch, make_runner
+
+    prompts = [[(5 * i + 11 * b) % 150 for i in range(9 + 4 * b)] for b in range(3)]
+    tokens = [_decode_batch(make_runner(directory, "reference", torch.device("cuda")), prompts, new_tokens=8)
+              for directory in checkpoints[name]]  # fmt: skip
+    assert tokens[0] == tokens[1]
