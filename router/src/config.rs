@@ -15,6 +15,16 @@ fn parse_bool(text: &str) -> Result<bool, String> {
     }
 }
 
+/// A positive, finite number of seconds (fractions allowed).
+fn parse_seconds(text: &str) -> Result<f64, String> {
+    match text.trim().parse::<f64>() {
+        Ok(seconds) if seconds > 0.0 && seconds.is_finite() && seconds < 1e9 => Ok(seconds),
+        _ => Err(format!(
+            "expected a positive number of seconds, got {text:?}"
+        )),
+    }
+}
+
 /// textgen-router: HTTP front end of textgen. Every flag can also be set through the
 /// environment variable named in `[env: ...]`.
 #[derive(Debug, Clone, Parser)]
@@ -83,7 +93,40 @@ pub struct Args {
     /// Largest request body in bytes; larger bodies get 413.
     #[arg(long, env = "PAYLOAD_LIMIT", default_value_t = 2_000_000)]
     pub payload_limit: usize,
-    /// Threads that may tokenize at once.
+    /// Seconds a client may take to send a request's headers (HTTP/1); it also bounds the
+    /// wait for the next request on a kept-alive connection. Past it the connection closes.
+    #[arg(long, env = "HEADER_READ_TIMEOUT", default_value_t = 30.0, value_parser = parse_seconds)]
+    pub header_read_timeout: f64,
+    /// Seconds a client may take to send a request's body after its headers; past it the
+    /// request gets 408 and the connection closes.
+    #[arg(long, env = "BODY_READ_TIMEOUT", default_value_t = 30.0, value_parser = parse_seconds)]
+    pub body_read_timeout: f64,
+    /// Seconds a connection may stay open with no request in flight and no byte moving
+    /// (a streaming response is in flight until it ends).
+    #[arg(long, env = "KEEP_ALIVE_TIMEOUT", default_value_t = 15.0, value_parser = parse_seconds)]
+    pub keep_alive_timeout: f64,
+    /// Most client connections open at once; more are closed at once (loopback clients,
+    /// such as the launcher's health probe, get a few more).
+    #[arg(long, env = "MAX_CONNECTIONS", default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_connections: u32,
+    /// Refuse every request that carries a grammar (TGI's flag): 422 on the native routes,
+    /// 400 on the OpenAI routes.
+    #[arg(long, env = "DISABLE_GRAMMAR_SUPPORT")]
+    pub disable_grammar_support: bool,
+    /// Tokenize special-token strings in chat messages (`<|im_end|>` in a user's text) as
+    /// special tokens. Off (the default), message text is text; the chat template's own
+    /// special tokens are special either way (docs/openai.md).
+    #[arg(long, env = "ALLOW_SPECIAL_TOKENS_IN_CONTENT")]
+    pub allow_special_tokens_in_content: bool,
+    /// Largest grammar a request may send (a JSON schema's JSON, a regex, a Lark grammar,
+    /// the choices together), in bytes; larger ones are refused before compiling.
+    #[arg(long, env = "MAX_GRAMMAR_BYTES", default_value_t = 1_000_000)]
+    pub max_grammar_bytes: usize,
+    /// Milliseconds the router may spend compiling one request's grammar; past it the
+    /// request is refused.
+    #[arg(long, env = "GRAMMAR_COMPILE_TIMEOUT_MS", default_value_t = 1_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub grammar_compile_timeout_ms: u64,
+    /// Threads that may tokenize or compile grammars at once.
     #[arg(long, env = "VALIDATION_WORKERS", default_value_t = 2)]
     pub validation_workers: usize,
     /// Allowed CORS origins (repeatable); none means any origin.
@@ -127,6 +170,20 @@ impl Args {
         crate::telemetry::TraceFlags {
             otlp_endpoint: self.otlp_endpoint.clone(),
             otlp_service_name: self.otlp_service_name.clone(),
+        }
+    }
+
+    /// `--body-read-timeout`.
+    pub fn body_read_timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_secs_f64(self.body_read_timeout)
+    }
+
+    /// `--header-read-timeout`, `--keep-alive-timeout`, `--max-connections`.
+    pub fn connection_options(&self) -> crate::server::ConnectionOptions {
+        crate::server::ConnectionOptions {
+            header_read_timeout: std::time::Duration::from_secs_f64(self.header_read_timeout),
+            keep_alive_timeout: std::time::Duration::from_secs_f64(self.keep_alive_timeout),
+            max_connections: self.max_connections as usize,
         }
     }
 }
@@ -252,6 +309,32 @@ mod tests {
         assert_eq!(a.shard_uds_path, "/tmp/text-generation-server");
         assert!(a.prefix_caching);
         assert_eq!(a.scheduling_policy, AdmissionPolicy::LongestPrefix);
+    }
+
+    #[test]
+    fn connection_bounds_default_and_parse() {
+        let a = args(&[]);
+        assert_eq!(
+            a.connection_options(),
+            crate::server::ConnectionOptions::default()
+        );
+        assert_eq!(a.body_read_timeout(), std::time::Duration::from_secs(30));
+        let a = args(&["--header-read-timeout", "0.5", "--max-connections", "3"]);
+        assert_eq!(
+            a.connection_options().header_read_timeout,
+            std::time::Duration::from_millis(500)
+        );
+        assert_eq!(a.connection_options().max_connections, 3);
+        for bad in [
+            &["--body-read-timeout", "0"][..],
+            &["--keep-alive-timeout", "-1"],
+            &["--header-read-timeout", "inf"],
+            &["--max-connections", "0"],
+        ] {
+            let mut argv = vec!["textgen-router", "--model-id", "m", "--model-path", "/m"];
+            argv.extend_from_slice(bad);
+            assert!(Args::try_parse_from(argv).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! Errors of the request path and their single mapping to HTTP: TGI's
 //! `{"error", "error_type"}` body with TGI's status codes.
 use axum::extract::rejection::JsonRejection;
-use axum::http::StatusCode;
+use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 
@@ -127,13 +127,33 @@ impl From<JsonRejection> for ApiError {
     }
 }
 
+/// Seconds a 429 asks the client to wait (`Retry-After`): requests in flight finish in
+/// about that time on a busy server, and a sooner retry would most likely be refused again.
+pub const RETRY_AFTER_SECONDS: &str = "1";
+
+/// `Retry-After` on 429 and `WWW-Authenticate: Bearer` on 401, whatever the route's body
+/// format (RFC 9110 §10.2.3, RFC 6750 §3).
+pub fn add_status_headers(response: &mut Response) {
+    let value = match response.status() {
+        StatusCode::TOO_MANY_REQUESTS => (header::RETRY_AFTER, RETRY_AFTER_SECONDS),
+        StatusCode::UNAUTHORIZED => (header::WWW_AUTHENTICATE, "Bearer"),
+        _ => return,
+    };
+    response
+        .headers_mut()
+        .insert(value.0, HeaderValue::from_static(value.1));
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        if let Self::Unauthorized = self {
+        let mut response = if let Self::Unauthorized = self {
             // TGI answers a wrong API key with an empty 401.
-            return StatusCode::UNAUTHORIZED.into_response();
-        }
-        (self.status(), Json(self.body())).into_response()
+            StatusCode::UNAUTHORIZED.into_response()
+        } else {
+            (self.status(), Json(self.body())).into_response()
+        };
+        add_status_headers(&mut response);
+        response
     }
 }
 
@@ -178,6 +198,18 @@ mod tests {
         assert_eq!(ApiError::Unhealthy.status().as_u16(), 503);
         assert_eq!(ApiError::Unhealthy.body().error, "unhealthy");
         assert_eq!(ApiError::Unhealthy.error_type(), "healthcheck");
+    }
+
+    #[test]
+    fn overloaded_says_when_to_retry_and_unauthorized_names_the_scheme() {
+        let overloaded = ApiError::from(InferError::Overloaded).into_response();
+        assert_eq!(overloaded.headers()[header::RETRY_AFTER], "1");
+        let unauthorized = ApiError::Unauthorized.into_response();
+        assert_eq!(unauthorized.status().as_u16(), 401);
+        assert_eq!(unauthorized.headers()[header::WWW_AUTHENTICATE], "Bearer");
+        let other = ApiError::Unhealthy.into_response();
+        assert!(!other.headers().contains_key(header::RETRY_AFTER));
+        assert!(!other.headers().contains_key(header::WWW_AUTHENTICATE));
     }
 
     #[tokio::test]

@@ -7,6 +7,8 @@ use utoipa::ToSchema;
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct GenerateRequest {
+    /// The prompt; not empty, and at most `--max-input-tokens` tokens (after `truncate`).
+    #[schema(min_length = 1)]
     pub inputs: String,
     /// TGI asymmetry: an omitted `parameters` object means `do_sample: true`.
     #[serde(
@@ -20,6 +22,8 @@ pub struct GenerateRequest {
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CompatGenerateRequest {
+    /// The prompt; not empty, and at most `--max-input-tokens` tokens (after `truncate`).
+    #[schema(min_length = 1)]
     pub inputs: String,
     #[serde(
         default = "GenerateParameters::when_omitted",
@@ -45,44 +49,70 @@ impl From<CompatGenerateRequest> for GenerateRequest {
 #[derive(Debug, Clone, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct GenerateParameters {
+    /// 1 to `--max-best-of`; above 1 it needs sampling, no `seed`, and no streaming.
     #[serde(default)]
+    #[schema(minimum = 1, maximum = 2)]
     pub best_of: Option<usize>,
+    /// Strictly positive and finite in f32.
     #[serde(default)]
+    #[schema(exclusive_minimum = 0, maximum = 3.4028234663852886e38)]
     pub temperature: Option<f32>,
+    /// Strictly positive and finite in f32; 1 is no penalty.
     #[serde(default)]
+    #[schema(exclusive_minimum = 0, maximum = 3.4028234663852886e38)]
     pub repetition_penalty: Option<f32>,
     #[serde(default)]
+    #[schema(minimum = -2, maximum = 2)]
     pub frequency_penalty: Option<f32>,
+    /// Strictly positive.
     #[serde(default)]
+    #[schema(minimum = 1)]
     pub top_k: Option<i32>,
+    /// Strictly between 0 and 1.
     #[serde(default)]
+    #[schema(exclusive_minimum = 0, exclusive_maximum = 1)]
     pub top_p: Option<f32>,
+    /// Strictly between 0 and 1.
     #[serde(default)]
+    #[schema(exclusive_minimum = 0, exclusive_maximum = 1)]
     pub typical_p: Option<f32>,
     #[serde(default)]
     pub do_sample: bool,
+    /// At least 1; the prompt's tokens plus `max_new_tokens` must be at most
+    /// `--max-total-tokens` (so at most `--max-total-tokens` - 1).
     #[serde(default)]
+    #[schema(minimum = 1, maximum = 2047)]
     pub max_new_tokens: Option<u32>,
     #[serde(default)]
     pub return_full_text: Option<bool>,
+    /// At most `--max-stop-sequences`, each 1 to 1024 characters.
     #[serde(default)]
+    #[schema(max_items = 4)]
     pub stop: Vec<String>,
+    /// Keep the prompt's last `truncate` tokens: 1 to `--max-input-tokens`.
     #[serde(default)]
+    #[schema(minimum = 1, maximum = 1024)]
     pub truncate: Option<usize>,
     #[serde(default)]
     pub watermark: bool,
     #[serde(default)]
     pub details: bool,
+    /// Not with streaming.
     #[serde(default)]
     pub decoder_input_details: bool,
     #[serde(default)]
     pub seed: Option<u64>,
+    /// 0 to `--max-top-n-tokens`.
     #[serde(default)]
+    #[schema(minimum = 0, maximum = 5)]
     pub top_n_tokens: Option<u32>,
+    /// `{"type": "json" | "json_object" | "json_schema" | "regex", "value": ...}`.
     #[serde(default)]
     #[schema(value_type = Option<Object>)]
     pub grammar: Option<serde_json::Value>,
+    /// Accepted only empty: textgen serves no adapters.
     #[serde(default)]
+    #[schema(max_length = 0)]
     pub adapter_id: Option<String>,
 }
 

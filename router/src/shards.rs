@@ -6,8 +6,16 @@
 //! the ranks out of step with each other and with the router's block tables, so the set
 //! latches the failure: later steps fail at once and `Health` reports it (`/health` 503)
 //! until the launcher restarts everything.
+//!
+//! A shard that is silent is not always broken: a native call holding its GIL keeps it from
+//! answering while it works. /proc (`process.rs`) tells the cases apart. A rank stopped
+//! (SIGSTOP) for [`STOPPED_GRACE`] fails the step it holds at once, without waiting out the
+//! step timeout, and `/health` answers 503 for it at once; a rank that misses `Health` while
+//! its CPU time grows is busy, and counts as healthy.
 mod fanout;
 mod pipe;
+mod process;
+mod public;
 pub(crate) mod timings;
 
 use std::sync::{Arc, OnceLock};
@@ -30,6 +38,12 @@ const MAX_MESSAGE_BYTES: usize = 256 << 20;
 const CONNECT_RETRY_INTERVAL: Duration = Duration::from_millis(500);
 /// After a step timed out, how long each rank gets to answer `Health` (to name the hung one).
 const DIAGNOSE_TIMEOUT: Duration = Duration::from_secs(2);
+/// The longest `health` waits on the shards, whatever its caller allows: /health must turn
+/// 503 promptly when a shard stops answering.
+pub const HEALTH_PROBE_LIMIT: Duration = Duration::from_secs(2);
+/// How long a rank may be seen stopped (SIGSTOP) before the step it holds fails.
+pub const STOPPED_GRACE: Duration = Duration::from_secs(4);
+const STOPPED_CHECK_INTERVAL: Duration = Duration::from_millis(250);
 /// The step timeout unless `with_step_timeout` sets one.
 pub const DEFAULT_STEP_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -55,6 +69,13 @@ pub enum ShardError {
         waited: Duration,
         /// Ranks that did not answer `Health` either: hung or stopped processes.
         unresponsive: Vec<usize>,
+    },
+    #[error(
+        "shard(s) {ranks:?} are stopped (SIGSTOP or a debugger) and cannot answer {call}"
+    )]
+    Stopped {
+        call: &'static str,
+        ranks: Vec<usize>,
     },
     #[error("the shards are unusable after an earlier failure: {0}")]
     Failed(String),
@@ -87,6 +108,8 @@ pub struct ShardSet {
     /// The first step failure; once set, the set is unusable.
     failure: Arc<OnceLock<String>>,
     timings: ShardTimings,
+    /// Each rank's pid (from the socket's peer credentials), where the kernel told it.
+    pids: Arc<Vec<Option<u32>>>,
 }
 
 fn socket_path(base: &str, rank: usize) -> String {
@@ -113,6 +136,7 @@ impl ShardSet {
         }
         let started = Instant::now();
         let mut clients = Vec::with_capacity(num_shard);
+        let mut pids = Vec::with_capacity(num_shard);
         for rank in 0..num_shard {
             let path = socket_path(base, rank);
             let channel = loop {
@@ -129,7 +153,9 @@ impl ShardSet {
                     Err(_) => tokio::time::sleep(CONNECT_RETRY_INTERVAL).await,
                 }
             };
-            tracing::info!(rank, path, "connected to shard");
+            let pid = process::listener_pid(&path).await;
+            tracing::info!(rank, path, pid, "connected to shard");
+            pids.push(pid);
             clients.push(
                 TextGenerationShardClient::new(channel)
                     .max_decoding_message_size(MAX_MESSAGE_BYTES)
@@ -143,6 +169,7 @@ impl ShardSet {
             step_timeout: DEFAULT_STEP_TIMEOUT,
             failure: Arc::default(),
             timings: ShardTimings::new(num_shard),
+            pids: Arc::new(pids),
         })
     }
 
@@ -192,16 +219,106 @@ impl ShardSet {
         .await
     }
 
-    /// Ok when no step has failed and every shard answers `Health` within `timeout`.
+    /// Ok when no step has failed and every shard answers `Health` within `timeout` (at most
+    /// [`HEALTH_PROBE_LIMIT`]), or is busy: a rank that misses it while its CPU time grows is
+    /// working (a native call holds its GIL), not broken. A stopped rank fails at once.
     pub async fn health(&self, timeout: Duration) -> Result<(), ShardError> {
         if let Some(reason) = self.failure() {
             return Err(ShardError::Failed(reason.to_owned()));
         }
-        self.on_all("Health", Some(timeout), |mut c| async move {
-            c.health(pb::HealthRequest {}).await
+        let stopped = self.stopped_ranks();
+        if !stopped.is_empty() {
+            return Err(ShardError::Stopped {
+                call: "Health",
+                ranks: stopped,
+            });
+        }
+        let before = self.samples();
+        let answered = self
+            .on_all("Health", Some(timeout.min(HEALTH_PROBE_LIMIT)), |mut c| async move {
+                c.health(pb::HealthRequest {}).await
+            })
+            .await;
+        match answered {
+            Ok(_) => Ok(()),
+            Err(ShardError::TimedOut { pending, .. }) if self.busy(&before, &pending) => {
+                tracing::debug!(?pending, "shards busy past the Health probe; counted healthy");
+                Ok(())
+            }
+            Err(err @ ShardError::TimedOut { .. }) => {
+                let stopped = self.stopped_ranks();
+                if stopped.is_empty() {
+                    Err(err)
+                } else {
+                    Err(ShardError::Stopped {
+                        call: "Health",
+                        ranks: stopped,
+                    })
+                }
+            }
+            Err(err) => Err(err),
+        }
+    }
+
+    fn samples(&self) -> Vec<Option<process::Sample>> {
+        self.pids
+            .iter()
+            .map(|pid| pid.and_then(process::sample))
+            .collect()
+    }
+
+    /// Ranks whose process is stopped now.
+    fn stopped_ranks(&self) -> Vec<usize> {
+        self.samples()
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.is_some_and(|s| s.stopped))
+            .map(|(rank, _)| rank)
+            .collect()
+    }
+
+    /// True when every rank in `ranks` used CPU since `before` and is not stopped.
+    fn busy(&self, before: &[Option<process::Sample>], ranks: &[usize]) -> bool {
+        let now = self.samples();
+        ranks.iter().all(|&rank| {
+            match (before.get(rank).copied().flatten(), now.get(rank).copied().flatten()) {
+                (Some(then), Some(now)) => !now.stopped && now.cpu_ticks > then.cpu_ticks,
+                _ => false,
+            }
         })
-        .await
-        .map(|_| ())
+    }
+
+    /// Resolves with the ranks once any has been seen stopped for [`STOPPED_GRACE`]; never
+    /// where no pid is known.
+    async fn stopped_for_grace(&self) -> Vec<usize> {
+        if self.pids.iter().all(Option::is_none) {
+            return std::future::pending().await;
+        }
+        let mut since: Vec<Option<Instant>> = vec![None; self.pids.len()];
+        loop {
+            tokio::time::sleep(STOPPED_CHECK_INTERVAL).await;
+            let now = Instant::now();
+            for (rank, sample) in self.samples().into_iter().enumerate() {
+                since[rank] = match sample {
+                    Some(s) if s.stopped => Some(since[rank].unwrap_or(now)),
+                    _ => None,
+                };
+            }
+            let ranks: Vec<usize> = since
+                .iter()
+                .enumerate()
+                .filter(|(_, at)| at.is_some_and(|at| now.duration_since(at) >= STOPPED_GRACE))
+                .map(|(rank, _)| rank)
+                .collect();
+            if !ranks.is_empty() {
+                return ranks;
+            }
+        }
+    }
+
+    /// Ranks whose process is stopped (SIGSTOP) now; empty where no pid is known.
+    pub fn stopped(&self) -> Vec<usize> {
+        self.stopped_ranks()
     }
 
     /// Ranks that do not answer `Health` within `timeout`.
@@ -279,7 +396,13 @@ impl ShardSet {
                     .unwrap_or_else(|_| Err(tonic::Status::unavailable("the step stream stopped")))
             })
             .collect();
-        let error = match on_every_rank(waits, Some(self.step_timeout)).await {
+        let answered = tokio::select! {
+            answered = on_every_rank(waits, Some(self.step_timeout)) => answered,
+            ranks = self.stopped_for_grace() => {
+                return Err(self.latch(step_id, ShardError::Stopped { call: "Step", ranks }));
+            }
+        };
+        let error = match answered {
             Ok(answers) => {
                 if computes {
                     self.timings.record(&answers);
@@ -302,10 +425,15 @@ impl ShardSet {
                 }
             }
         };
+        Err(self.latch(step_id, error))
+    }
+
+    /// Marks the set unusable because step `step_id` failed with `error`.
+    fn latch(&self, step_id: u64, error: ShardError) -> ShardError {
         let reason = format!("step {step_id}: {error}");
         tracing::error!(%reason, "shard failure: failing in-flight requests, reporting unhealthy");
         let _ = self.failure.set(reason);
-        Err(error)
+        error
     }
 }
 
@@ -319,11 +447,13 @@ impl StepExecutor for ShardSet {
         let sent = self.send_step(&request);
         let set = self.clone();
         let (step_id, computes) = (request.step_id, !request.sequences.is_empty());
+        // The log gets the whole error (`latch`, the step loop); the failed requests get
+        // only its public message.
         async move {
-            let answers = sent.map_err(|err| StepError(err.to_string()))?;
+            let answers = sent.map_err(|err| StepError(err.public_message()))?;
             set.finish_step(step_id, computes, answers)
                 .await
-                .map_err(|err| StepError(err.to_string()))
+                .map_err(|err| StepError(err.public_message()))
         }
     }
 }

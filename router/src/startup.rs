@@ -8,6 +8,7 @@ use futures::future::BoxFuture;
 use crate::chat_template::ChatTemplate;
 use crate::config::{Args, Limits, ShardCapacity};
 use crate::generation_defaults::GenerationDefaults;
+use crate::grammar::{GrammarCompiler, GrammarLimits};
 use crate::infer::Infer;
 use crate::pb;
 use crate::scheduler::{self, SchedulerConfig};
@@ -102,7 +103,8 @@ fn model_info(args: &Args, limits: &Limits, shard: &pb::InfoResponse) -> Info {
 /// (working) chat template still serves everything else; chat requests then get a 400
 /// that says why.
 fn openai_context(args: &Args, stop_token_ids: &[u32]) -> anyhow::Result<OpenAiContext> {
-    let chat_template = ChatTemplate::from_model_dir(&args.model_path);
+    let chat_template = ChatTemplate::from_model_dir(&args.model_path)
+        .map(|t| t.allow_special_tokens_in_content(args.allow_special_tokens_in_content));
     match &chat_template {
         Ok(_) => tracing::info!("chat template loaded"),
         Err(err) => tracing::warn!(%err, "chat completions are unavailable"),
@@ -120,6 +122,8 @@ fn openai_context(args: &Args, stop_token_ids: &[u32]) -> anyhow::Result<OpenAiC
         GenerationDefaults::default()
     };
     tracing::info!(?generation, "OpenAI routes' sampling defaults");
+    let tool_syntax =
+        crate::tools::model_tool_syntax(&args.model_path, chat_template.as_ref().ok());
     Ok(OpenAiContext {
         model_id: args.model_id.clone(),
         created,
@@ -127,6 +131,7 @@ fn openai_context(args: &Args, stop_token_ids: &[u32]) -> anyhow::Result<OpenAiC
         defaults: server::openai::mapping::ModelDefaults {
             generation,
             stop_token_ids: stop_token_ids.to_vec(),
+            tool_syntax,
         },
     })
 }
@@ -152,6 +157,28 @@ pub async fn shutdown_signal() {
         _ = interrupt => tracing::info!("SIGINT received, draining"),
         _ = terminate => tracing::info!("SIGTERM received, draining"),
     }
+}
+
+/// The grammar compiler for the served vocabulary; None with `--disable-grammar-support`.
+fn grammar_compiler(
+    args: &Args,
+    tokenizer: &Arc<TextTokenizer>,
+    vocab_size: u32,
+    stop_token_ids: &[u32],
+) -> anyhow::Result<Option<Arc<GrammarCompiler>>> {
+    if args.disable_grammar_support {
+        tracing::info!("grammar support disabled");
+        return Ok(None);
+    }
+    let started = std::time::Instant::now();
+    let env = crate::grammar::token_env(tokenizer.clone(), vocab_size, stop_token_ids)?;
+    let limits = GrammarLimits {
+        max_bytes: args.max_grammar_bytes,
+        compile_timeout: Duration::from_millis(args.grammar_compile_timeout_ms),
+    };
+    let compiler = GrammarCompiler::new(env, stop_token_ids.to_vec(), limits)?;
+    tracing::info!(took_ms = started.elapsed().as_millis() as u64, "grammar compiler ready");
+    Ok(Some(Arc::new(compiler)))
 }
 
 /// Runs the router until a signal has drained it.
@@ -219,6 +246,10 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         validation_limits,
         args.validation_workers,
     );
+    let validation = match grammar_compiler(&args, &tokenizer, report.info.vocab_size, &stop_token_ids)? {
+        Some(compiler) => validation.with_grammar(compiler),
+        None => validation,
+    };
     let infer = Infer::new(
         scheduler,
         validation,
@@ -226,6 +257,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         args.max_concurrent_requests,
         stop_token_ids,
     );
+    let drain_watch = shards.clone();
     let state = AppState {
         infer: Arc::new(infer),
         health: Arc::new(shards),
@@ -237,10 +269,64 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         payload_limit: args.payload_limit,
         cors_allow_origin: args.cors_allow_origin.clone(),
         api_key: args.api_key.clone(),
+        body_read_timeout: Some(args.body_read_timeout()),
+        connections: args.connection_options(),
     };
     let listener = tokio::net::TcpListener::bind((args.hostname.as_str(), args.port)).await?;
     tracing::info!(address = %listener.local_addr()?, "serving");
-    server::serve(listener, server::router(state, &options), shutdown_signal()).await?;
-    tracing::info!("drained, exiting");
+    // The drain is bounded: it ends early on a second signal, or on shards that cannot
+    // finish the requests it waits for (failed, or stopped).
+    let (signalled, on_signal) = tokio::sync::watch::channel(false);
+    let shutdown = async move {
+        shutdown_signal().await;
+        let _ = signalled.send(true);
+    };
+    let serving = server::serve(listener, server::router(state, &options), &options, shutdown);
+    tokio::select! {
+        served = serving => {
+            served?;
+            tracing::info!("drained, exiting");
+        }
+        why = drain_cut_short(on_signal, drain_watch) => {
+            tracing::warn!(why, "exiting before every request drained");
+        }
+    }
     Ok(())
+}
+
+/// After the shards failed, how long the drain still runs, so that the error events of the
+/// requests they failed reach their clients.
+const FAILED_DRAIN_GRACE: Duration = Duration::from_secs(1);
+
+/// Resolves, once a shutdown signal has come, when the drain cannot finish or should not:
+/// a second signal, or shards that are unusable (failed, or stopped past the time their
+/// steps get to fail), on which in-flight requests would wait forever.
+async fn drain_cut_short(
+    mut on_signal: tokio::sync::watch::Receiver<bool>,
+    shards: ShardSet,
+) -> &'static str {
+    if on_signal.wait_for(|signalled| *signalled).await.is_err() {
+        return std::future::pending().await;
+    }
+    let second = shutdown_signal();
+    tokio::pin!(second);
+    let mut stopped_since: Option<std::time::Instant> = None;
+    loop {
+        tokio::select! {
+            _ = &mut second => return "a second signal",
+            _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+        }
+        if shards.failure().is_some() {
+            tokio::time::sleep(FAILED_DRAIN_GRACE).await;
+            return "the shards failed; their requests have been failed";
+        }
+        if shards.stopped().is_empty() {
+            stopped_since = None;
+        } else {
+            let since = *stopped_since.get_or_insert_with(std::time::Instant::now);
+            if since.elapsed() >= crate::shards::STOPPED_GRACE + Duration::from_secs(2) {
+                return "a shard is stopped (SIGSTOP)";
+            }
+        }
+    }
 }

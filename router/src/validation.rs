@@ -4,9 +4,10 @@ use std::sync::Arc;
 
 use tokio::sync::Semaphore;
 
+use crate::grammar::{GrammarCompiler, GrammarError, GrammarRequest};
 use crate::pb;
 use crate::schema::{GenerateParameters, GenerateRequest};
-use crate::tokenizer::TextTokenizer;
+use crate::tokenizer::{TextTokenizer, TokenizerError};
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum ValidationError {
@@ -64,6 +65,10 @@ pub enum ValidationError {
     Template(String),
     #[error("tokenizer error {0}")]
     Tokenizer(String),
+    #[error("{0}")]
+    Grammar(#[from] GrammarError),
+    #[error("only one output constraint per request; got `grammar` and {0}")]
+    TwoConstraints(&'static str),
 }
 
 /// Longest stop sequence, in characters: matching cost grows with it and no real stop
@@ -111,7 +116,16 @@ pub struct SamplingExtras {
     pub max_top_n_tokens: Option<u32>,
     /// The output constraint (`response_format`, `structured_outputs`, `guided_*`, tools).
     /// TGI's native routes carry theirs in `GenerateParameters::grammar` instead.
-    pub grammar: Option<crate::grammar::GrammarRequest>,
+    pub grammar: Option<GrammarRequest>,
+    /// vLLM's `min_tokens` / `ignore_eos`.
+    pub stop_floor: Option<StopFloor>,
+}
+
+/// The stop tokens cannot be drawn until `min_new_tokens` tokens exist (`u32::MAX`: never).
+#[derive(Debug, Clone, PartialEq)]
+pub struct StopFloor {
+    pub min_new_tokens: u32,
+    pub stop_token_ids: Vec<u32>,
 }
 
 /// The prompt: text to tokenize, or token ids given by the client.
@@ -120,6 +134,12 @@ pub enum Prompt {
     /// `add_special_tokens: false` for chat prompts, whose template already wrote them.
     Text {
         text: String,
+        add_special_tokens: bool,
+    },
+    /// A chat template's output: the messages' text in it is tokenized as text, their
+    /// special-token strings included (`TextTokenizer::encode_chat`).
+    Chat {
+        chat: crate::chat_template::RenderedChat,
         add_special_tokens: bool,
     },
     Tokens(Vec<u32>),
@@ -191,11 +211,6 @@ pub fn check_parameters_with(
     limits: &ValidationLimits,
 ) -> Result<CheckedParameters, ValidationError> {
     reject_unsupported(p)?;
-    if extras.grammar.is_some() {
-        // Parsed and checked by the OpenAI routes, but no shard constrains yet: refused
-        // rather than silently ignored.
-        return Err(ValidationError::Unsupported("structured output"));
-    }
     // Each rule holds in f32, the precision the shard computes in: JSON's 1e308 parses
     // into an f32 as infinity, which is not a temperature.
     let temperature = p.temperature.unwrap_or(1.0);
@@ -285,6 +300,11 @@ pub fn check_parameters_with(
         } else {
             0.0
         },
+        min_new_tokens: extras.stop_floor.as_ref().map_or(0, |f| f.min_new_tokens),
+        stop_token_ids: extras
+            .stop_floor
+            .as_ref()
+            .map_or_else(Vec::new, |f| f.stop_token_ids.clone()),
     };
     Ok(CheckedParameters {
         sampling,
@@ -303,9 +323,6 @@ pub fn check_parameters_with(
 
 /// TGI fields textgen does not implement are refused unless left at their neutral value.
 fn reject_unsupported(p: &GenerateParameters) -> Result<(), ValidationError> {
-    if p.grammar.as_ref().is_some_and(|g| !g.is_null()) {
-        return Err(ValidationError::Unsupported("grammar"));
-    }
     if p.adapter_id.as_ref().is_some_and(|id| !id.is_empty()) {
         return Err(ValidationError::Unsupported("adapter_id"));
     }
@@ -386,12 +403,29 @@ pub fn check_lengths(
     Ok(max_new_tokens)
 }
 
-/// Validates requests; tokenization runs on blocking threads, at most `workers` at once.
+/// The request's output constraint: TGI's `parameters.grammar` or what the OpenAI routes
+/// parsed, never both.
+fn requested_grammar(
+    p: &GenerateParameters,
+    extras: &SamplingExtras,
+) -> Result<Option<GrammarRequest>, ValidationError> {
+    let native = crate::grammar::from_tgi(p.grammar.as_ref())?;
+    match (native, &extras.grammar) {
+        (Some(_), Some(other)) => Err(ValidationError::TwoConstraints(other.kind())),
+        (Some(native), None) => Ok(Some(native)),
+        (None, other) => Ok(other.clone()),
+    }
+}
+
+/// Validates requests; tokenization and grammar compiles run on blocking threads, at most
+/// `workers` at once.
 #[derive(Debug, Clone)]
 pub struct Validation {
     tokenizer: Arc<TextTokenizer>,
     limits: ValidationLimits,
     workers: Arc<Semaphore>,
+    /// None: grammars are refused (`--disable-grammar-support`).
+    grammar: Option<Arc<GrammarCompiler>>,
 }
 
 impl Validation {
@@ -400,7 +434,14 @@ impl Validation {
             tokenizer,
             limits,
             workers: Arc::new(Semaphore::new(workers.max(1))),
+            grammar: None,
         }
+    }
+
+    /// Compiles requests' grammars with `compiler`; without one they are refused.
+    pub fn with_grammar(mut self, compiler: Arc<GrammarCompiler>) -> Self {
+        self.grammar = Some(compiler);
+        self
     }
 
     pub fn limits(&self) -> &ValidationLimits {
@@ -413,8 +454,12 @@ impl Validation {
         streaming: bool,
     ) -> Result<ValidRequest, ValidationError> {
         let input = request.into();
+        let constraint = requested_grammar(&input.parameters, &input.extras)?;
         let mut params =
             check_parameters_with(&input.parameters, &input.extras, streaming, &self.limits)?;
+        if let Some(constraint) = constraint {
+            params.grammar = Some(self.compile_grammar(constraint).await?);
+        }
         if params.seed.is_none() {
             params.sampling.seed = rand::random();
         }
@@ -428,6 +473,16 @@ impl Validation {
                 }
                 let ids = self.tokenize_with(&text, add_special_tokens).await?;
                 (text, ids)
+            }
+            Prompt::Chat {
+                chat,
+                add_special_tokens,
+            } => {
+                if chat.text.is_empty() {
+                    return Err(ValidationError::EmptyInput);
+                }
+                let ids = self.tokenize_chat(&chat, add_special_tokens).await?;
+                (chat.text, ids)
             }
             Prompt::Tokens(ids) => {
                 let vocab_size = self.limits.vocab_size;
@@ -453,6 +508,22 @@ impl Validation {
         })
     }
 
+    async fn compile_grammar(
+        &self,
+        request: GrammarRequest,
+    ) -> Result<pb::Grammar, ValidationError> {
+        let Some(compiler) = &self.grammar else {
+            crate::metrics::record_refusal(request.kind(), &GrammarError::Disabled);
+            return Err(GrammarError::Disabled.into());
+        };
+        let _permit = self
+            .workers
+            .acquire()
+            .await
+            .map_err(|_| ValidationError::Tokenizer("validation workers stopped".into()))?;
+        Ok(compiler.compile(request).await?)
+    }
+
     pub async fn tokenize(&self, text: &str) -> Result<Vec<u32>, ValidationError> {
         self.tokenize_with(text, true).await
     }
@@ -462,17 +533,40 @@ impl Validation {
         text: &str,
         add_special_tokens: bool,
     ) -> Result<Vec<u32>, ValidationError> {
+        let text = text.to_owned();
+        self.on_worker(move |tokenizer| tokenizer.encode_with(&text, add_special_tokens))
+            .await
+    }
+
+    /// Runs `encode` on a blocking thread, holding one of the `--validation-workers` permits.
+    async fn on_worker(
+        &self,
+        encode: impl FnOnce(&TextTokenizer) -> Result<Vec<u32>, TokenizerError> + Send + 'static,
+    ) -> Result<Vec<u32>, ValidationError> {
         let _permit = self
             .workers
             .acquire()
             .await
             .map_err(|_| ValidationError::Tokenizer("validation workers stopped".into()))?;
         let tokenizer = self.tokenizer.clone();
-        let text = text.to_owned();
-        tokio::task::spawn_blocking(move || tokenizer.encode_with(&text, add_special_tokens))
+        tokio::task::spawn_blocking(move || encode(&tokenizer))
             .await
             .map_err(|err| ValidationError::Tokenizer(err.to_string()))?
             .map_err(|err| ValidationError::Tokenizer(err.0))
+    }
+}
+
+impl Validation {
+    async fn tokenize_chat(
+        &self,
+        chat: &crate::chat_template::RenderedChat,
+        add_special_tokens: bool,
+    ) -> Result<Vec<u32>, ValidationError> {
+        let chat = chat.clone();
+        self.on_worker(move |tokenizer| {
+            tokenizer.encode_chat(&chat.text, &chat.content, add_special_tokens)
+        })
+        .await
     }
 }
 

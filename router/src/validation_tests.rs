@@ -133,10 +133,6 @@ fn unsupported_fields_are_refused_unless_neutral() {
         check(r#"{"adapter_id":"lora"}"#).unwrap_err(),
         Unsupported("adapter_id")
     );
-    assert_eq!(
-        check(r#"{"grammar":{"type":"regex","value":"a+"}}"#).unwrap_err(),
-        Unsupported("grammar")
-    );
     assert!(check(r#"{"watermark":false,"grammar":null,"adapter_id":null}"#).is_ok());
 }
 
@@ -236,9 +232,22 @@ fn extras_are_range_checked() {
         logit_bias: vec![(7, -100.0), (299, 100.0)],
         max_top_n_tokens: None,
         grammar: None,
+        stop_floor: None,
     })
     .unwrap();
     assert_eq!(biased.sampling.presence_penalty, 1.5);
+    assert_eq!(biased.sampling.min_new_tokens, 0);
+    assert!(biased.sampling.stop_token_ids.is_empty());
+    let floored = check_extras(SamplingExtras {
+        stop_floor: Some(StopFloor {
+            min_new_tokens: 5,
+            stop_token_ids: vec![2, 7],
+        }),
+        ..Default::default()
+    })
+    .unwrap();
+    assert_eq!(floored.sampling.min_new_tokens, 5);
+    assert_eq!(floored.sampling.stop_token_ids, vec![2, 7]);
     assert_eq!(biased.sampling.logit_bias.len(), 2);
     assert_eq!(biased.sampling.logit_bias[1].token_id, 299);
     let out_of_vocab = SamplingExtras {
@@ -324,12 +333,72 @@ fn overlong_stop_sequences_are_refused() {
     assert!(check(&format!(r#"{{"stop":["{fits}"]}}"#)).is_ok());
 }
 
-#[test]
-fn a_grammar_from_the_openai_routes_is_refused_until_shards_constrain() {
-    let err = check_extras(SamplingExtras {
-        grammar: Some(crate::grammar::GrammarRequest::JsonObject),
-        ..SamplingExtras::default()
-    })
-    .unwrap_err();
-    assert_eq!(err, ValidationError::Unsupported("structured output"));
+fn constrained_validation() -> Validation {
+    use crate::grammar::{token_env, GrammarCompiler, GrammarLimits};
+    let tokenizer = Arc::new(byte_level_tokenizer());
+    let env = token_env(tokenizer, LIMITS.vocab_size, &[261]).unwrap();
+    let limits = GrammarLimits {
+        max_bytes: 10_000,
+        compile_timeout: std::time::Duration::from_secs(30),
+    };
+    let compiler = GrammarCompiler::new(env, vec![261], limits).unwrap();
+    validation().with_grammar(Arc::new(compiler))
+}
+
+fn native(parameters: &str) -> GenerateRequest {
+    serde_json::from_str(&format!(r#"{{"inputs":"hello","parameters":{parameters}}}"#)).unwrap()
+}
+
+fn openai(grammar: crate::grammar::GrammarRequest) -> GenerationInput {
+    GenerationInput {
+        extras: SamplingExtras {
+            grammar: Some(grammar),
+            ..SamplingExtras::default()
+        },
+        ..native("{}").into()
+    }
+}
+
+#[tokio::test]
+async fn grammars_from_either_surface_are_compiled_into_the_request() {
+    let v = constrained_validation();
+    let valid = v
+        .validate(native(r#"{"grammar":{"type":"regex","value":"a+"}}"#), false)
+        .await
+        .unwrap();
+    let grammar = valid.params.grammar.expect("compiled");
+    assert_eq!(grammar.stop_token_ids, vec![261]);
+    assert!(grammar.llguidance.contains("a+"), "{}", grammar.llguidance);
+    let valid = v
+        .validate(openai(crate::grammar::GrammarRequest::JsonObject), true)
+        .await
+        .unwrap();
+    assert!(valid.params.grammar.is_some());
+    let free = v.validate(native(r#"{"grammar":null}"#), false).await.unwrap();
+    assert!(free.params.grammar.is_none());
+}
+
+#[tokio::test]
+async fn bad_and_doubled_grammars_are_refused_by_validation() {
+    let v = constrained_validation();
+    let err = v
+        .validate(native(r#"{"grammar":{"type":"regex","value":"("}}"#), false)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, ValidationError::Grammar(crate::grammar::GrammarError::Invalid { kind: "regex", .. })), "{err:?}");
+    let mut both = openai(crate::grammar::GrammarRequest::JsonObject);
+    both.parameters.grammar = Some(serde_json::json!({"type": "regex", "value": "a"}));
+    assert_eq!(
+        v.validate(both, false).await.unwrap_err(),
+        ValidationError::TwoConstraints("json_object")
+    );
+}
+
+#[tokio::test]
+async fn without_a_compiler_grammars_are_refused_as_disabled() {
+    let err = validation()
+        .validate(native(r#"{"grammar":{"type":"regex","value":"a+"}}"#), false)
+        .await
+        .unwrap_err();
+    assert_eq!(err, ValidationError::Grammar(crate::grammar::GrammarError::Disabled));
 }

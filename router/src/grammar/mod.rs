@@ -4,6 +4,14 @@
 //! llguidance before admission, so a bad grammar never reaches a shard. The shard gets
 //! the compiled grammar's llguidance JSON and computes the token masks.
 
+mod compile;
+mod tgi;
+mod token_env;
+
+pub use compile::{GrammarCompiler, GrammarError, GrammarLimits};
+pub use tgi::from_tgi;
+pub use token_env::token_env;
+
 /// What a request asks its output to match, before compilation.
 #[derive(Debug, Clone, PartialEq)]
 pub enum GrammarRequest {

@@ -305,27 +305,46 @@ impl Infer {
         &self,
         text: String,
     ) -> Result<Vec<crate::schema::SimpleToken>, InferError> {
-        self.tokenize_text(text, true).await
+        self.tokenize_text(text, Vec::new(), true).await
     }
 
-    /// `/chat_tokenize`: a templated prompt, which already holds its special tokens.
+    /// `/chat_tokenize`: a templated prompt, which already holds its special tokens; the
+    /// messages' text in it is tokenized as text (`TextTokenizer::encode_chat`).
     pub async fn tokenize_chat(
         &self,
-        text: String,
+        chat: crate::chat_template::RenderedChat,
     ) -> Result<Vec<crate::schema::SimpleToken>, InferError> {
-        self.tokenize_text(text, false).await
+        self.tokenize_text(chat.text, chat.content, false).await
     }
 
     async fn tokenize_text(
         &self,
         text: String,
+        content: Vec<std::ops::Range<usize>>,
         add_special_tokens: bool,
     ) -> Result<Vec<crate::schema::SimpleToken>, InferError> {
+        use crate::validation::ValidationError;
+        // A concurrency slot like a generation (429 when none is free): a long input's
+        // tokenization holds memory (~150 MB for 800 KB) while it runs.
+        let _permit = self.admit()?;
         let tokenizer = self.tokenizer.clone();
-        tokio::task::spawn_blocking(move || tokenizer.tokenize(&text, add_special_tokens))
-            .await
-            .map_err(|err| InferError::Generation(err.to_string()))?
-            .map_err(|err| crate::validation::ValidationError::Tokenizer(err.0).into())
+        let max_input_tokens = self.validation.limits().max_input_tokens;
+        // Bounded like `/generate`'s prompt: the ids are counted first (linear, in parallel
+        // chunks), and only a prompt within `--max-input-tokens` gets its offsets and texts.
+        let tokenized = tokio::task::spawn_blocking(move || {
+            let count = tokenizer.encode_chat(&text, &content, add_special_tokens)?.len();
+            let count = u32::try_from(count).unwrap_or(u32::MAX);
+            if count > max_input_tokens {
+                return Ok(Err(ValidationError::InputLength(max_input_tokens, count)));
+            }
+            tokenizer
+                .tokenize_chat(&text, &content, add_special_tokens)
+                .map(Ok)
+        })
+        .await
+        .map_err(|err| InferError::Generation(err.to_string()))?
+        .map_err(|err| ValidationError::Tokenizer(err.0))?;
+        Ok(tokenized?)
     }
 }
 

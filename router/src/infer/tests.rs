@@ -284,3 +284,34 @@ async fn streaming_refuses_best_of() {
         ))
     ));
 }
+
+/// `/tokenize` is bounded by `--max-input-tokens` like `/generate`'s prompt (issue 27):
+/// an input over it is a 422 validation error, not a quadratic walk over its offsets.
+#[tokio::test]
+async fn tokenize_refuses_inputs_over_max_input_tokens() {
+    let (infer, _) = infer_with(4, says("x"));
+    let within = "é hello ".repeat(10);
+    let tokens = infer.tokenize(within.clone()).await.unwrap();
+    assert_eq!(tokens.last().unwrap().stop, within.chars().count());
+    let over = "é hello ".repeat(20_000);
+    let err = infer.tokenize(over.clone()).await.unwrap_err();
+    let count = byte_level_tokenizer().encode(&over).unwrap().len() as u32;
+    assert!(
+        matches!(
+            err,
+            InferError::Validation(crate::validation::ValidationError::InputLength(100, n)) if n == count
+        ),
+        "{err:?}"
+    );
+    let (full, _) = infer_with(0, says("x"));
+    let refused = full.tokenize("hi".into()).await.unwrap_err();
+    assert!(matches!(refused, InferError::Overloaded), "{refused:?}");
+    let chat = infer
+        .tokenize_chat(crate::chat_template::RenderedChat {
+            text: over,
+            content: Vec::new(),
+        })
+        .await
+        .unwrap_err();
+    assert!(matches!(chat, InferError::Validation(_)), "{chat:?}");
+}

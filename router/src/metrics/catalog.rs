@@ -191,12 +191,39 @@ pub const CATALOG: &[MetricSpec] = &[
         "Device (GPU) time of one step, by shard rank; its rate is the device's busy share",
     ),
     spec(
+        SHARD_GRAMMAR_MASK_DURATION,
+        Kind::Histogram,
+        SECONDS,
+        "Host time computing the grammar masks of one step with constrained sequences, by shard rank",
+    ),
+    spec(
+        GRAMMAR_COMPILE_DURATION,
+        Kind::Histogram,
+        SECONDS,
+        "Router-side compile and check of one request's grammar, by kind",
+    ),
+    spec(
+        CONSTRAINED_REQUESTS_TOTAL,
+        Kind::Counter,
+        COUNT,
+        "Requests admitted with an output constraint, by kind",
+    ),
+    spec(
+        GRAMMAR_REFUSALS_TOTAL,
+        Kind::Counter,
+        COUNT,
+        "Requests refused for their grammar, by kind and reason",
+    ),
+    spec(
         BUILD_INFO,
         Kind::Gauge,
         None,
         "Always 1; the labels say which build is running",
     ),
 ];
+
+/// Counters whose every series carries labels, created with them in `register`.
+const LABELLED_COUNTERS: &[&str] = &[REQUESTS_TOTAL, CONSTRAINED_REQUESTS_TOTAL, GRAMMAR_REFUSALS_TOTAL];
 
 /// Hands every metric's help text and unit to the installed recorder.
 pub fn describe() {
@@ -230,7 +257,7 @@ pub const BUILD: BuildInfo = BuildInfo {
 pub fn register() {
     for metric in CATALOG {
         match metric.kind {
-            Kind::Counter if metric.name != REQUESTS_TOTAL => {
+            Kind::Counter if !LABELLED_COUNTERS.contains(&metric.name) => {
                 counter!(metric.name).absolute(0);
             }
             Kind::Gauge if metric.name != BUILD_INFO => {
@@ -239,7 +266,9 @@ pub fn register() {
             Kind::Histogram
                 if metric.name != SHARD_FORWARD_DURATION
                     && metric.name != SHARD_SAMPLING_DURATION
-                    && metric.name != SHARD_DEVICE_DURATION =>
+                    && metric.name != SHARD_DEVICE_DURATION
+                    && metric.name != SHARD_GRAMMAR_MASK_DURATION
+                    && metric.name != GRAMMAR_COMPILE_DURATION =>
             {
                 let _ = histogram!(metric.name);
             }
@@ -252,5 +281,6 @@ pub fn register() {
                 .absolute(0);
         }
     }
+    crate::metrics::grammar::register();
     gauge!(BUILD_INFO, "version" => BUILD.version, "git_sha" => BUILD.git_sha).set(1.0);
 }

@@ -2,6 +2,7 @@
 //! the catalog of what each metric means, and the per-request meter the HTTP side uses.
 //! `docs/metrics.md` documents every metric; a test keeps it and the catalog in step.
 mod catalog;
+mod grammar;
 mod meter;
 pub mod names;
 #[cfg(test)]
@@ -12,6 +13,7 @@ use std::time::Duration;
 use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder, PrometheusHandle};
 
 pub use catalog::{Kind, MetricSpec, BUILD, CATALOG};
+pub use grammar::{record_grammar_compile, record_refusal};
 pub use meter::{count_request, Outcome, RequestMeter, Route};
 use names::*;
 
@@ -46,6 +48,8 @@ pub fn builder() -> Result<PrometheusBuilder, BuildError> {
         SHARD_FORWARD_DURATION,
         SHARD_SAMPLING_DURATION,
         SHARD_DEVICE_DURATION,
+        SHARD_GRAMMAR_MASK_DURATION,
+        GRAMMAR_COMPILE_DURATION,
     ] {
         builder =
             builder.set_buckets_for_metric(Matcher::Full(name.into()), STEP_SECONDS_BUCKETS)?;

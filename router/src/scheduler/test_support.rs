@@ -208,6 +208,7 @@ impl ShardSim {
             forward_ns: 1,
             sample_ns: 1,
             device_ns: 0,
+            mask_ns: 0,
         }
     }
 

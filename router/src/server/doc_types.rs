@@ -20,11 +20,43 @@ pub struct SseEvent {
 pub enum BodyErrors {
     #[response(status = 400, description = "Malformed JSON")]
     MalformedJson(crate::schema::ErrorBody),
+    #[response(status = 408, description = "Body not received within --body-read-timeout")]
+    BodyTimeout(crate::schema::ErrorBody),
     #[response(status = 413, description = "Body over --payload-limit")]
     PayloadTooLarge(crate::schema::ErrorBody),
-    #[response(status = 415, description = "Missing `content-type: application/json`")]
+    #[response(
+        status = 415,
+        description = "Missing `content-type: application/json`, or a `Content-Encoding` other than `identity`"
+    )]
     UnsupportedMediaType(crate::schema::ErrorBody),
 }
+
+/// `GET /`: TGI's health check on the root path (`POST /` generates). Documented here so
+/// the document lists every method the route table answers (`Allow` on `OPTIONS /`).
+#[utoipa::path(
+    get,
+    path = "/",
+    tag = "Operations",
+    responses(
+        (status = 200, description = "Every shard answers"),
+        (status = 503, description = "A shard does not answer", body = crate::schema::ErrorBody),
+    )
+)]
+#[allow(dead_code)] // documentation only: the route is `ops::health`
+pub fn root_health() {}
+
+/// `GET /ping`: the same health check.
+#[utoipa::path(
+    get,
+    path = "/ping",
+    tag = "Operations",
+    responses(
+        (status = 200, description = "Every shard answers"),
+        (status = 503, description = "A shard does not answer", body = crate::schema::ErrorBody),
+    )
+)]
+#[allow(dead_code)] // documentation only: the route is `ops::health`
+pub fn ping() {}
 
 /// Failures of a generation once its input is valid, shared by the generating routes.
 #[derive(utoipa::IntoResponses)]

@@ -1,11 +1,20 @@
 //! The OpenAPI document, generated from the handlers' own request and response types,
 //! at `/api-doc/openapi.json`, and Swagger UI at `/docs` (assets compiled into the binary,
-//! so it works offline).
-use axum::Router;
+//! so it works offline). The limits that come from the command line (`--max-best-of`,
+//! `--max-stop-sequences`, `--max-top-n-tokens`, `--max-input-tokens`,
+//! `--max-total-tokens`) are written into the document from the running configuration
+//! (`document`); the annotations hold TGI's defaults.
+use std::sync::{Arc, OnceLock};
+
+use axum::extract::State;
+use axum::routing::get;
+use axum::{Json, Router};
+use serde_json::{json, Value};
 use utoipa::OpenApi;
-use utoipa_swagger_ui::SwaggerUi;
+use utoipa_swagger_ui::{Config, SwaggerUi};
 
 use super::{invocations, openai, ops, tgi, AppState};
+use crate::validation::MAX_STOP_SEQUENCE_CHARS;
 
 #[derive(OpenApi)]
 #[openapi(
@@ -26,6 +35,8 @@ use super::{invocations, openai, ops, tgi, AppState};
         openai::models,
         openai::model,
         ops::health,
+        super::doc_types::root_health,
+        super::doc_types::ping,
         ops::info,
         ops::metrics,
     ),
@@ -41,6 +52,74 @@ use super::{invocations, openai, ops, tgi, AppState};
 )]
 pub struct ApiDoc;
 
+const DOCUMENT_PATH: &str = "/api-doc/openapi.json";
+
 pub fn routes() -> Router<AppState> {
-    Router::from(SwaggerUi::new("/docs").url("/api-doc/openapi.json", ApiDoc::openapi()))
+    let swagger = SwaggerUi::new("/docs").config(Config::from(DOCUMENT_PATH));
+    // Built on the first request, from this server's `Info` (the running configuration).
+    let built: Arc<OnceLock<Arc<Value>>> = Arc::default();
+    let served = move |State(state): State<AppState>| {
+        let built = built.clone();
+        async move { Json(built.get_or_init(|| Arc::new(document(&state.info))).clone()) }
+    };
+    Router::from(swagger).route(DOCUMENT_PATH, get(served))
 }
+
+/// `ApiDoc` with the limits of the running configuration filled in.
+pub fn document(info: &ops::Info) -> Value {
+    let mut doc = serde_json::to_value(ApiDoc::openapi()).unwrap_or_else(|_| json!({}));
+    let max_new_tokens = info.max_total_tokens.saturating_sub(1).max(1);
+    let limits = [
+        ("best_of", "maximum", json!(info.max_best_of)),
+        ("stop", "maxItems", json!(info.max_stop_sequences)),
+        ("top_n_tokens", "maximum", json!(info.max_top_n_tokens)),
+        ("truncate", "maximum", json!(info.max_input_tokens)),
+        ("max_new_tokens", "maximum", json!(max_new_tokens)),
+    ];
+    if let Some(props) = doc.pointer_mut("/components/schemas/GenerateParameters/properties") {
+        for (field, key, value) in limits {
+            if let Some(Value::Object(field)) = props.get_mut(field) {
+                field.insert(key.to_owned(), value);
+            }
+        }
+        // Each stop sequence: not empty, at most MAX_STOP_SEQUENCE_CHARS characters.
+        if let Some(Value::Object(items)) = props.pointer_mut("/stop/items") {
+            items.insert("minLength".into(), json!(1));
+            items.insert("maxLength".into(), json!(MAX_STOP_SEQUENCE_CHARS));
+        }
+    }
+    add_transport_errors(&mut doc);
+    doc
+}
+
+/// The request layers' answers, on every operation: 415 for a `Content-Encoding` other
+/// than `identity` (any route), 408 when a body is not in within `--body-read-timeout`
+/// (routes that read one). Each in the route's error format.
+fn add_transport_errors(doc: &mut Value) {
+    let Some(Value::Object(paths)) = doc.get_mut("paths") else {
+        return;
+    };
+    for (path, item) in paths.iter_mut() {
+        let body = if path.starts_with("/v1/") { "OpenAiErrorBody" } else { "ErrorBody" };
+        let content = json!({"application/json": {"schema": {"$ref": format!("#/components/schemas/{body}")}}});
+        let Value::Object(item) = item else { continue };
+        for operation in item.values_mut() {
+            let reads_body = operation.get("requestBody").is_some();
+            let Some(Value::Object(responses)) = operation.get_mut("responses") else {
+                continue;
+            };
+            responses.entry("415").or_insert_with(|| {
+                json!({"description": "A `Content-Encoding` other than `identity`", "content": content})
+            });
+            if reads_body {
+                responses.entry("408").or_insert_with(|| {
+                    json!({"description": "Body not received within --body-read-timeout", "content": content})
+                });
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "docs_tests.rs"]
+mod tests;

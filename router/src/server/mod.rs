@@ -1,15 +1,19 @@
 //! The HTTP server: routes, shared state, layers (body limit, CORS, API key) and
 //! graceful shutdown.
+mod connections;
 mod doc_types;
 pub mod docs;
 mod invocations;
 pub mod openai;
 mod ops;
+mod request_guards;
 mod sse;
+mod strict_json;
 mod tgi;
 
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{header, HeaderValue, Method};
@@ -26,6 +30,7 @@ use crate::infer::Infer;
 use crate::metrics::{count_request, Outcome, Route};
 use crate::telemetry::http_span::trace_http;
 
+pub use connections::{ConnectionOptions, LOOPBACK_RESERVE};
 pub use openai::OpenAiContext;
 pub use ops::Info;
 pub use sse::{sse_response, to_event};
@@ -51,6 +56,10 @@ pub struct HttpOptions {
     pub payload_limit: usize,
     pub cors_allow_origin: Vec<String>,
     pub api_key: Option<String>,
+    /// `--body-read-timeout`; None: no bound (tests).
+    pub body_read_timeout: Option<Duration>,
+    /// `--header-read-timeout`, `--keep-alive-timeout`, `--max-connections`.
+    pub connections: ConnectionOptions,
 }
 
 /// JSON body extractor whose rejections (malformed JSON, wrong types, missing content
@@ -67,8 +76,8 @@ where
     type Rejection = ApiError;
 
     async fn from_request(request: axum::extract::Request, state: &S) -> Result<Self, ApiError> {
-        let axum::Json(value) =
-            axum::Json::<serde_json::Value>::from_request(request, state).await?;
+        let axum::Json(strict_json::UniqueKeys(value)) =
+            axum::Json::<strict_json::UniqueKeys>::from_request(request, state).await?;
         if !value.is_object() {
             return Err(ApiError::invalid_body(
                 "the request body must be a JSON object",
@@ -116,24 +125,54 @@ pub fn router(state: AppState, options: &HttpOptions) -> Router {
         .route("/ping", get(ops::health))
         .route("/info", get(ops::info))
         .route("/metrics", get(ops::metrics));
-    generation
+    let app = generation
         .merge(openai_routes)
         .merge(operations)
         .merge(docs::routes())
         .layer(DefaultBodyLimit::max(options.payload_limit))
+        .layer(middleware::from_fn_with_state(
+            options.body_read_timeout,
+            request_guards::body_read_timeout,
+        ))
+        .layer(middleware::from_fn(request_guards::refuse_content_encoding))
+        .with_state(state);
+    app.clone()
         .layer(cors(&options.cors_allow_origin))
-        .with_state(state)
+        .layer(middleware::from_fn_with_state(app, plain_options))
 }
 
+/// Only a CORS preflight (`OPTIONS` with `Access-Control-Request-Method`) is answered by
+/// the CORS layer; any other `OPTIONS` goes to the routes, which answer 405 with an
+/// `Allow` naming the route's own methods (the CORS layer would answer 200 for every path
+/// and advertise GET on POST-only routes).
+async fn plain_options(State(routes): State<Router>, request: Request, next: Next) -> Response {
+    use tower::ServiceExt;
+    let preflight = request
+        .headers()
+        .contains_key(header::ACCESS_CONTROL_REQUEST_METHOD);
+    if request.method() == Method::OPTIONS && !preflight {
+        return match routes.oneshot(request).await {
+            Ok(response) => response,
+            Err(never) => match never {},
+        };
+    }
+    next.run(request).await
+}
+
+/// Without `--cors-allow-origin` any page may call the API, as TGI allows, but only with
+/// `Content-Type`: a page must not send an API key cross-origin unless the operator named
+/// its origin.
 fn cors(origins: &[String]) -> CorsLayer {
-    let allow_origin = if origins.is_empty() {
-        AllowOrigin::any()
-    } else {
-        AllowOrigin::list(origins.iter().filter_map(|o| HeaderValue::from_str(o).ok()))
-    };
-    CorsLayer::new()
-        .allow_origin(allow_origin)
-        .allow_methods([Method::GET, Method::POST])
+    let layer = CorsLayer::new().allow_methods([Method::GET, Method::POST]);
+    if origins.is_empty() {
+        return layer
+            .allow_origin(AllowOrigin::any())
+            .allow_headers([header::CONTENT_TYPE]);
+    }
+    layer
+        .allow_origin(AllowOrigin::list(
+            origins.iter().filter_map(|o| HeaderValue::from_str(o).ok()),
+        ))
         .allow_headers([header::CONTENT_TYPE, header::AUTHORIZATION])
 }
 
@@ -177,15 +216,15 @@ async fn require_openai_api_key(
 }
 
 /// Serves until `shutdown` resolves, then stops accepting and waits for in-flight
-/// requests (open SSE streams included) to finish.
+/// requests (open SSE streams included) to finish. Connections are bounded by
+/// `options.connections` (header and keep-alive timeouts, `--max-connections`).
 pub async fn serve(
     listener: tokio::net::TcpListener,
     app: Router,
+    options: &HttpOptions,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
-        .await
+    connections::serve(listener, app, options.connections, shutdown).await
 }
 
 #[cfg(test)]
@@ -195,3 +234,11 @@ mod tests;
 #[cfg(test)]
 #[path = "openai_tests.rs"]
 mod openai_tests;
+
+#[cfg(test)]
+#[path = "connections_tests.rs"]
+mod connections_tests;
+
+#[cfg(test)]
+#[path = "flags_doc_tests.rs"]
+mod flags_doc_tests;

@@ -308,7 +308,7 @@ async fn hostile_chat_requests_get_400_envelopes() {
         (format!(r#"{{{user},"stream_options":{{"include_usage":true}}}}"#), "stream_options"),
         (format!(r#"{{{user},"response_format":{{"type":"xml"}}}}"#), "response_format"),
         (format!(r#"{{{user},"response_format":{{"type":"json_schema"}}}}"#), "response_format.json_schema"),
-        (format!(r#"{{{user},"tools":[{{"type":"function","function":{{"name":"f"}}}}]}}"#), "tools"),
+        (format!(r#"{{{user},"tools":[{{"type":"function"}}]}}"#), "tools[0].function"),
         (format!(r#"{{{user},"tool_choice":"required"}}"#), "tool_choice"),
         (format!(r#"{{{user},"unknown_field":1}}"#), ""),
         (r#"{"messages":[]}"#.to_owned(), "messages"),
@@ -319,6 +319,7 @@ async fn hostile_chat_requests_get_400_envelopes() {
         (r#"{"messages":[{"role":"assistant","content":"hi"}]}"#.to_owned(), "messages"),
         ("{not json".to_owned(), ""),
         ("[1]".to_owned(), ""),
+        (format!(r#"{{{user},"max_tokens":1,"max_tokens":9}}"#), ""),
     ];
     for (request, param) in cases {
         let (status, body) = chat(&request).await;

@@ -77,10 +77,41 @@ pub fn app_with(options: HttpOptions, healthy: bool) -> Router {
 
 /// The app whose fake scheduler plays `script` for every sequence.
 pub fn app_scripted(options: HttpOptions, healthy: bool, script: Script) -> Router {
+    app_built(options, healthy, script, TEST_CHAT_TEMPLATE, false)
+}
+
+/// `app_scripted` with this chat template and grammars compiled (llguidance over the
+/// byte-level tokenizer; the fake scheduler still plays its script).
+pub fn app_templated(
+    options: HttpOptions,
+    healthy: bool,
+    script: Script,
+    template: &str,
+) -> Router {
+    app_built(options, healthy, script, template, true)
+}
+
+fn app_built(
+    options: HttpOptions,
+    healthy: bool,
+    script: Script,
+    template: &str,
+    grammar: bool,
+) -> Router {
     let tokenizer = Arc::new(byte_level_tokenizer());
     let eos = tokenizer.token_to_id("<eos>").unwrap();
     let (scheduler, _) = fake_scheduler(move |_| script.clone());
-    let validation = Validation::new(tokenizer.clone(), LIMITS, 1);
+    let mut validation = Validation::new(tokenizer.clone(), LIMITS, 1);
+    if grammar {
+        use crate::grammar::{token_env, GrammarCompiler, GrammarLimits};
+        let env = token_env(tokenizer.clone(), LIMITS.vocab_size, &[eos]).unwrap();
+        let limits = GrammarLimits {
+            max_bytes: 100_000,
+            compile_timeout: std::time::Duration::from_secs(30),
+        };
+        let compiler = GrammarCompiler::new(env, vec![eos], limits).unwrap();
+        validation = validation.with_grammar(Arc::new(compiler));
+    }
     let state = AppState {
         infer: Arc::new(Infer::new(scheduler, validation, tokenizer, 4, vec![eos])),
         health: Arc::new(FlagProbe(AtomicBool::new(healthy))),
@@ -90,7 +121,7 @@ pub fn app_scripted(options: HttpOptions, healthy: bool, script: Script) -> Rout
             model_id: "org/test-model".into(),
             created: 1_700_000_000,
             chat_template: crate::chat_template::ChatTemplate::new(
-                TEST_CHAT_TEMPLATE.into(),
+                template.into(),
                 None,
                 Some("<eos>".into()),
             ),
@@ -189,6 +220,15 @@ async fn body_errors_answer_tgi_json() {
             "validation",
         ),
         (post("/generate", r#"["x"]"#), 422, "validation"),
+        // The last of two values would otherwise win silently.
+        (
+            post(
+                "/generate",
+                r#"{"inputs":"x","parameters":{"seed":1,"seed":2}}"#,
+            ),
+            422,
+            "validation",
+        ),
         (
             Request::post("/generate")
                 .body(Body::from(r#"{"inputs":"x"}"#))
@@ -326,4 +366,39 @@ async fn api_key_guards_generation_routes_only() {
     )
     .await;
     assert_eq!(status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn cors_lets_only_named_origins_send_an_api_key() {
+    let preflight = || {
+        Request::options("/generate")
+            .header("origin", "https://page.example")
+            .header("access-control-request-method", "POST")
+            .header("access-control-request-headers", "authorization,content-type")
+            .body(Body::empty())
+            .unwrap()
+    };
+    let allowed_headers = |headers: &axum::http::HeaderMap| {
+        headers
+            .get("access-control-allow-headers")
+            .map(|v| v.to_str().unwrap().to_ascii_lowercase())
+            .unwrap_or_default()
+    };
+    // By default any origin, as TGI, but no Authorization header from a page.
+    let (_, headers, _) = call(app(), preflight()).await;
+    assert_eq!(headers["access-control-allow-origin"], "*");
+    let default_headers = allowed_headers(&headers);
+    assert!(default_headers.contains("content-type") && !default_headers.contains("authorization"));
+    // An origin the operator named may send one.
+    let named = app_with(
+        HttpOptions {
+            payload_limit: 1000,
+            cors_allow_origin: vec!["https://page.example".into()],
+            ..HttpOptions::default()
+        },
+        true,
+    );
+    let (_, headers, _) = call(named, preflight()).await;
+    assert_eq!(headers["access-control-allow-origin"], "https://page.example");
+    assert!(allowed_headers(&headers).contains("authorization"));
 }

@@ -15,7 +15,7 @@ use crate::schema::{
 };
 use crate::validation::ValidationError;
 
-use super::openai::mapping::render_chat;
+use super::openai::mapping::render_chat_segments;
 use super::openai::types::ChatCompletionRequest;
 
 #[utoipa::path(
@@ -106,11 +106,37 @@ pub async fn compat_generate(
         super::doc_types::BodyErrors,
     )
 )]
+/// TGI's `/tokenize` takes `/generate`'s body; it is refused for what `/generate` would
+/// refuse before generating (empty `inputs`, a parameter out of range), so one schema holds
+/// for both routes. `truncate` keeps the last tokens, as TGI does.
 pub async fn tokenize(
     State(state): State<AppState>,
     ApiJson(request): ApiJson<GenerateRequest>,
 ) -> Result<Json<Vec<SimpleToken>>, ApiError> {
-    Ok(Json(state.infer.tokenize(request.inputs).await?))
+    let to_api = |err: ValidationError| ApiError::from(crate::errors::InferError::from(err));
+    if request.inputs.is_empty() {
+        return Err(to_api(ValidationError::EmptyInput));
+    }
+    let info = &state.info;
+    let limits = crate::validation::ValidationLimits {
+        max_best_of: info.max_best_of,
+        max_stop_sequences: info.max_stop_sequences,
+        max_top_n_tokens: info.max_top_n_tokens,
+        max_input_tokens: info.max_input_tokens,
+        max_total_tokens: info.max_total_tokens,
+        // Only `logit_bias` and token prompts read it; `/tokenize` has neither.
+        vocab_size: u32::MAX,
+        watermark: Default::default(),
+    };
+    crate::grammar::from_tgi(request.parameters.grammar.as_ref())
+        .map_err(|err| to_api(err.into()))?;
+    let checked = crate::validation::check_parameters(&request.parameters, false, &limits)
+        .map_err(to_api)?;
+    let mut tokens = state.infer.tokenize(request.inputs).await?;
+    if let Some(truncate) = checked.truncate.filter(|&t| tokens.len() > t) {
+        tokens.drain(..tokens.len() - truncate);
+    }
+    Ok(Json(tokens))
 }
 
 /// TGI's `/chat_tokenize`: the chat template's output and its tokens.
@@ -129,9 +155,10 @@ pub async fn chat_tokenize(
     State(state): State<AppState>,
     ApiJson(request): ApiJson<ChatCompletionRequest>,
 ) -> Result<Json<ChatTokenizeResponse>, ApiError> {
-    let templated_text = render_chat(state.openai.chat_template.as_ref(), &request.messages)
+    let chat = render_chat_segments(state.openai.chat_template.as_ref(), &request.messages)
         .map_err(|err| crate::errors::InferError::from(ValidationError::Template(err.message)))?;
-    let tokens = state.infer.tokenize_chat(templated_text.clone()).await?;
+    let templated_text = chat.text.clone();
+    let tokens = state.infer.tokenize_chat(chat).await?;
     Ok(Json(ChatTokenizeResponse {
         tokenize_response: tokens,
         templated_text,

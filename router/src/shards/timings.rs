@@ -5,7 +5,8 @@ use std::time::Duration;
 use metrics::{histogram, Histogram};
 
 use crate::metrics::names::{
-    SHARD_DEVICE_DURATION, SHARD_FORWARD_DURATION, SHARD_SAMPLING_DURATION,
+    SHARD_DEVICE_DURATION, SHARD_FORWARD_DURATION, SHARD_GRAMMAR_MASK_DURATION,
+    SHARD_SAMPLING_DURATION,
 };
 use crate::pb;
 
@@ -14,6 +15,7 @@ struct RankHistograms {
     forward: Histogram,
     sampling: Histogram,
     device: Histogram,
+    mask: Histogram,
 }
 
 /// One pair of histograms per rank, created (and so listed at zero) up front.
@@ -30,7 +32,8 @@ impl ShardTimings {
                 RankHistograms {
                     forward: histogram!(SHARD_FORWARD_DURATION, "rank" => rank.clone()),
                     sampling: histogram!(SHARD_SAMPLING_DURATION, "rank" => rank.clone()),
-                    device: histogram!(SHARD_DEVICE_DURATION, "rank" => rank),
+                    device: histogram!(SHARD_DEVICE_DURATION, "rank" => rank.clone()),
+                    mask: histogram!(SHARD_GRAMMAR_MASK_DURATION, "rank" => rank),
                 }
             })
             .collect();
@@ -46,6 +49,10 @@ impl ShardTimings {
             if reply.device_ns > 0 {
                 // 0: the shard has no device clock (CPU); an empty histogram says so.
                 rank.device.record(Duration::from_nanos(reply.device_ns));
+            }
+            if reply.mask_ns > 0 {
+                // Only steps with constrained sequences compute masks.
+                rank.mask.record(Duration::from_nanos(reply.mask_ns));
             }
         }
     }

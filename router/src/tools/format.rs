@@ -136,6 +136,13 @@ pub struct ToolSyntax {
     pub args: Option<Marker>,
 }
 
+/// Hermes with text markers: textgen's fallback for models that show no syntax.
+impl Default for ToolSyntax {
+    fn default() -> Self {
+        Self::plain(ToolCallFormat::Hermes)
+    }
+}
+
 impl ToolSyntax {
     /// The markers as plain text (no special tokens), for tests and for tokenizers that
     /// have none of them.

@@ -199,3 +199,7 @@ pub fn build(request: &ToolRequest, syntax: &ToolSyntax) -> String {
     }
     g
 }
+
+#[cfg(test)]
+#[path = "grammar_tests.rs"]
+mod tests;

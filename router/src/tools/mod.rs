@@ -14,6 +14,7 @@
 pub mod format;
 pub mod grammar;
 pub mod ids;
+pub mod model;
 pub mod parse;
 pub mod prompt;
 pub mod py_json;
@@ -24,6 +25,7 @@ pub mod stream;
 pub use format::{Marker, ToolCallFormat, ToolSyntax};
 pub use grammar::{tool_grammar, ToolGrammarError};
 pub use ids::{random_ids, sequential_ids, IdGenerator};
+pub use model::model_tool_syntax;
 pub use parse::{collect, parse_tool_calls, ParsedOutput, ToolCall};
 pub use spec::{parse_tool_request, Tool, ToolChoice, ToolError, ToolRequest};
 pub use stream::{ToolCallStream, ToolStreamEvent};

@@ -92,3 +92,46 @@ pub fn collect(events: impl IntoIterator<Item = ToolStreamEvent>) -> ParsedOutpu
         tool_calls: calls,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn collect_folds_pieces_and_maps_the_finish_reason() {
+        let parsed = collect([
+            ToolStreamEvent::Content("a".into()),
+            ToolStreamEvent::Content("b".into()),
+            ToolStreamEvent::CallStart {
+                index: 0,
+                id: "call_x".into(),
+                name: "f".into(),
+            },
+            ToolStreamEvent::Arguments {
+                index: 0,
+                delta: "{\"k\":".into(),
+            },
+            ToolStreamEvent::Arguments {
+                index: 0,
+                delta: "\"\\u00e9\"}".into(),
+            },
+            // A piece for a call never announced is dropped, not a panic.
+            ToolStreamEvent::Arguments {
+                index: 5,
+                delta: "x".into(),
+            },
+        ]);
+        assert_eq!(parsed.content.as_deref(), Some("ab"));
+        assert_eq!(parsed.tool_calls[0].arguments, "{\"k\":\"\\u00e9\"}");
+        assert!(parsed.tool_calls[0].arguments_are_an_object());
+        assert_eq!(
+            parsed.tool_calls[0].to_openai(),
+            serde_json::json!({"id": "call_x", "type": "function",
+                "function": {"name": "f", "arguments": "{\"k\":\"\\u00e9\"}"}})
+        );
+        assert_eq!(parsed.finish_reason("stop"), "tool_calls");
+        assert_eq!(parsed.finish_reason("length"), "length");
+        assert_eq!(collect([]).finish_reason("stop"), "stop");
+        assert_eq!(collect([]).content, None);
+    }
+}

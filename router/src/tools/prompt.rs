@@ -168,3 +168,7 @@ pub fn inline_tools(
     }
     out
 }
+
+#[cfg(test)]
+#[path = "prompt_tests.rs"]
+mod tests;

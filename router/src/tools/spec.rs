@@ -288,13 +288,8 @@ pub fn parse_tool_choice(value: &Value) -> Result<ToolChoice, ToolError> {
             "none" => Ok(ToolChoice::None),
             "auto" => Ok(ToolChoice::Auto),
             "required" => Ok(ToolChoice::Required),
-            other => Err(ToolError::new(
-                "tool_choice",
-                format!(
-                    "`{}` is not one of `none`, `auto`, `required` or a function object",
-                    truncate(other)
-                ),
-            )),
+            // TGI's form: any other string names the function to call.
+            _ => Ok(ToolChoice::Function(check_name(Some(value), "tool_choice")?)),
         },
         Value::Object(obj) => {
             match obj.get("type") {

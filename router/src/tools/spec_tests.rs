@@ -52,6 +52,8 @@ fn parses_every_tool_choice() {
             json!({"type": "function", "function": {"name": "get_weather"}}),
             ToolChoice::Function("get_weather".into()),
         ),
+        // TGI's form: a bare function name.
+        (json!("get_weather"), ToolChoice::Function("get_weather".into())),
     ] {
         let req = parse_tool_request(Some(&tools), Some(&choice), Some(&json!(false))).unwrap();
         assert_eq!(req.choice, want);
@@ -146,7 +148,10 @@ fn names_the_field_of_each_malformed_tool() {
 fn rejects_bad_tool_choices() {
     let tools = json!([weather()]);
     let cases = [
-        (json!("sometimes"), "tool_choice"),
+        // A bare name must name a tool, and be a valid name.
+        (json!("sometimes"), "tool_choice.function.name"),
+        (json!("no way"), "tool_choice"),
+        (json!(""), "tool_choice"),
         (json!(1), "tool_choice"),
         (json!({"type": "function"}), "tool_choice.function"),
         (

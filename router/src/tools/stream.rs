@@ -411,20 +411,24 @@ impl ToolCallStream {
         Some(false)
     }
 
+    /// After optional whitespace, `c` must come next; then the object goes on in `next`.
+    /// False while more text is needed.
+    fn expect(&mut self, c: char, next: Obj) -> bool {
+        if !self.skip_whitespace() {
+            return false;
+        }
+        if self.peek() == Some(c) {
+            self.bump(c);
+            self.state = State::Object(next);
+        } else {
+            self.malformed();
+        }
+        true
+    }
+
     fn object(&mut self, obj: Obj, eof: bool) -> bool {
         match obj {
-            Obj::Open => {
-                if !self.skip_whitespace() {
-                    return false;
-                }
-                if self.peek() == Some('{') {
-                    self.bump('{');
-                    self.state = State::Object(Obj::KeyOrEnd);
-                } else {
-                    self.malformed();
-                }
-                true
-            }
+            Obj::Open => self.expect('{', Obj::KeyOrEnd),
             Obj::KeyOrEnd => {
                 if !self.skip_whitespace() {
                     return false;
@@ -454,18 +458,7 @@ impl ToolCallStream {
                     true
                 }
             },
-            Obj::Colon => {
-                if !self.skip_whitespace() {
-                    return false;
-                }
-                if self.peek() == Some(':') {
-                    self.bump(':');
-                    self.state = State::Object(Obj::Value);
-                } else {
-                    self.malformed();
-                }
-                true
-            }
+            Obj::Colon => self.expect(':', Obj::Value),
             Obj::Value => {
                 if !self.skip_whitespace() {
                     return false;
@@ -728,3 +721,7 @@ impl ToolCallStream {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "stream_tests.rs"]
+mod tests;

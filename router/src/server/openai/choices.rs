@@ -81,6 +81,8 @@ pub struct ChoiceFollower {
     pub decoder: SequenceDecoder,
     holdback: StopHoldback,
     finished: bool,
+    /// Special tokens whose text is kept (tool-call markers), as `answer_text` keeps them.
+    kept: Vec<(u32, String)>,
 }
 
 impl ChoiceFollower {
@@ -90,7 +92,14 @@ impl ChoiceFollower {
             decoder,
             holdback: StopHoldback::new(stops),
             finished: false,
+            kept: Vec::new(),
         }
+    }
+
+    /// Keeps the text of these special tokens (`tool_calls::kept_tokens`).
+    pub fn keeping(mut self, kept: Vec<(u32, String)>) -> Self {
+        self.kept = kept;
+        self
     }
 
     pub fn is_finished(&self) -> bool {
@@ -109,12 +118,23 @@ impl ChoiceFollower {
         };
         // The last token's text comes from the final text, which leaves out a stop
         // sequence the token may have completed.
+        let kept = |id: u32| {
+            self.kept
+                .iter()
+                .find(|(k, _)| *k == id)
+                .map(|(_, t)| t.clone())
+        };
         let text = match (&token, finish) {
             (_, Some(_)) => {
                 self.finished = true;
-                self.holdback.finish(&self.decoder.text_without_stop())
+                let text = super::tool_calls::answer_text(&self.decoder, &self.kept);
+                self.holdback.finish(&text)
             }
-            (Some((token, _)), None) if !token.special => self.holdback.push(&token.text),
+            (Some((token, _)), None) => match kept(token.id) {
+                Some(marker) => self.holdback.push(&marker),
+                None if !token.special => self.holdback.push(&token.text),
+                None => String::new(),
+            },
             _ => String::new(),
         };
         Ok(Some(ChoiceDelta {

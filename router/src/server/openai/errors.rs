@@ -126,6 +126,14 @@ impl From<ValidationError> for OpenAiError {
     }
 }
 
+/// A bad `tools`/`tool_choice`/`parallel_tool_calls` (or a tool schema the grammar
+/// engine refuses): 400 naming the field.
+impl From<crate::tools::ToolError> for OpenAiError {
+    fn from(err: crate::tools::ToolError) -> Self {
+        Self::invalid(err.param(), err.to_string())
+    }
+}
+
 impl From<ApiError> for OpenAiError {
     fn from(err: ApiError) -> Self {
         match err {
@@ -160,7 +168,9 @@ impl From<ApiError> for OpenAiError {
 
 impl IntoResponse for OpenAiError {
     fn into_response(self) -> Response {
-        (self.status, Json(self.body())).into_response()
+        let mut response = (self.status, Json(self.body())).into_response();
+        crate::errors::add_status_headers(&mut response);
+        response
     }
 }
 
@@ -206,6 +216,16 @@ mod tests {
             serde_json::json!({"error": {"message": "`n` must be >= 1",
                 "type": "invalid_request_error", "param": "n", "code": null}})
         );
+    }
+
+    #[test]
+    fn overloaded_says_when_to_retry_and_unauthorized_names_the_scheme() {
+        let overloaded = OpenAiError::from(InferError::Overloaded).into_response();
+        assert_eq!(overloaded.headers()["retry-after"], "1");
+        let unauthorized = OpenAiError::unauthorized().into_response();
+        assert_eq!(unauthorized.headers()["www-authenticate"], "Bearer");
+        let invalid = OpenAiError::invalid("n", "bad").into_response();
+        assert!(!invalid.headers().contains_key("retry-after"));
     }
 
     #[test]

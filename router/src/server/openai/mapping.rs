@@ -5,18 +5,20 @@
 mod chat_prompt;
 mod extensions;
 mod structured;
+mod tools;
 
 use crate::generation_defaults::GenerationDefaults;
 use crate::schema::GenerateParameters;
-use crate::validation::{GenerationInput, Prompt, SamplingExtras};
+use crate::validation::{GenerationInput, Prompt, SamplingExtras, StopFloor};
 
 use super::errors::OpenAiError;
 use super::types::{
     ChatCompletionRequest, CompletionRequest, ExtensionFields, LogitBiasField, PromptField,
     SamplingFields, StructuredFields,
 };
-pub use chat_prompt::{chat_prompt, render_chat};
+pub use chat_prompt::{chat_prompt, render_chat, render_chat_segments, with_message_ranges};
 use extensions::Extensions;
+pub use tools::{tool_request, ToolPlan};
 
 /// What the served model contributes to every OpenAI request.
 #[derive(Debug, Clone, Default)]
@@ -26,6 +28,8 @@ pub struct ModelDefaults {
     pub generation: GenerationDefaults,
     /// The ids that end generation (`stop_token_ids` naming only these is a no-op).
     pub stop_token_ids: Vec<u32>,
+    /// How the model writes tool calls (`tools::model_tool_syntax`).
+    pub tool_syntax: crate::tools::ToolSyntax,
 }
 
 /// Most choices (`n`, `best_of`) one request may ask for.
@@ -51,6 +55,9 @@ pub struct Plan {
     /// Alternatives per token, when logprobs were asked for.
     pub logprobs: Option<u32>,
     pub echo: bool,
+    /// Set when the answer may hold tool calls (chat with `tools`, `tool_choice` not
+    /// `none`): each choice is parsed into content and calls.
+    pub tools: Option<ToolPlan>,
 }
 
 impl Plan {
@@ -99,6 +106,8 @@ struct Sampling<'a> {
     extensions: Extensions,
     structured: &'a StructuredFields,
     defaults: &'a GenerationDefaults,
+    /// The model's EOS ids: what `min_tokens` holds back.
+    stop_token_ids: &'a [u32],
 }
 
 impl Sampling<'_> {
@@ -158,14 +167,47 @@ impl Sampling<'_> {
             watermark: ext.watermark,
             ..GenerateParameters::default()
         };
+        let grammar = structured::grammar(self.structured)?;
         let extras = SamplingExtras {
             presence_penalty: fields.presence_penalty,
             logit_bias: logit_bias(&fields.logit_bias)?,
             max_top_n_tokens: Some(MAX_TOP_LOGPROBS),
-            grammar: structured::grammar(self.structured)?,
+            stop_floor: stop_floor(ext.min_new_tokens, max_new_tokens, &grammar, self.stop_token_ids)?,
+            grammar,
         };
         Ok((parameters, extras))
     }
+}
+
+/// `min_tokens` / `ignore_eos` as the shard applies them: the model's stop tokens banned
+/// until the floor. A finished grammar must end with a stop token, so the two exclude
+/// each other.
+fn stop_floor(
+    min_new_tokens: u32,
+    max_new_tokens: Option<u32>,
+    grammar: &Option<crate::grammar::GrammarRequest>,
+    stop_token_ids: &[u32],
+) -> Result<Option<StopFloor>, OpenAiError> {
+    if min_new_tokens == 0 {
+        return Ok(None);
+    }
+    let field = if min_new_tokens == u32::MAX { "ignore_eos" } else { "min_tokens" };
+    if grammar.is_some() {
+        return Err(OpenAiError::invalid(
+            field,
+            format!("`{field}` cannot be combined with structured output or tools: a finished grammar ends at EOS"),
+        ));
+    }
+    if let Some(max) = max_new_tokens.filter(|&max| min_new_tokens != u32::MAX && min_new_tokens > max) {
+        return Err(OpenAiError::invalid(
+            "min_tokens",
+            format!("`min_tokens` must be <= `max_tokens` ({max}). Given: {min_new_tokens}"),
+        ));
+    }
+    Ok(Some(StopFloor {
+        min_new_tokens,
+        stop_token_ids: stop_token_ids.to_vec(),
+    }))
 }
 
 fn sampling<'a>(
@@ -179,6 +221,7 @@ fn sampling<'a>(
         extensions: extensions::check(extension_fields, &model.stop_token_ids)?,
         structured,
         defaults: &model.generation,
+        stop_token_ids: &model.stop_token_ids,
     })
 }
 
@@ -210,26 +253,6 @@ fn refuse_unsupported_chat_fields(request: &ChatCompletionRequest) -> Result<(),
         return Err(OpenAiError::unsupported(
             "echo",
             "chat answers never repeat the last message",
-        ));
-    }
-    let no_tools = request
-        .tools
-        .as_ref()
-        .is_none_or(|t| t.is_null() || t.as_array().is_some_and(Vec::is_empty));
-    if !no_tools {
-        return Err(OpenAiError::unsupported(
-            "tools",
-            "tool calling is not implemented yet",
-        ));
-    }
-    let choice_none = request
-        .tool_choice
-        .as_ref()
-        .is_none_or(|c| c.is_null() || c.as_str() == Some("none"));
-    if !choice_none {
-        return Err(OpenAiError::unsupported(
-            "tool_choice",
-            "tool calling is not implemented yet",
         ));
     }
     let text_only = request.modalities.as_ref().is_none_or(|m| {
@@ -276,10 +299,20 @@ fn runs(best_of: Option<u32>, n: u32, stream: bool) -> Result<u32, OpenAiError> 
     Ok(runs)
 }
 
+/// `chat_plan_with` for a request whose tool fields are checked here.
 pub fn chat_plan(
     request: &ChatCompletionRequest,
     prompt: String,
     model: &ModelDefaults,
+) -> Result<Plan, OpenAiError> {
+    chat_plan_with(request, prompt, model, &tool_request(request)?)
+}
+
+pub fn chat_plan_with(
+    request: &ChatCompletionRequest,
+    prompt: String,
+    model: &ModelDefaults,
+    tool_request: &crate::tools::ToolRequest,
 ) -> Result<Plan, OpenAiError> {
     refuse_unsupported_chat_fields(request)?;
     let fields = request.sampling_fields();
@@ -302,8 +335,11 @@ pub fn chat_plan(
     }
     let max_tokens = request.max_completion_tokens.or(request.max_tokens);
     let (extension_fields, structured) = (request.extension_fields(), request.structured_fields());
-    let (parameters, extras) =
+    let (parameters, mut extras) =
         sampling(&fields, &extension_fields, &structured, model)?.map(max_tokens, top)?;
+    let (grammar, tools) =
+        tools::constrain(tool_request, &model.tool_syntax, extras.grammar.take())?;
+    extras.grammar = grammar;
     Ok(Plan {
         inputs: vec![GenerationInput {
             prompt: Prompt::Text {
@@ -321,6 +357,7 @@ pub fn chat_plan(
         include_usage,
         logprobs: logprobs.then_some(top),
         echo: false,
+        tools,
     })
 }
 
@@ -395,6 +432,7 @@ pub fn completion_plan(
         include_usage,
         logprobs,
         echo,
+        tools: None,
     })
 }
 

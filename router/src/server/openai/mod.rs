@@ -6,6 +6,9 @@ pub mod errors;
 mod logprobs;
 pub mod mapping;
 mod stream;
+mod tool_calls;
+#[cfg(test)]
+mod tools_tests;
 pub mod types;
 
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -19,7 +22,7 @@ use crate::chat_template::{ChatTemplate, ChatTemplateError};
 use crate::errors::InferError;
 use crate::infer::{outcome_of, FinishedSequence};
 use crate::metrics::{RequestMeter, Route};
-use crate::validation::{GenerationInput, ValidRequest};
+use crate::validation::{GenerationInput, Prompt, ValidRequest};
 use choices::finish_reason;
 use errors::{OpenAiError, OpenAiErrorBody, OpenAiJson};
 use mapping::Plan;
@@ -189,8 +192,22 @@ pub async fn chat_completions(
     let OpenAiJson(request) = super::counted(body, Route::ChatCompletions)?;
     let route = Route::openai(true, request.stream.unwrap_or(false));
     let context = &state.openai;
-    let plan = mapping::chat_prompt(context.chat_template.as_ref(), &request)
-        .and_then(|prompt| mapping::chat_plan(&request, prompt, &context.defaults));
+    let defaults = &context.defaults;
+    let plan = mapping::tool_request(&request).and_then(|tools| {
+        let prompt = mapping::chat_prompt(
+            context.chat_template.as_ref(),
+            &request,
+            &tools,
+            &defaults.tool_syntax,
+        )?;
+        let mut plan = mapping::chat_plan_with(&request, prompt.text.clone(), defaults, &tools)?;
+        // The messages' text is tokenized as text (`--allow-special-tokens-in-content`).
+        for input in &mut plan.inputs {
+            let text = std::mem::replace(&mut input.prompt, Prompt::Tokens(Vec::new()));
+            input.prompt = mapping::with_message_ranges(text, &prompt);
+        }
+        Ok(plan)
+    });
     let plan = super::counted(plan, route)?;
     if plan.stream {
         return stream::respond(&state, plan, stream::Format::Chat).await;
@@ -208,15 +225,29 @@ pub async fn chat_completions(
                 let tokens = logprobs::pair_tokens(&record.tokens, &record.top_tokens);
                 logprobs::chat(&tokenizer, &tokens, top as usize)
             });
+            let reason = finish_reason(choice.finish);
+            let (message, finish_reason) = match &plan.tools {
+                // Each choice parsed on its own, with its own call ids.
+                Some(tools) => {
+                    let kept = tool_calls::kept_tokens(&tools.syntax);
+                    let text = tool_calls::answer_text(&choice.decoder, &kept);
+                    tool_calls::message(&tools.syntax, &text, reason)
+                }
+                None => (
+                    AssistantMessage {
+                        role: "assistant",
+                        content: Some(choice.decoder.text_without_stop()),
+                        refusal: None,
+                        tool_calls: None,
+                    },
+                    reason,
+                ),
+            };
             ChatChoice {
                 index: index as u32,
-                message: AssistantMessage {
-                    role: "assistant",
-                    content: choice.decoder.text_without_stop(),
-                    refusal: None,
-                },
+                message,
                 logprobs,
-                finish_reason: finish_reason(choice.finish),
+                finish_reason,
             }
         })
         .collect();

@@ -14,6 +14,7 @@ use super::choices::{ChoiceDelta, ChoiceFollower};
 use super::errors::OpenAiError;
 use super::logprobs;
 use super::mapping::Plan;
+use super::tool_calls::{kept_tokens, ChoiceToolStream};
 use super::types::{
     ChatChunkChoice, ChatCompletionChunk, ChatDelta, Completion, CompletionChoice, Usage,
 };
@@ -111,6 +112,7 @@ impl Chunker {
                     delta: ChatDelta {
                         role: Some("assistant"),
                         content: Some(String::new()),
+                        tool_calls: None,
                     },
                     logprobs: None,
                     finish_reason: None,
@@ -134,15 +136,23 @@ impl Chunker {
     /// The chunk of a delta; `None` when it carries nothing a client could see.
     /// `text_offset` is where the choice's text stands so far, in characters (legacy
     /// logprobs report token offsets from the start of the choice's text).
-    fn delta(&self, delta: ChoiceDelta, text_offset: &mut u32) -> Option<Event> {
+    fn delta(
+        &self,
+        delta: ChoiceDelta,
+        text_offset: &mut u32,
+        tools: Option<&mut ChoiceToolStream>,
+    ) -> Vec<Event> {
         let start = *text_offset;
         *text_offset += delta.text.chars().count() as u32;
         let wants_logprobs = self.logprobs.is_some() && !delta.tokens.is_empty();
-        if delta.text.is_empty() && delta.finish.is_none() && !wants_logprobs {
-            return None;
-        }
         let top = self.logprobs.unwrap_or(0);
-        Some(match self.format {
+        if let (Format::Chat, Some(tools)) = (self.format, tools) {
+            return self.tool_chunks(delta, tools, wants_logprobs, top);
+        }
+        if delta.text.is_empty() && delta.finish.is_none() && !wants_logprobs {
+            return Vec::new();
+        }
+        vec![match self.format {
             Format::Chat => self.chat_chunk(
                 vec![ChatChunkChoice {
                     index: delta.index,
@@ -151,6 +161,7 @@ impl Chunker {
                     delta: ChatDelta {
                         role: Some("assistant"),
                         content: (!delta.text.is_empty()).then_some(delta.text),
+                        tool_calls: None,
                     },
                     logprobs: wants_logprobs
                         .then(|| logprobs::chat(&self.tokenizer, &delta.tokens, top as usize)),
@@ -174,7 +185,46 @@ impl Chunker {
                     None,
                 )
             }
-        })
+        }]
+    }
+
+    /// The chunks of a delta of a choice that may hold calls: one per content or call
+    /// piece, the token's logprobs on the first, the finish reason on the last.
+    fn tool_chunks(
+        &self,
+        delta: ChoiceDelta,
+        tools: &mut ChoiceToolStream,
+        wants_logprobs: bool,
+        top: u32,
+    ) -> Vec<Event> {
+        let (mut pieces, finish) = tools.push(&delta.text, delta.finish);
+        if pieces.is_empty() {
+            if finish.is_none() && !wants_logprobs {
+                return Vec::new();
+            }
+            pieces.push(ChatDelta {
+                role: Some("assistant"),
+                ..ChatDelta::default()
+            });
+        }
+        let last = pieces.len() - 1;
+        let mut logprobs =
+            wants_logprobs.then(|| logprobs::chat(&self.tokenizer, &delta.tokens, top as usize));
+        pieces
+            .into_iter()
+            .enumerate()
+            .map(|(i, piece)| {
+                self.chat_chunk(
+                    vec![ChatChunkChoice {
+                        index: delta.index,
+                        delta: piece,
+                        logprobs: logprobs.take(),
+                        finish_reason: if i == last { finish } else { None },
+                    }],
+                    None,
+                )
+            })
+            .collect()
     }
 
     fn usage(&self, usage: Usage) -> Event {
@@ -203,6 +253,8 @@ pub async fn respond(
     let mut admitted: Vec<Admitted> = Vec::with_capacity(plan.inputs.len());
     let mut followers = Vec::new();
     let mut openings = Vec::new();
+    // One call parser per choice, when the answer may hold calls.
+    let mut tool_streams: Vec<Option<ChoiceToolStream>> = Vec::new();
     let submitted = async {
         for input in plan.inputs.iter().cloned() {
             let prompt = state.infer.admit_valid(input, true).await?;
@@ -216,8 +268,16 @@ pub async fn respond(
                 let index = followers.len() as u32;
                 let seed = plan.seed_of(prompt.valid.params.sampling.seed, run);
                 let (decoder, events) = state.infer.start(&prompt.valid, seed, trace.clone())?;
-                let follower =
+                let mut follower =
                     ChoiceFollower::new(index, decoder, prompt.valid.params.stop.clone());
+                if let Some(tools) = &plan.tools {
+                    follower = follower.keeping(kept_tokens(&tools.syntax));
+                }
+                tool_streams.push(
+                    plan.tools
+                        .as_ref()
+                        .map(|t| ChoiceToolStream::new(&t.syntax)),
+                );
                 followers.push(follow(follower, events));
                 openings.push((index, plan.echo.then(|| prompt.valid.inputs.clone())));
             }
@@ -271,8 +331,9 @@ pub async fn respond(
                         meter.trace().add_finish_reason(reason);
                     }
                     generated[delta.index as usize] = delta.generated;
-                    let offset = &mut text_offsets[delta.index as usize];
-                    if let Some(event) = chunker.delta(delta, offset) {
+                    let index = delta.index as usize;
+                    let offset = &mut text_offsets[index];
+                    for event in chunker.delta(delta, offset, tool_streams[index].as_mut()) {
                         yield event;
                     }
                 }

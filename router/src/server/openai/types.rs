@@ -59,10 +59,24 @@ pub enum MessageContent {
     Parts(Vec<ContentPart>),
 }
 
+/// The roles a message may have (documentation of `ChatMessage::role`, which is read as a
+/// string so an unknown role is refused with its own message).
+#[derive(ToSchema)]
+#[serde(rename_all = "lowercase")]
+#[allow(dead_code)] // documentation only
+pub enum ChatRole {
+    System,
+    Developer,
+    User,
+    Assistant,
+    Tool,
+}
+
 #[derive(Debug, Clone, PartialEq, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ChatMessage {
     /// `system`, `developer` (treated as `system`), `user`, `assistant` or `tool`.
+    #[schema(value_type = ChatRole)]
     pub role: String,
     #[serde(default)]
     pub content: Option<MessageContent>,
@@ -159,11 +173,17 @@ macro_rules! openai_request {
     pub guided_whitespace_pattern: Option<String>,
 
     // vLLM's sampling extensions; `mapping::extensions` gives each its rule.
+    /// -1 or 0 (off), or 1 to 2^31 - 1.
     #[serde(default)]
+    #[schema(minimum = -1, maximum = 2147483647)]
     pub top_k: Option<i64>,
+    /// Only 0 (off): min-p sampling is not implemented.
     #[serde(default)]
+    #[schema(minimum = 0, maximum = 0)]
     pub min_p: Option<f32>,
+    /// Strictly positive and finite in f32; 1 is no penalty.
     #[serde(default)]
+    #[schema(exclusive_minimum = 0, maximum = 3.4028234663852886e38)]
     pub repetition_penalty: Option<f32>,
     #[serde(default)]
     pub min_tokens: Option<u32>,
@@ -179,13 +199,19 @@ macro_rules! openai_request {
     pub include_stop_str_in_output: Option<bool>,
     #[serde(default)]
     pub use_beam_search: Option<bool>,
+    /// Finite in f32; no effect without beam search.
     #[serde(default)]
+    #[schema(minimum = -3.4028234663852886e38, maximum = 3.4028234663852886e38)]
     pub length_penalty: Option<f32>,
     #[serde(default)]
     pub early_stopping: Option<bool>,
+    /// Keep the prompt's last N tokens (N >= 1).
     #[serde(default)]
+    #[schema(minimum = 1)]
     pub truncate_prompt_tokens: Option<i64>,
+    /// Only `left` is implemented.
     #[serde(default)]
+    #[schema(pattern = "^left$")]
     pub truncation_side: Option<String>,
     #[serde(default)]
     pub prompt_logprobs: Option<i64>,
@@ -193,7 +219,9 @@ macro_rules! openai_request {
     pub add_special_tokens: Option<bool>,
     #[serde(default)]
     pub watermarking: Option<bool>,
+    /// Only 0: the scheduler has no priorities.
     #[serde(default)]
+    #[schema(minimum = 0, maximum = 0)]
     pub priority: Option<i64>,
     #[serde(default)]
     pub request_id: Option<String>,
@@ -202,9 +230,13 @@ macro_rules! openai_request {
     #[serde(default)]
     #[schema(value_type = Option<Object>)]
     pub logits_processors: Option<Value>,
+    /// Only empty: not implemented.
     #[serde(default)]
+    #[schema(max_items = 0)]
     pub bad_words: Option<Vec<String>>,
+    /// Only empty: not implemented (use `logit_bias`).
     #[serde(default)]
+    #[schema(max_items = 0)]
     pub allowed_token_ids: Option<Vec<u32>>,
     #[serde(default)]
     pub return_tokens_as_token_ids: Option<bool>,
@@ -376,14 +408,14 @@ pub struct ChatCompletionRequest {
     #[serde(default)]
     #[schema(minimum = 0, maximum = 20)]
     pub top_logprobs: Option<u32>,
-    /// Refused until tool calling exists.
+    /// Function tools (at most 128); see docs/openai.md.
     #[serde(default)]
     #[schema(value_type = Option<Object>)]
     pub tools: Option<Value>,
     #[serde(default)]
     #[schema(value_type = Option<Object>)]
     pub tool_choice: Option<Value>,
-    /// Accepted, no effect without `tools`.
+    /// Default true; false allows at most one call.
     #[serde(default)]
     pub parallel_tool_calls: Option<bool>,
     #[serde(default)]
@@ -410,7 +442,8 @@ pub struct ChatCompletionRequest {
     #[serde(default)]
     #[schema(value_type = Option<Object>)]
     pub web_search_options: Option<Value>,
-    /// TGI: text put before the tool definitions (used with `tools` only).
+    /// TGI: text put before the tool definitions. Accepted without effect: the model's
+    /// chat template writes the tools.
     #[serde(default)]
     pub tool_prompt: Option<String>,
     /// vLLM: generate this many (at least `n`, at most 16) and return the `n` with the
@@ -506,8 +539,47 @@ pub struct ChatLogprobs {
 #[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
 pub struct AssistantMessage {
     pub role: &'static str,
-    pub content: String,
+    /// The text; `null` when the answer is only tool calls.
+    pub content: Option<String>,
     pub refusal: Option<String>,
+    /// Present when the answer made calls.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCallOut>>,
+}
+
+/// One call of `message.tool_calls`.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct ToolCallOut {
+    pub id: String,
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    pub function: FunctionCallOut,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct FunctionCallOut {
+    pub name: String,
+    /// The arguments as a JSON string (an object matching the tool's `parameters`).
+    pub arguments: String,
+}
+
+/// One piece of `delta.tool_calls`: the first for a call carries `id`, `type` and
+/// `function.name` (with `arguments: ""`), later ones only `function.arguments`.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct ToolCallDelta {
+    pub index: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    pub kind: Option<&'static str>,
+    pub function: FunctionCallDelta,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct FunctionCallDelta {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    pub arguments: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
@@ -515,7 +587,7 @@ pub struct ChatChoice {
     pub index: u32,
     pub message: AssistantMessage,
     pub logprobs: Option<ChatLogprobs>,
-    /// `stop` or `length`.
+    /// `stop`, `length`, or `tool_calls` when the answer made calls.
     pub finish_reason: &'static str,
 }
 
@@ -536,6 +608,9 @@ pub struct ChatDelta {
     pub role: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    /// Always present, `null` without calls: TGI's Python client requires the key in every
+    /// delta (OpenAI's SDK and LangChain take `null` as none).
+    pub tool_calls: Option<Vec<ToolCallDelta>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]

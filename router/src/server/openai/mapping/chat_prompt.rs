@@ -1,10 +1,16 @@
 //! The prompt of a chat request: messages → the model's chat template, with vLLM's
-//! `add_generation_prompt` and `continue_final_message`.
+//! `add_generation_prompt` and `continue_final_message`, and the request's tools: given
+//! to a template that reads `tools`, written into the messages for one that does not
+//! (`tools::prompt`).
 use serde_json::Value;
+
+use crate::tools::prompt::{arguments_value, inline_tools};
+use crate::tools::{ToolRequest, ToolSyntax};
 
 use super::super::errors::OpenAiError;
 use super::super::types::{ChatCompletionRequest, ChatMessage, MessageContent};
-use crate::chat_template::{ChatTemplate, ChatTemplateError, TemplateMessage};
+use crate::chat_template::{ChatTemplate, ChatTemplateError, RenderedChat, TemplateMessage};
+use crate::validation::Prompt;
 
 /// The template's view of one message; content parts must all be text.
 fn template_message(index: usize, message: &ChatMessage) -> Result<TemplateMessage, OpenAiError> {
@@ -53,13 +59,65 @@ fn template_message(index: usize, message: &ChatMessage) -> Result<TemplateMessa
     {
         return Err(OpenAiError::invalid(&param, "`content` is required"));
     }
+    let tool_calls = match &message.tool_calls {
+        None | Some(Value::Null) => None,
+        Some(_) if role != "assistant" => {
+            return Err(OpenAiError::invalid(
+                &format!("{param}.tool_calls"),
+                "only assistant messages carry `tool_calls`",
+            ))
+        }
+        Some(calls) => Some(template_tool_calls(calls, &format!("{param}.tool_calls"))?),
+    };
     Ok(TemplateMessage {
         role: role.to_owned(),
         content,
         name: message.name.clone(),
-        tool_calls: message.tool_calls.clone(),
+        tool_calls,
         tool_call_id: message.tool_call_id.clone(),
     })
+}
+
+/// An assistant message's `tool_calls` as templates read them: OpenAI sends each
+/// call's `function.arguments` as a JSON string, HF templates index it (or `tojson` it)
+/// as a mapping, so a string holding a JSON object becomes that object.
+fn template_tool_calls(calls: &Value, param: &str) -> Result<Value, OpenAiError> {
+    let Value::Array(items) = calls else {
+        return Err(OpenAiError::invalid(param, "`tool_calls` must be an array"));
+    };
+    let mut out = Vec::with_capacity(items.len());
+    for (i, call) in items.iter().enumerate() {
+        let at = format!("{param}[{i}]");
+        let mut call = call.clone();
+        let function = call
+            .as_object_mut()
+            .and_then(|c| c.get_mut("function"))
+            .and_then(Value::as_object_mut)
+            .ok_or_else(|| OpenAiError::invalid(&at, "a tool call needs a `function` object"))?;
+        if !function.get("name").is_some_and(Value::is_string) {
+            return Err(OpenAiError::invalid(
+                &format!("{at}.function.name"),
+                "a tool call's `function.name` must be a string",
+            ));
+        }
+        match function.get("arguments") {
+            None | Some(Value::Null) => {
+                function.insert("arguments".into(), Value::Object(Default::default()));
+            }
+            Some(args @ (Value::String(_) | Value::Object(_))) => {
+                let parsed = arguments_value(args);
+                function.insert("arguments".into(), parsed);
+            }
+            Some(_) => {
+                return Err(OpenAiError::invalid(
+                    &format!("{at}.function.arguments"),
+                    "`arguments` must be a JSON string",
+                ))
+            }
+        }
+        out.push(call);
+    }
+    Ok(Value::Array(out))
 }
 
 /// Renders the conversation with the model's chat template, opening the assistant turn
@@ -68,8 +126,42 @@ pub fn render_chat(
     template: Result<&ChatTemplate, &ChatTemplateError>,
     messages: &[ChatMessage],
 ) -> Result<String, OpenAiError> {
-    render(template, messages, Ending::GenerationPrompt)
+    render_chat_segments(template, messages).map(|chat| chat.text)
 }
+
+/// `render_chat` with where the messages' text lies in the prompt (`/chat_tokenize`).
+pub fn render_chat_segments(
+    template: Result<&ChatTemplate, &ChatTemplateError>,
+    messages: &[ChatMessage],
+) -> Result<RenderedChat, OpenAiError> {
+    render(template, messages, Ending::GenerationPrompt, &NO_TOOLS)
+}
+
+/// The prompt a chat plan tokenizes: its text prompt with the messages' ranges, so their
+/// special-token strings are tokenized as text.
+pub fn with_message_ranges(prompt: Prompt, chat: &RenderedChat) -> Prompt {
+    match prompt {
+        Prompt::Text {
+            text,
+            add_special_tokens,
+        } if text == chat.text => Prompt::Chat {
+            chat: chat.clone(),
+            add_special_tokens,
+        },
+        other => other,
+    }
+}
+
+/// The tools part of rendering: the checked tools and the model's call syntax.
+struct Tools<'a> {
+    tools: Option<&'a ToolRequest>,
+    syntax: Option<&'a ToolSyntax>,
+}
+
+const NO_TOOLS: Tools<'static> = Tools {
+    tools: None,
+    syntax: None,
+};
 
 /// How the rendered prompt ends.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -86,7 +178,8 @@ fn render(
     template: Result<&ChatTemplate, &ChatTemplateError>,
     messages: &[ChatMessage],
     ending: Ending,
-) -> Result<String, OpenAiError> {
+    tools: &Tools,
+) -> Result<RenderedChat, OpenAiError> {
     if messages.is_empty() {
         return Err(OpenAiError::invalid(
             "messages",
@@ -99,9 +192,16 @@ fn render(
         .map(|(i, m)| template_message(i, m))
         .collect::<Result<Vec<_>, _>>()?;
     let template = template.map_err(|err| OpenAiError::invalid("messages", err.to_string()))?;
-    let rendered = template
-        .render(&messages, ending == Ending::GenerationPrompt)
-        .map_err(|err| OpenAiError::invalid("messages", format!("chat template error: {err}")))?;
+    let tool_objects = tools.tools.map(ToolRequest::template_tools);
+    let generation_prompt = ending == Ending::GenerationPrompt;
+    let mut rendered = match tools.syntax {
+        Some(syntax) if !template.reads_tools() => {
+            let messages = inline_tools(&messages, tool_objects.as_deref(), syntax.format);
+            template.render_chat(&messages, None, generation_prompt)
+        }
+        _ => template.render_chat(&messages, tool_objects.as_deref(), generation_prompt),
+    }
+    .map_err(|err| OpenAiError::invalid("messages", format!("chat template error: {err}")))?;
     if ending != Ending::ContinueFinal {
         return Ok(rendered);
     }
@@ -112,8 +212,11 @@ fn render(
         .and_then(|m| m.content.as_deref())
         .unwrap_or("");
     let needle = last.trim();
-    match rendered.rfind(needle).filter(|_| !needle.is_empty()) {
-        Some(at) => Ok(rendered[..at + needle.len()].to_owned()),
+    match rendered.text.rfind(needle).filter(|_| !needle.is_empty()) {
+        Some(at) => {
+            rendered.truncate(at + needle.len());
+            Ok(rendered)
+        }
         None => Err(OpenAiError::invalid(
             "continue_final_message",
             "the final message's text does not appear in the rendered chat",
@@ -134,7 +237,9 @@ fn has_entries(value: &Option<Value>) -> bool {
 pub fn chat_prompt(
     template: Result<&ChatTemplate, &ChatTemplateError>,
     request: &ChatCompletionRequest,
-) -> Result<String, OpenAiError> {
+    tools: &ToolRequest,
+    syntax: &ToolSyntax,
+) -> Result<RenderedChat, OpenAiError> {
     if request.chat_template.is_some() {
         return Err(OpenAiError::unsupported(
             "chat_template",
@@ -166,5 +271,9 @@ pub fn chat_prompt(
         _ if generation_prompt => Ending::GenerationPrompt,
         _ => Ending::Closed,
     };
-    render(template, &request.messages, ending)
+    let tools = Tools {
+        tools: Some(tools),
+        syntax: Some(syntax),
+    };
+    render(template, &request.messages, ending, &tools)
 }

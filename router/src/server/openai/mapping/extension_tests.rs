@@ -9,6 +9,7 @@ fn model() -> ModelDefaults {
     ModelDefaults {
         generation: GenerationDefaults::default(),
         stop_token_ids: vec![2, 7],
+        ..ModelDefaults::default()
     }
 }
 
@@ -257,8 +258,6 @@ fn ranges_are_checked_in_f32() {
 fn unimplemented_values_are_refused_by_name() {
     for (body, field) in [
         (json!({"min_p": 0.1}), "min_p"),
-        (json!({"min_tokens": 3}), "min_tokens"),
-        (json!({"ignore_eos": true}), "ignore_eos"),
         (json!({"stop_token_ids": [2, 99]}), "stop_token_ids"),
         (json!({"skip_special_tokens": false}), "skip_special_tokens"),
         (
@@ -303,10 +302,28 @@ fn unimplemented_values_are_refused_by_name() {
             "{body}"
         );
     }
-    assert_eq!(
-        refused(completion(json!({"min_tokens": 1}))),
-        ("min_tokens".into(), true)
-    );
+}
+
+#[test]
+fn min_tokens_and_ignore_eos_hold_the_models_stop_tokens_back() {
+    let floor = |plan: Result<Plan, OpenAiError>| plan.unwrap().inputs[0].extras.stop_floor.clone();
+    let held = |min| {
+        Some(StopFloor {
+            min_new_tokens: min,
+            stop_token_ids: vec![2, 7],
+        })
+    };
+    assert_eq!(floor(chat(json!({"min_tokens": 3, "max_tokens": 8}))), held(3));
+    assert_eq!(floor(completion(json!({"min_tokens": 1}))), held(1));
+    assert_eq!(floor(chat(json!({"ignore_eos": true}))), held(u32::MAX));
+    assert_eq!(floor(chat(json!({"min_tokens": 0, "ignore_eos": false}))), None);
+    // More than max_tokens, or beside a grammar that must end at EOS: a 400 naming the field.
+    let too_many = json!({"min_tokens": 9, "max_tokens": 8});
+    assert_eq!(refused(chat(too_many)), ("min_tokens".into(), false));
+    let json_mode = json!({"ignore_eos": true, "response_format": {"type": "json_object"}});
+    assert_eq!(refused(chat(json_mode)), ("ignore_eos".into(), false));
+    let guided = json!({"min_tokens": 2, "guided_regex": "a+"});
+    assert_eq!(refused(completion(guided)), ("min_tokens".into(), false));
 }
 
 #[test]
@@ -319,6 +336,7 @@ fn generation_config_fills_only_what_the_request_left_unset() {
             repetition_penalty: Some(1.1),
         },
         stop_token_ids: vec![2],
+        ..ModelDefaults::default()
     };
     let p = params(chat_with(json!({}), &model));
     assert_eq!(

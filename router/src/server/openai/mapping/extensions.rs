@@ -16,6 +16,9 @@ pub struct Extensions {
     /// Keep the last N prompt tokens (TGI's `truncate`).
     pub truncate: Option<usize>,
     pub watermark: bool,
+    /// Stop tokens cannot be drawn before this many tokens (`min_tokens`; `ignore_eos`:
+    /// never, `u32::MAX`). 0: no floor.
+    pub min_new_tokens: u32,
 }
 
 /// Unset, `null`, `[]` and `{}` all mean "nothing asked for".
@@ -99,18 +102,6 @@ fn refuse_unimplemented(f: &ExtensionFields, eos_ids: &[u32]) -> Result<(), Open
         if p > 0.0 {
             return Err(refuse("min_p", "min-p sampling is not implemented"));
         }
-    }
-    if f.min_tokens.is_some_and(|n| n > 0) {
-        return Err(refuse(
-            "min_tokens",
-            "a minimum output length is not implemented",
-        ));
-    }
-    if f.ignore_eos == Some(true) {
-        return Err(refuse(
-            "ignore_eos",
-            "generation always ends at the model's EOS",
-        ));
     }
     // Per-request stop tokens need support in the request lifecycle; ids that already end
     // generation (the model's EOS ids) change nothing and are accepted.
@@ -220,5 +211,10 @@ pub fn check(fields: &ExtensionFields, eos_ids: &[u32]) -> Result<Extensions, Op
             fields.truncation_side.as_deref(),
         )?,
         watermark: fields.watermarking.unwrap_or(false),
+        min_new_tokens: if fields.ignore_eos == Some(true) {
+            u32::MAX
+        } else {
+            fields.min_tokens.unwrap_or(0)
+        },
     })
 }

@@ -103,7 +103,7 @@ fn rule_violations_name_their_field() {
     );
     assert_eq!(
         param(chat(&format!(r#"{{{USER},"tools":[{{}}]}}"#))),
-        "tools"
+        "tools[0].type"
     );
     assert_eq!(param(chat(&format!(r#"{{{USER},"audio":{{}}}}"#))), "audio");
     assert_eq!(
@@ -128,7 +128,7 @@ fn messages_map_roles_and_join_text_parts() {
     let messages: Vec<ChatMessage> = serde_json::from_str(
         r#"[{"role":"developer","content":"be brief"},
             {"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]},
-            {"role":"assistant","content":null,"tool_calls":[{"id":"1"}]},
+            {"role":"assistant","content":null,"tool_calls":[{"id":"1","type":"function","function":{"name":"f","arguments":"{}"}}]},
             {"role":"tool","content":"42","tool_call_id":"1"}]"#,
     )
     .unwrap();

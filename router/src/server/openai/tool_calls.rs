@@ -1,0 +1,143 @@
+//! Tool calls in chat answers: a choice's text split into content and
+//! `message.tool_calls` (non-streamed), or into OpenAI's `delta.tool_calls` pieces
+//! (streamed). Both come from the one `tools::ToolCallStream`, so the streamed pieces
+//! always add up to the non-streamed message.
+use super::types::{
+    AssistantMessage, ChatDelta, FunctionCallDelta, FunctionCallOut, ToolCallDelta, ToolCallOut,
+};
+use crate::infer::SequenceDecoder;
+use crate::tools::{
+    parse_tool_calls, random_ids, ParsedOutput, ToolCallStream, ToolStreamEvent, ToolSyntax,
+};
+
+/// The marker tokens whose text the answer keeps: special tokens are left out of the
+/// text, but a call's `[TOOL_CALLS]` or `<|python_tag|>` is what the parser looks for.
+pub fn kept_tokens(syntax: &ToolSyntax) -> Vec<(u32, String)> {
+    [&syntax.open, &syntax.close, &syntax.args]
+        .into_iter()
+        .flatten()
+        .filter_map(|m| m.token.map(|id| (id, m.text.clone())))
+        .collect()
+}
+
+/// A choice's final text, with the `kept` special tokens written in. Without kept tokens
+/// it is the OpenAI text (`text_without_stop`); with them it is built from the streamed
+/// token texts the same way the stream follower builds it, so the two agree.
+pub fn answer_text(decoder: &SequenceDecoder, kept: &[(u32, String)]) -> String {
+    if kept.is_empty() {
+        return decoder.text_without_stop();
+    }
+    let record = decoder.record();
+    let mut text = String::new();
+    for token in &record.tokens {
+        match kept.iter().find(|(id, _)| *id == token.id) {
+            Some((_, marker)) => text.push_str(marker),
+            None if !token.special => text.push_str(&token.text),
+            None => {}
+        }
+    }
+    if let Some(stop) = &record.matched_stop {
+        if let Some(at) = text.rfind(stop.as_str()) {
+            text.truncate(at);
+        }
+    }
+    text
+}
+
+fn openai_calls(parsed: &ParsedOutput) -> Vec<ToolCallOut> {
+    parsed
+        .tool_calls
+        .iter()
+        .map(|call| ToolCallOut {
+            id: call.id.clone(),
+            kind: "function",
+            function: FunctionCallOut {
+                name: call.name.clone(),
+                arguments: call.arguments.clone(),
+            },
+        })
+        .collect()
+}
+
+/// The non-streamed message and finish reason of a choice that may hold calls.
+pub fn message(
+    syntax: &ToolSyntax,
+    text: &str,
+    reason: &'static str,
+) -> (AssistantMessage, &'static str) {
+    let parsed = parse_tool_calls(syntax, text, random_ids(syntax.format));
+    let finish = parsed.finish_reason(reason);
+    let calls = openai_calls(&parsed);
+    // `null` next to calls; an empty answer without calls is `""`, as without tools.
+    let content = match parsed.content {
+        None if calls.is_empty() => Some(String::new()),
+        content => content,
+    };
+    let message = AssistantMessage {
+        role: "assistant",
+        content,
+        refusal: None,
+        tool_calls: (!calls.is_empty()).then_some(calls),
+    };
+    (message, finish)
+}
+
+/// One streamed choice's parser.
+pub struct ChoiceToolStream {
+    stream: ToolCallStream,
+}
+
+fn delta_of(event: ToolStreamEvent) -> ChatDelta {
+    let call = |index: usize, id, kind, name, arguments| ToolCallDelta {
+        index: index as u32,
+        id,
+        kind,
+        function: FunctionCallDelta { name, arguments },
+    };
+    let tool_calls = match event {
+        ToolStreamEvent::Content(text) => {
+            return ChatDelta {
+                role: Some("assistant"),
+                content: Some(text),
+                tool_calls: None,
+            }
+        }
+        ToolStreamEvent::CallStart { index, id, name } => {
+            call(index, Some(id), Some("function"), Some(name), String::new())
+        }
+        ToolStreamEvent::Arguments { index, delta } => call(index, None, None, None, delta),
+    };
+    ChatDelta {
+        role: Some("assistant"),
+        content: None,
+        tool_calls: Some(vec![tool_calls]),
+    }
+}
+
+impl ChoiceToolStream {
+    pub fn new(syntax: &ToolSyntax) -> Self {
+        Self {
+            stream: ToolCallStream::new(syntax, random_ids(syntax.format)),
+        }
+    }
+
+    /// The deltas for the next piece of text; at the choice's end (`finish`) also what
+    /// was held back, and the finish reason (`tool_calls` once a call was made).
+    pub fn push(
+        &mut self,
+        text: &str,
+        finish: Option<&'static str>,
+    ) -> (Vec<ChatDelta>, Option<&'static str>) {
+        let mut events = self.stream.push(text);
+        let Some(reason) = finish else {
+            return (events.into_iter().map(delta_of).collect(), None);
+        };
+        events.extend(self.stream.finish());
+        let reason = if self.stream.calls() > 0 && reason == "stop" {
+            "tool_calls"
+        } else {
+            reason
+        };
+        (events.into_iter().map(delta_of).collect(), Some(reason))
+    }
+}
