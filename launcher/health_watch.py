@@ -4,35 +4,82 @@ router's /health, and reports the first child that keeps failing.
 A child that exits is caught by polling its status; this catches the ones that stay alive
 but stop answering (a stopped or deadlocked shard), and a router whose /health turned 503
 because a shard failed a step (the router latches that state; its log names the rank).
+
+A shard that does not answer `Health` in time is not taken for a hung one on that alone. The
+shard is one Python process: a native call that holds the GIL (a grammar compile, a tokenizer
+build) keeps its event loop from answering for as long as it runs, while the shard is doing
+exactly what it was asked. So each round also reads the shard's process state from /proc:
+- stopped (SIGSTOP, state T): failed after `stopped_allowed` rounds, without waiting on Health;
+- its CPU time grew since the last round: busy, not hung; a miss does not count, up to
+  `busy_limit` seconds without an answer (the router's step timeout bounds a step far sooner);
+- otherwise (no CPU, no answer): a miss; `failures_allowed` in a row fail it.
 """
 
 from __future__ import annotations
 
+import os
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 
 @dataclass(frozen=True)
 class WatchTimings:
-    interval: float = 2.0  # seconds between probe rounds
+    interval: float = 1.0  # seconds between probe rounds
     shard_timeout: float = 5.0  # a shard answers Health from its event loop, even mid-step
-    router_timeout: float = 15.0  # the router's /health itself waits up to 10 s on the shards
-    failures_allowed: int = 3  # consecutive failed probes before a child counts as failed
+    router_timeout: float = 15.0  # the router bounds its own /health to a few seconds
+    failures_allowed: int = 3  # consecutive failed probes (of an idle process) before it counts as failed
+    stopped_allowed: int = 6  # consecutive rounds seen stopped (SIGSTOP); the router fails its streams first
+    busy_limit: float = 180.0  # seconds a busy (CPU-consuming) shard may go without answering
+
+
+@dataclass(frozen=True)
+class ProcessSample:
+    state: str  # /proc/<pid>/stat's state letter: R, S, D, T (stopped), t (traced), Z ...
+    cpu_ticks: int  # user + system time of every thread, in clock ticks
+
+    @property
+    def stopped(self) -> bool:
+        return self.state in ("T", "t")
+
+
+def read_process(pid: int) -> ProcessSample | None:
+    """The process's state and CPU time from /proc; None where that cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            text = stat.read().decode("ascii", "replace")
+    except OSError:
+        return None
+    # The command name (field 2) may hold spaces and parentheses: fields follow the last ')'.
+    fields = text[text.rfind(")") + 2:].split()
+    try:
+        return ProcessSample(state=fields[0], cpu_ticks=int(fields[11]) + int(fields[12]))
+    except (IndexError, ValueError):
+        return None
 
 
 class HealthWatch:
     def __init__(self, shards: Sequence[tuple[str, Path]], router_url: str,
                  shard_probe: Callable[[Path, float], bool],
                  router_probe: Callable[[str, float], bool],
-                 timings: WatchTimings = WatchTimings()) -> None:
+                 timings: WatchTimings = WatchTimings(),
+                 pids: Mapping[str, int] | None = None,
+                 process_probe: Callable[[int], ProcessSample | None] = read_process,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._shards = list(shards)
         self._router_url = router_url
         self._shard_probe = shard_probe
         self._router_probe = router_probe
         self._timings = timings
+        self._pids = dict(pids or {})
+        self._process_probe = process_probe
+        self._clock = clock
         self._misses: dict[str, int] = {}
+        self._stopped: dict[str, int] = {}
+        self._cpu: dict[str, int] = {}
+        self._answered: dict[str, float] = {}  # when each shard last answered Health
         self._failure: str | None = None
         self._closed = threading.Event()
         self._thread = threading.Thread(target=self._run, name="health-watch", daemon=True)
@@ -59,12 +106,55 @@ class HealthWatch:
         Shards go first, so a hung shard is named rather than the router it makes unhealthy."""
         timings = self._timings
         for name, socket in self._shards:
-            if self._record(name, self._shard_probe(socket, timings.shard_timeout)):
-                return (f"{name} has not answered Health for {timings.failures_allowed} probes "
-                        f"in a row (hung or stopped)")
-        if self._record("router", self._router_probe(self._router_url, timings.router_timeout)):
+            failure = self._probe_shard(name, socket)
+            if failure is not None:
+                return failure
+        router_healthy = self._router_probe(self._router_url, timings.router_timeout)
+        if not router_healthy and any(self._stopped.values()):
+            return None  # the router's 503 is the stopped shard's, which is named above in time
+        if self._record("router", router_healthy):
             return (f"the router's /health has failed {timings.failures_allowed} probes in a row "
                     f"(a shard failed a step; the router's log above names the rank)")
+        return None
+
+    def _probe_shard(self, name: str, socket: Path) -> str | None:
+        timings = self._timings
+        now = self._clock()
+        self._answered.setdefault(name, now)
+        pid = self._pids.get(name)
+        before = self._process_probe(pid) if pid is not None else None
+        if before is not None and before.stopped:
+            self._stopped[name] = self._stopped.get(name, 0) + 1
+            if self._stopped[name] >= timings.stopped_allowed:
+                return (f"{name} has not answered Health: it is stopped (pid {pid}, state "
+                        f"{before.state}: SIGSTOP or a debugger)")
+            return None
+        self._stopped[name] = 0
+        if self._shard_probe(socket, timings.shard_timeout):
+            self._answered[name] = self._clock()
+            self._misses[name] = 0
+            if before is not None:
+                self._cpu[name] = before.cpu_ticks
+            return None
+        after = self._process_probe(pid) if pid is not None else None
+        if after is not None and after.stopped:
+            self._stopped[name] = 1
+            return None  # counted from the next round on
+        silent_for = self._clock() - self._answered[name]
+        previous = self._cpu.get(name)
+        if after is not None:
+            self._cpu[name] = after.cpu_ticks
+        busy = after is not None and previous is not None and after.cpu_ticks > previous
+        if busy:
+            # Working (a long native call holds the GIL): not a miss, within a bound.
+            self._misses[name] = 0
+            if silent_for >= timings.busy_limit:
+                return (f"{name} has not answered Health for {silent_for:.0f} s while using CPU "
+                        f"(busy far past any step; hung in a loop?)")
+            return None
+        if self._record(name, False):
+            return (f"{name} has not answered Health for {timings.failures_allowed} probes "
+                    f"in a row and uses no CPU (hung or stopped)")
         return None
 
     def _record(self, name: str, healthy: bool) -> bool:

@@ -121,7 +121,8 @@ OPTIONS: tuple[Option, ...] = (
     _shard("--kv-cache-dtype", "Store the KV cache in fp8: half the memory per token of bf16.",
            choices=("fp8_e4m3fn", "fp8_e5m2"), default="the model's dtype"),
     _shard("--quantize", "Quantize the linear weights at load: fp8 (e4m3, a scale per output feature; "
-           "half the weight memory of bf16; GPUs with fp8 tensor cores, sm_89+).", choices=("fp8",),
+           "half the weight memory of bf16; GPUs with fp8 tensor cores, sm_89+); gptq, awq, marlin: the "
+           "checkpoint's own GPTQ/AWQ weights (loaded without the flag too).", choices=("fp8", "gptq", "awq", "marlin"),
            default="none"),
     _shard("--kv-cache-tokens", "KV pool size in tokens on CPU.", positive_int,
            default="set by the shard"),
@@ -155,7 +156,27 @@ OPTIONS: tuple[Option, ...] = (
     _router("--scheduling-age-cap-ms", "Milliseconds after which a waiting request goes "
             "ahead of requests with a longer cached prefix.", non_negative_int, "2000"),
     _router("--payload-limit", "Largest request body in bytes (413 above).", default="2000000"),
-    _router("--validation-workers", "Threads that may tokenize at once.", default="2"),
+    _router("--header-read-timeout", "Seconds a client may take to send a request's headers; "
+            "also bounds the wait for the next request on a kept-alive connection (textgen only).",
+            positive_seconds, "30"),
+    _router("--body-read-timeout", "Seconds a client may take to send a request's body after its "
+            "headers; past it, 408 (textgen only).", positive_seconds, "30"),
+    _router("--keep-alive-timeout", "Seconds a connection may stay open with no request in flight "
+            "and no byte moving; a streaming response is in flight (textgen only).",
+            positive_seconds, "15"),
+    _router("--max-connections", "Most client connections open at once; more are closed at once, "
+            "loopback clients get 8 more (textgen only).", default="1024"),
+    _router("--validation-workers", "Threads that may tokenize or compile grammars at once.",
+            default="2"),
+    Option(("--disable-grammar-support",), "Refuse every request with a grammar, schema or "
+           "tools constraint (422 native, 400 OpenAI).", forward=(ROUTER,), switch=True),
+    Option(("--allow-special-tokens-in-content",), "Tokenize special-token strings in chat "
+           "messages as special tokens; off, message text is text (textgen only).",
+           forward=(ROUTER,), switch=True),
+    _router("--max-grammar-bytes", "Largest grammar (schema, regex, Lark, choices) a request "
+            "may send, in bytes (textgen only).", default="1000000"),
+    _router("--grammar-compile-timeout-ms", "Milliseconds the router may spend compiling one "
+            "grammar before refusing the request (textgen only).", default="1000"),
     _router("--watermark-gamma", "Watermark: share of tokens that are green after each token.",
             open_fraction, "0.5"),
     _router("--watermark-delta", "Watermark: bias added to green tokens' logits.",
@@ -216,7 +237,6 @@ UNSUPPORTED: tuple[Unsupported, ...] = (
     Unsupported("--weights-cache-override", _NOT_YET),
     Unsupported("--disable-custom-kernels", "use --attention reference instead", False),
     Unsupported("--tokenizer-config-path", _NOT_YET),
-    Unsupported("--disable-grammar-support", _NOT_YET, False),
     Unsupported("--max-client-batch-size", _NOT_YET),
     Unsupported("--enable-prefill-logprobs", _NOT_YET, False),
     Unsupported("--ngrok", "ngrok tunnels are not supported", False),

@@ -51,7 +51,15 @@ class Settings:
     scheduling_policy: str | None
     scheduling_age_cap_ms: int | None
     payload_limit: int | None
+    header_read_timeout: float | None
+    body_read_timeout: float | None
+    keep_alive_timeout: float | None
+    max_connections: int | None
     validation_workers: int | None
+    disable_grammar_support: bool | None
+    allow_special_tokens_in_content: bool | None
+    max_grammar_bytes: int | None
+    grammar_compile_timeout_ms: int | None
     watermark_gamma: float | None
     watermark_delta: float | None
     api_key: str | None

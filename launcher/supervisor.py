@@ -201,7 +201,9 @@ class Supervisor:
     def _watch(self) -> None:
         watch = HealthWatch([(spec.name, spec.socket) for spec in self._shard_specs],
                             self._router_spec.health_url, self._probes.shard,
-                            self._probes.router, self._timeouts.watch)
+                            self._probes.router, self._timeouts.watch,
+                            pids={spec.name: child.pid for spec, child in
+                                  zip(self._shard_specs, self._shards)})
         watch.start()
         try:
             while True:
@@ -219,6 +221,9 @@ class Supervisor:
                 logger.warning("router still running after %g s; killing it", router_grace)
                 self._router.kill()
         for shard in self._shards:
+            # A stopped (SIGSTOP) shard resumes first: a SIGTERM it got while stopped would go
+            # to whichever thread ran first, not the one that handles it.
+            shard.send_signal(signal.SIGCONT)
             shard.send_signal(signal.SIGTERM)
         for shard in self._shards:
             if not shard.wait(self._timeouts.shard_grace, self._stop.forced):

@@ -103,8 +103,8 @@ def test_launcher_exits_1_naming_a_missing_model(tmp_path, capsys):
 
 
 def test_launcher_exits_2_on_bad_flags(capsys):
-    assert main(["--quantize", "awq"], {}) == 2
-    assert "invalid choice: 'awq'" in capsys.readouterr().err
+    assert main(["--quantize", "eetq"], {}) == 2
+    assert "invalid choice: 'eetq'" in capsys.readouterr().err
 
 
 def test_download_demo_model_subcommand_prints_the_snapshot(demo_cache, demo_snapshot, capsys):

@@ -121,3 +121,17 @@ def test_watermark_flags_reach_the_router_and_are_range_checked():
     for argv in (["--watermark-gamma", "1"], ["--watermark-gamma", "0"], ["--watermark-delta", "-1"]):
         with pytest.raises(UsageError, match="watermark"):
             settings(*argv)
+
+
+def test_grammar_flags_reach_the_router_as_set():
+    command = router_command(
+        EXE, settings("--disable-grammar-support", "--max-grammar-bytes", "5000", GRAMMAR_COMPILE_TIMEOUT_MS="250"),
+        MODEL, 1,
+    )
+    assert "--disable-grammar-support" in command
+    assert command[command.index("--max-grammar-bytes") + 1] == "5000"
+    assert command[command.index("--grammar-compile-timeout-ms") + 1] == "250"
+    plain = router_command(EXE, settings(), MODEL, 1)
+    assert not any("grammar" in arg for arg in plain)
+    with pytest.raises(UsageError, match="max-grammar-bytes"):
+        settings("--max-grammar-bytes", "0")

@@ -72,7 +72,7 @@ def test_sharded_flag_with_and_without_value():
     (["--dtype", "float64"], "invalid choice"),
     (["--kv-cache-dtype", "fp8"], "invalid choice"),
     (["--kv-cache-dtype", "int8"], "invalid choice"),
-    (["--quantize", "gptq"], "invalid choice"),
+    (["--quantize", "eetq"], "invalid choice"),
     (["--quantize", "FP8"], "invalid choice"),
     (["--quantize", ""], "non-empty value"),
     (["--no-such-flag"], "unrecognized arguments"),
@@ -96,6 +96,7 @@ def test_invalid_env_twin_names_the_variable():
 def test_quantize_from_the_flag_or_its_env_twin():
     assert parse().quantize is None  # bf16/fp16 weights, as the checkpoint has them
     assert parse("--quantize", "fp8").quantize == "fp8"
+    assert parse("--quantize", "gptq").quantize == "gptq"  # the checkpoint's own; the shard checks they agree
     assert parse(QUANTIZE="fp8").quantize == "fp8"
 
 

@@ -172,3 +172,40 @@ def test_stale_socket_is_removed_at_start(tmp_path, model_dir):
     assert stale.is_socket()
     launcher.process.send_signal(signal.SIGTERM)
     assert launcher.finish()[0] == 0
+
+
+def test_a_busy_shard_that_misses_health_is_not_stopped(tmp_path, model_dir):
+    # Issue 27 defect 2: Health unanswered while the shard works (CPU time growing) is busy,
+    # not hung. The watch used to stop everything after 3 missed probes (~3-6 s here).
+    launcher = Launcher(tmp_path, model_dir, env={"FAKE_SHARD_BUSY_AFTER_READY_RANK": "0"})
+    launcher.wait_ready()
+    time.sleep(10)
+    assert launcher.process.poll() is None, launcher.finish()[1]
+    launcher.process.send_signal(signal.SIGTERM)
+    code, stderr = launcher.finish()
+    assert code == 0, stderr
+    assert "has not answered Health" not in stderr
+
+
+def test_a_stopped_shard_is_named_within_seconds(tmp_path, model_dir):
+    launcher = Launcher(tmp_path, model_dir)
+    launcher.wait_ready()
+    shard = next(p for p in _children(launcher.process.pid) if b"--rank" in _cmdline(p))
+    os.kill(shard, signal.SIGSTOP)
+    started = time.monotonic()
+    code, stderr = launcher.finish(timeout=60)
+    assert code == 1, stderr
+    assert "shard 0 has not answered Health: it is stopped" in stderr
+    assert time.monotonic() - started < 15, stderr
+    assert "ignored SIGTERM" not in stderr  # it got SIGCONT with its SIGTERM
+
+
+def _children(pid: int) -> list[int]:
+    children = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        children += (task / "children").read_text().split()
+    return [int(c) for c in children]
+
+
+def _cmdline(pid: int) -> bytes:
+    return Path(f"/proc/{pid}/cmdline").read_bytes()

@@ -3,7 +3,8 @@
 Behaviour comes from the environment: FAKE_SHARD_CRASH_RANK makes that rank fail while
 "loading"; FAKE_SHARD_CRASH_AFTER_READY_RANK makes it die after binding;
 FAKE_SHARD_HANG_AFTER_READY_RANK makes it stop answering Health (alive but stuck) a second
-after binding; FAKE_ARGV_DIR records each argv as JSON (and the shard's NCCL_NVLS_ENABLE);
+after binding; FAKE_SHARD_BUSY_AFTER_READY_RANK makes it miss Health while it burns CPU, as a
+shard whose step worker holds the GIL in a long native call (a grammar compile); FAKE_ARGV_DIR records each argv as JSON (and the shard's NCCL_NVLS_ENABLE);
 FAKE_EVENTS_FILE gets a line when SIGTERM arrives.
 """
 
@@ -67,7 +68,22 @@ if os.environ.get("FAKE_SHARD_HANG_AFTER_READY_RANK") == str(args.rank):
     print("stuck in a collective", file=sys.stderr, flush=True)
     stuck.set()
 
-stop.wait()
+if os.environ.get("FAKE_SHARD_BUSY_AFTER_READY_RANK") == str(args.rank):
+    time.sleep(1.0)
+    print("compiling a grammar", file=sys.stderr, flush=True)
+    stuck.set()
+
+    def burn() -> None:
+        while not stop.is_set():
+            sum(range(100_000))
+
+    threading.Thread(target=burn, daemon=True).start()
+
+# Timed waits: Python runs a signal's handler only on the main thread, and an untimed
+# wait there is not woken when the kernel hands SIGTERM to a gRPC thread (as it may just
+# after a SIGCONT). The real shard reads signals through asyncio's wakeup fd instead.
+while not stop.wait(0.05):
+    pass
 if os.environ.get("FAKE_EVENTS_FILE"):
     with open(os.environ["FAKE_EVENTS_FILE"], "a") as f:
         f.write(f"shard-{args.rank}-stop {time.time()}\n")
