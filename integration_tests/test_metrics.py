@@ -97,6 +97,13 @@ def send_traffic(url: str) -> dict[str, int]:
         tokens["prompt"] += events[-1]["details"]["input_length"]
         tokens["generated"] += events[-1]["details"]["generated_tokens"]
 
+        # A constrained one, so the grammar compile and mask histograms see traffic too.
+        grammar = {"type": "regex", "value": "[0-9]{1,8}"}
+        constrained = http.post("/generate", json={"inputs": PROMPT, "parameters": {**params, "grammar": grammar}})
+        assert constrained.status_code == 200, constrained.text
+        tokens["prompt"] += int(constrained.headers["x-prompt-tokens"])
+        tokens["generated"] += constrained.json()["details"]["generated_tokens"]
+
         invalid = http.post("/generate", json={"inputs": PROMPT, "parameters": {"temperature": -1.0}})
         assert invalid.status_code == 422, invalid.text
         malformed = http.post("/generate", content=b"{not json", headers={"content-type": "application/json"})
@@ -171,7 +178,7 @@ def test_requests_are_counted_by_route_and_outcome(traffic):
         name = "textgen_requests_total"
         return after.value(name, route=route, outcome=outcome) - before.value(name, route=route, outcome=outcome)
 
-    assert delta("generate", "success") == 1
+    assert delta("generate", "success") == 2, "a free and a constrained answer"
     assert delta("generate_stream", "success") == 1
     assert delta("chat_completions", "success") == 1
     assert delta("generate", "validation") == 2, "a bad parameter and a malformed body"
@@ -217,6 +224,8 @@ def test_histograms_are_consistent_and_saw_the_traffic(traffic, server):
             if family == "textgen_shard_device_duration_seconds" and not timed_on_device:
                 assert now["count"] == 0, f"{family}{dict(labels)} recorded without a device clock"
                 continue
+            if dict(labels).get("kind", "regex") != "regex":
+                continue  # the traffic's grammar is a regex; other kinds come from other tests
             assert now["count"] > then["count"], f"{family}{dict(labels)} saw none of the traffic"
     for family in ("textgen_shard_forward_duration_seconds", "textgen_shard_device_duration_seconds"):
         ranks = {labels["rank"] for labels in after.label_sets(family)}

@@ -64,6 +64,40 @@ def test_malformed_input_gets_tgi_error(server, name, body, headers):
     assert ok.status_code == 200
 
 
+# Finite in f64, infinite in f32 (the shard's precision): each once took the whole server down
+# and sent its parameters to another client's stream (issue 27, defect 1).
+F32_OVERFLOW = [
+    {"temperature": 1e308},
+    {"temperature": 3.5e38},
+    {"repetition_penalty": 1e39},
+]
+
+
+def test_f32_overflowing_parameters_fail_alone_and_others_stream_on(server):
+    events: list[str] = []
+
+    def other_client():
+        body = {"model": "tgi", "prompt": "Count to one hundred:", "max_tokens": 40, "stream": True,
+                "seed": 424242}
+        with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=300) as response:
+            assert response.status_code == 200
+            events.extend(line for line in response.iter_lines() if line.startswith("data:"))
+
+    with ThreadPoolExecutor(1) as pool:
+        streaming = pool.submit(other_client)
+        time.sleep(0.5)
+        for parameters in F32_OVERFLOW:
+            for path in ("/generate", "/generate_stream"):
+                body = {"inputs": "Hi", "parameters": {**parameters, "max_new_tokens": 2}}
+                response = post(server.url, path, body)
+                assert response.status_code == 422, (parameters, path, response.text)
+                assert "finite" in response.json()["error"]
+        streaming.result()
+    assert events[-1] == "data: [DONE]"
+    assert not any("error" in json.loads(e[5:]) for e in events[:-1]), events[-2:]
+    assert httpx.get(server.url + "/health", timeout=10).status_code == 200
+
+
 def test_validation_errors_are_422(server):
     response = post(server.url, "/generate", {"inputs": "hi", "parameters": {"temperature": 0}})
     assert response.status_code == 422

@@ -49,3 +49,27 @@ def test_timeline_places_tokens_and_wall_time_from_the_first_send():
     assert abs(got["first_token_s"] - 0.4) < 1e-9 and abs(got["last_token_s"] - 2.0) < 1e-9
     assert abs(got["outside_tokens_s"] - 0.3) < 1e-9 and got["wall_s"] == 2.3
     assert timeline([StreamResult(sent=1.0, error="refused")], wall=0.5) == {"sends_spread_s": 0.0, "wall_s": 0.5}
+
+
+def test_sse_events_split_at_line_feeds_only():
+    """JSON leaves U+2028 and U+0085 unescaped in strings; an event holding one is one event."""
+    import asyncio
+
+    import httpx
+
+    from bench.gpu_http_load import sse_data
+
+    payloads = ['{"token": {"text": "a\u2028b\x85c"}}', '{"token": {"text": "d"}}']
+    body = "".join(f"data:{p}\r\n\r\n" for p in payloads).encode()
+
+    async def read() -> list[str]:
+        chunks = [body[i : i + 7] for i in range(0, len(body), 7)]  # events cut across chunks
+
+        async def stream():
+            for chunk in chunks:
+                yield chunk
+
+        response = httpx.Response(200, content=stream())
+        return [data async for data in sse_data(response)]
+
+    assert asyncio.run(read()) == payloads

@@ -1,0 +1,79 @@
+"""The engine-neutral load client (bench/peer_load.py): workloads are seeded and shaped as
+documented, and the client counts tokens from usage, holds an admission cap and keeps order."""
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from bench import peer_load
+
+
+class FakeCompletions(BaseHTTPRequestHandler):
+    """/v1/completions streamed as an OpenAI server does: a chunk per token (its text is the
+    prompt's length, to check order), a usage chunk, `[DONE]`; 429 above `cap` open at once."""
+
+    cap = 2
+    open_now = 0
+    most_open = 0
+    lock = threading.Lock()
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        cls = type(self)
+        with cls.lock:
+            if cls.open_now >= cls.cap:
+                self.send_response(429)
+                self.end_headers()
+                return
+            cls.open_now += 1
+            cls.most_open = max(cls.most_open, cls.open_now)
+        try:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            for _ in range(body["max_tokens"]):
+                chunk = {"choices": [{"index": 0, "text": str(len(body["prompt"]))}], "usage": None}
+                self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                self.wfile.flush()
+                time.sleep(0.01)
+            usage = {"choices": [], "usage": {"completion_tokens": body["max_tokens"]}}
+            self.wfile.write(f"data: {json.dumps(usage)}\n\ndata: [DONE]\n\n".encode())
+        finally:
+            with cls.lock:
+                cls.open_now -= 1
+        self.close_connection = True
+
+    def log_message(self, *args):
+        pass
+
+
+def test_a_capped_burst_is_served_in_order_without_429s():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), FakeCompletions)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        requests = [peer_load.Request(list(range(n)), 3) for n in range(1, 9)]
+        outcomes, wall = peer_load.run(f"http://127.0.0.1:{server.server_port}", requests, processes=2,
+                                       max_in_flight=FakeCompletions.cap)  # fmt: skip
+    finally:
+        server.shutdown()
+    assert [o.error for o in outcomes] == [None] * 8
+    assert [o.completion_tokens for o in outcomes] == [3] * 8
+    assert all(len(o.chunk_times) == 3 and o.tpot is not None and o.tpot > 0 for o in outcomes)
+    assert FakeCompletions.most_open <= FakeCompletions.cap
+    stats = peer_load.summary(outcomes, wall)
+    assert stats["output_tokens"] == 24 and stats["errors"] == 0
+    assert stats["ttft_ms"]["p50"] <= stats["e2e_ms"]["p50"]
+
+
+def test_workloads_are_seeded_and_clipped():
+    a = peer_load.sharegpt_like(200, 49152, seed=3)
+    assert a == peer_load.sharegpt_like(200, 49152, seed=3)
+    assert a != peer_load.sharegpt_like(200, 49152, seed=4)
+    assert all(8 <= len(r.prompt) <= 2048 and 8 <= r.max_tokens <= 1024 for r in a)
+    assert all(256 <= t < 49152 for r in a for t in r.prompt)
+    schedule = peer_load.poisson_schedule(32, 20.0, seed=5)
+    assert 0.8 * 640 < len(schedule) < 1.2 * 640 and schedule == sorted(schedule) and schedule[-1] < 20.0
+    shared = peer_load.shared_prefix(4, 100, 5, 7, 49152, seed=6)
+    assert len({tuple(r.prompt[:100]) for r in shared}) == 1 and len({tuple(r.prompt) for r in shared}) == 4
+    assert sorted(len(r.prompt) for r in peer_load.fixed([(3, 1), (5, 2)], 49152, seed=7)) == [3, 5]
