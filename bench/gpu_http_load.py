@@ -30,6 +30,20 @@ class StreamResult:
         return [b - a for a, b in zip(self.token_times, self.token_times[1:])]
 
 
+async def sse_data(response: httpx.Response):
+    """The `data:` payloads of an SSE response. Lines end at LF (CRLF) only, as the SSE
+    spec says: httpx's aiter_lines also splits at U+2028, U+0085 and the like, which JSON
+    leaves unescaped inside strings, and a generated token holding one cut its event."""
+    pending = b""
+    async for chunk in response.aiter_bytes():
+        *lines, pending = (pending + chunk).split(b"\n")
+        for line in lines:
+            if line.startswith(b"data:"):
+                yield line[5:].rstrip(b"\r").decode()
+    if pending.startswith(b"data:"):
+        yield pending[5:].rstrip(b"\r").decode()
+
+
 async def stream_one(client: httpx.AsyncClient, url: str, prompt: str, max_new_tokens: int) -> StreamResult:
     body = {"inputs": prompt, "parameters": {"max_new_tokens": max_new_tokens, "do_sample": False}}
     result = StreamResult(sent=time.perf_counter())
@@ -38,10 +52,8 @@ async def stream_one(client: httpx.AsyncClient, url: str, prompt: str, max_new_t
             if response.status_code != 200:
                 result.error = f"HTTP {response.status_code}: {(await response.aread())[:300]!r}"
                 return result
-            async for line in response.aiter_lines():
-                if not line.startswith("data:"):
-                    continue
-                event = json.loads(line[5:])
+            async for data in sse_data(response):
+                event = json.loads(data)
                 if "error" in event:
                     result.error = str(event["error"])
                     break

@@ -110,7 +110,8 @@ def phase_parity(args) -> dict:
 
 
 # -- textgen over HTTP ------------------------------------------------------------------------
-def start_server(args, port: int, timeout_s: float = 400.0) -> tuple[subprocess.Popen, float]:
+def start_server(args, port: int, timeout_s: float = 400.0, base_flags: list[str] = SERVER_FLAGS
+                 ) -> tuple[subprocess.Popen, float]:  # fmt: skip
     bindir = args.work / "bin"
     bindir.mkdir(parents=True, exist_ok=True)
     shard = bindir / "textgen-shard"
@@ -122,7 +123,7 @@ def start_server(args, port: int, timeout_s: float = 400.0) -> tuple[subprocess.
     router.symlink_to(args.router_binary.resolve())
     # The router's per-step debug records go to textgen.log: the mix's step summary reads them.
     env = dict(os.environ, PATH=f"{bindir}:{os.environ['PATH']}", PYTHONPATH=str(repo), LOG_LEVEL=step_log.LOG_FILTER)
-    flags = [*SERVER_FLAGS, *args.server_flag]
+    flags = [*base_flags, *args.server_flag]
     if "--num-shard" not in flags:
         # The launcher, like TGI, shards over every visible GPU by default; the bars are for one.
         flags += ["--num-shard", "1"]

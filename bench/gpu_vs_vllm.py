@@ -1,0 +1,236 @@
+"""textgen against vLLM on one H200 (issue 23): the same random 8B (bf16), both engines at their
+shipped defaults, one client (bench/peer_load.py) driving both over `/v1/completions` with
+token-id prompts, in one run. Reports each engine's figures and textgen / vLLM ratios.
+
+    PYTHONPATH=. python3 bench/gpu_vs_vllm.py --tokenizer-dir DIR --router-binary BIN \
+        --peer-env .peer/tools/env.sh --out OUT
+
+Workloads (fixed seeds; each engine gets the same requests, warm-up first):
+  batch1       three runs of one 128-token prompt, 256 new tokens (a fresh prompt each run)
+  long_prompt  three 6,000-token prompts at idle, 1 new token (TTFT; fresh prompts)
+  burst        512 ShareGPT-like requests (peer_load.sharegpt_like) sent at once
+  poisson_8    Poisson arrivals at 8 req/s for 15 s, ShareGPT-like lengths
+  poisson_32   the same at 32 req/s
+  prefix       256 requests sharing a 2,000-token prefix (+16 own tokens), 128 new, at once
+  mix          the issue-3 mix: 179 x 128/128 + 77 x 1024/512, at once
+Only flag either engine gets beyond its defaults: the model path, port, textgen's `--num-shard 1`
+(it shards over every visible GPU otherwise) and vLLM's `--served-model-name m --dtype bfloat16`.
+An engine's admission limit is honoured by the client (textgen: /info max_concurrent_requests;
+vLLM has none): excess requests wait in the client and the wait counts in their TTFT.
+Writes OUT/gpu_vs_vllm.json after every workload, and a markdown table at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench import peer_load  # noqa: E402
+from bench.gpu_http_load import clients_for  # noqa: E402
+from bench.gpu_vs_transformers import MIX, TEXT_VOCAB, cpu_split, phase_model, start_server  # noqa: E402
+
+ENGINES = ("textgen", "vllm")
+POISSON_S = 15.0
+REPEATS = 3  # runs of the one-request workloads
+
+
+def workloads(quick: bool) -> dict[str, list[list[peer_load.Request]]]:
+    """name -> its runs' requests; `quick` shrinks every one (a smoke test of the harness).
+    The single-request workloads run three times with fresh prompts (a repeated prompt would
+    be a prefix-cache hit) and report the median run."""
+    scale = 8 if quick else 1
+    v = TEXT_VOCAB
+    return {
+        "batch1": [peer_load.fixed([(128, 256 // scale)], v, seed=10 + r) for r in range(REPEATS)],
+        "long_prompt": [peer_load.fixed([(6000 // scale, 1)], v, seed=20 + r) for r in range(REPEATS)],
+        "burst": [peer_load.sharegpt_like(512 // scale, v, seed=3)],
+        "poisson_8": [_poisson(8, quick, 4)],
+        "poisson_32": [_poisson(32, quick, 5)],
+        "prefix": [peer_load.shared_prefix(256 // scale, 2000 // scale, 16, 128 // scale, v, seed=6)],
+        "mix": [peer_load.fixed(MIX[::scale], v, seed=7)],
+    }
+
+
+def _poisson(rate: float, quick: bool, seed: int) -> list[peer_load.Request]:
+    schedule = peer_load.poisson_schedule(rate, POISSON_S / (8 if quick else 1), seed)
+    return peer_load.sharegpt_like(len(schedule), TEXT_VOCAB, seed, schedule)
+
+
+
+
+# -- engines ----------------------------------------------------------------------------------------
+def wait_healthy(process: subprocess.Popen, url: str, timeout_s: float) -> float:
+    started = time.perf_counter()
+    while time.perf_counter() - started < timeout_s:
+        if process.poll() is not None:
+            raise RuntimeError(f"server exited with {process.returncode}")
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return time.perf_counter() - started
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    raise RuntimeError(f"not healthy in {timeout_s:.0f} s")
+
+
+def start_vllm(args, port: int) -> tuple[subprocess.Popen, float]:
+    command = (f"source {args.peer_env} && exec python3 -m vllm.entrypoints.openai.api_server "
+               f"--model {args.model_dir} --served-model-name m --dtype bfloat16 --host 127.0.0.1 "
+               f"--port {port} --disable-uvicorn-access-log")  # fmt: skip
+    server_cpus, _ = cpu_split(args.client_cpus)
+    log = open(args.out / "vllm.log", "w")
+    process = subprocess.Popen(["bash", "-c", command], stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                               preexec_fn=(lambda: os.sched_setaffinity(0, server_cpus)) if server_cpus else None)  # fmt: skip
+    return process, wait_healthy(process, f"http://127.0.0.1:{port}", 900)
+
+
+def stop(process: subprocess.Popen) -> None:
+    """SIGTERM to the engine's whole process group, then SIGKILL; then wait for the GPU to
+    be free, so the next engine sees all of its memory."""
+    try:
+        os.killpg(process.pid, signal.SIGTERM)
+    except (ProcessLookupError, PermissionError):
+        process.terminate()
+    try:
+        process.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+    for _ in range(60):
+        used = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                              capture_output=True, text=True).stdout.split()  # fmt: skip
+        if used and int(used[0]) < 2000:
+            return
+        time.sleep(1)
+
+
+def admission_limit(url: str) -> int | None:
+    try:
+        return httpx.get(f"{url}/info", timeout=5).json().get("max_concurrent_requests")
+    except (httpx.HTTPError, ValueError):
+        return None  # vLLM has no /info
+
+
+# -- measuring --------------------------------------------------------------------------------------
+def measure(url: str, runs_requests: list[list[peer_load.Request]], limit: int | None) -> dict:
+    in_flight = limit or len(runs_requests[0])
+    runs = []
+    for requests in runs_requests:
+        outcomes, wall = peer_load.run(url, requests, clients_for(len(requests)), in_flight)
+        runs.append(peer_load.summary(outcomes, wall))
+    runs.sort(key=lambda r: r["ttft_ms"].get("p50", 0.0))
+    picked = dict(runs[len(runs) // 2])  # the median run by TTFT
+    picked["in_flight_cap"] = in_flight
+    return picked
+
+
+def run_engine(args, engine: str, plan: dict[str, list[peer_load.Request]], results: dict) -> None:
+    port = 3400 if engine == "textgen" else 8400
+    url = f"http://127.0.0.1:{port}"
+    if engine == "textgen":
+        process, ready_s = start_server(args, port, timeout_s=900, base_flags=[])
+    else:
+        process, ready_s = start_vllm(args, port)
+    mine = results.setdefault(engine, {})
+    mine["ready_s"] = ready_s
+    try:
+        limit = admission_limit(url)
+        warm = [peer_load.Request(r.prompt, 8) for r in peer_load.fixed(MIX[::16], TEXT_VOCAB, seed=99)]
+        peer_load.run(url, warm, 2, limit or len(warm))
+        for name, requests in plan.items():
+            mine[name] = measure(url, requests, limit)
+            print(f"[{engine}] {name}: {json.dumps(brief(mine[name]))}", flush=True)
+            save(args, results)
+    except Exception as exc:  # keep what was measured
+        mine["error"] = f"{type(exc).__name__}: {exc}"
+        print(f"[{engine}] failed: {mine['error']}", flush=True)
+    finally:
+        stop(process)
+    save(args, results)
+
+
+def brief(r: dict) -> dict:
+    return {"tok_s": round(r["output_tok_s"]), "errors": r["errors"], "ttft_p50": r["ttft_ms"].get("p50"),
+            "tpot_p50": r["tpot_ms"].get("p50"), "tpot_p99": r["tpot_ms"].get("p99")}  # fmt: skip
+
+
+def save(args, results: dict) -> None:
+    (args.out / "gpu_vs_vllm.json").write_text(json.dumps(results, indent=1))
+
+
+# -- report -----------------------------------------------------------------------------------------
+# (label, path into a workload's summary, higher is better)
+MEASURES = [("output tok/s", ("output_tok_s",), True), ("TTFT p50 ms", ("ttft_ms", "p50"), False),
+            ("TTFT p99 ms", ("ttft_ms", "p99"), False), ("TPOT p50 ms", ("tpot_ms", "p50"), False),
+            ("TPOT p99 ms", ("tpot_ms", "p99"), False), ("ITL p99 ms", ("itl_ms", "p99"), False),
+            ("e2e p50 ms", ("e2e_ms", "p50"), False)]  # fmt: skip
+
+
+def value(summary: dict, path: tuple[str, ...]) -> float | None:
+    for key in path:
+        summary = summary.get(key) if isinstance(summary, dict) else None
+    return summary if isinstance(summary, (int, float)) else None
+
+
+def report(results: dict) -> str:
+    lines = ["| workload | measure | textgen | vLLM | textgen / vLLM |", "|:--|:--|--:|--:|--:|"]
+    names = [n for n in results.get("textgen", {}) if isinstance(results["textgen"][n], dict)]
+    for name in names:
+        for label, path, _ in MEASURES:
+            ours = value(results["textgen"].get(name, {}), path)
+            peer = value(results.get("vllm", {}).get(name, {}), path)
+            if ours is None and peer is None:
+                continue
+            ratio = f"{ours / peer:.3f}" if ours is not None and peer else "-"
+            lines.append(f"| {name} | {label} | {_fmt(ours)} | {_fmt(peer)} | {ratio} |")
+    return "\n".join(lines) + "\n"
+
+
+def _fmt(x: float | None) -> str:
+    return "-" if x is None else f"{x:,.1f}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tokenizer-dir", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--router-binary", type=Path, default=Path("router/target/release/textgen-router"))
+    parser.add_argument("--peer-env", type=Path, default=Path(".peer/tools/env.sh"))
+    parser.add_argument("--work", type=Path, default=Path("/tmp/textgen-bench"))
+    parser.add_argument("--model-dir", type=Path, default=Path("/tmp/llama8b-random"))
+    parser.add_argument("--client-cpus", type=int, default=6, help="cores kept for the HTTP clients (0: shared)")
+    parser.add_argument("--engines", default=",".join(ENGINES))
+    parser.add_argument("--quick", action="store_true", help="every workload shrunk (harness smoke test)")
+    parser.add_argument("--write-model", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    args.server_flag = []  # start_server's extra flags: none, the defaults are measured
+    args.out.mkdir(parents=True, exist_ok=True)
+    args.work.mkdir(parents=True, exist_ok=True)
+    if args.write_model:  # in a child, so this process never holds GPU memory the engines need
+        (args.work / "model.json").write_text(json.dumps(phase_model(args)))
+        return
+    subprocess.run([sys.executable, __file__, "--write-model", *sys.argv[1:]], check=True)
+    results: dict = {"model": json.loads((args.work / "model.json").read_text()), "quick": args.quick}
+    plan = workloads(args.quick)
+    results["workloads"] = {n: {"runs": len(runs), "requests": len(runs[0]),
+                                "prompt_tokens": sum(len(x.prompt) for x in runs[0]),
+                                "max_tokens": sum(x.max_tokens for x in runs[0])} for n, runs in plan.items()}  # fmt: skip
+    for engine in args.engines.split(","):
+        run_engine(args, engine, plan, results)
+    text = report(results)
+    (args.out / "gpu_vs_vllm.md").write_text(text)
+    print(text, flush=True)
+
+
+if __name__ == "__main__":
+    main()
