@@ -17,6 +17,10 @@ pub enum InferError {
     Overloaded,
     #[error("Request failed during generation: {0}")]
     Generation(String),
+    /// The shard refused the request's own parameters or grammar mid-generation: a client
+    /// error, like validation, that could not be known before the first steps.
+    #[error("Request refused during generation: {0}")]
+    Refused(String),
     #[error("Request failed during generation: the scheduler stopped")]
     SchedulerStopped,
     #[error("Incomplete generation")]
@@ -42,7 +46,7 @@ pub enum ApiError {
 impl InferError {
     pub fn status(&self) -> StatusCode {
         match self {
-            Self::Validation(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            Self::Validation(_) | Self::Refused(_) => StatusCode::UNPROCESSABLE_ENTITY,
             Self::Overloaded => StatusCode::TOO_MANY_REQUESTS,
             Self::Generation(_) | Self::SchedulerStopped => StatusCode::FAILED_DEPENDENCY,
             Self::IncompleteGeneration => StatusCode::INTERNAL_SERVER_ERROR,
@@ -51,7 +55,7 @@ impl InferError {
 
     pub fn error_type(&self) -> &'static str {
         match self {
-            Self::Validation(_) => "validation",
+            Self::Validation(_) | Self::Refused(_) => "validation",
             Self::Overloaded => "overloaded",
             Self::Generation(_) | Self::SchedulerStopped => "generation",
             Self::IncompleteGeneration => "incomplete_generation",

@@ -70,7 +70,7 @@ pub fn request_shape(valid: &ValidRequest) -> RequestShape<'_> {
 /// The metric outcome of a failed request.
 pub fn outcome_of(err: &InferError) -> Outcome {
     match err {
-        InferError::Validation(_) => Outcome::Validation,
+        InferError::Validation(_) | InferError::Refused(_) => Outcome::Validation,
         InferError::Overloaded => Outcome::Overloaded,
         InferError::Generation(_) | InferError::SchedulerStopped => Outcome::Generation,
         InferError::IncompleteGeneration => Outcome::Incomplete,

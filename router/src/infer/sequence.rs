@@ -111,6 +111,7 @@ impl SequenceDecoder {
                 Ok(Progress::Finished(reason))
             }
             SequenceEvent::Error(message) => Err(InferError::Generation(message)),
+            SequenceEvent::Refused(message) => Err(InferError::Refused(message)),
         }
     }
 
@@ -308,6 +309,18 @@ mod tests {
             .on_event(SequenceEvent::Error("shard 1 died".into()))
             .unwrap_err();
         assert_eq!(err.error_type(), "generation");
+    }
+
+    #[test]
+    fn shard_refusal_is_the_clients_error() {
+        let (mut d, _) = decoder(5, &[]);
+        let err = d
+            .on_event(SequenceEvent::Refused("grammar dead end: row too large".into()))
+            .unwrap_err();
+        assert_eq!(err.status(), axum::http::StatusCode::UNPROCESSABLE_ENTITY);
+        assert_eq!(err.error_type(), "validation");
+        let openai = crate::server::openai::errors::OpenAiError::from(err);
+        assert_eq!(openai.status, axum::http::StatusCode::BAD_REQUEST);
     }
 
     #[test]

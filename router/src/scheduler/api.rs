@@ -48,6 +48,9 @@ pub enum SequenceEvent {
     },
     /// The sequence cannot continue (a shard failed). Nothing follows.
     Error(String),
+    /// The shard refused this sequence on its own account: its parameters, or its grammar
+    /// past the grammar engine's limits. The client's request is at fault. Nothing follows.
+    Refused(String),
 }
 
 /// Receives a sequence's events. Dropping it cancels the sequence: the scheduler notices

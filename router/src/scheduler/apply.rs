@@ -116,7 +116,7 @@ impl SchedulerState {
         if let Some(sequence) = self.running.remove(&id) {
             self.release_on_shards(&sequence);
         }
-        deliveries.push(Delivery::new(id, SequenceEvent::Error(reason.to_owned())));
+        deliveries.push(Delivery::new(id, SequenceEvent::Refused(reason.to_owned())));
     }
 
     fn finish_with_error(&mut self, id: u64, message: String, deliveries: &mut Vec<Delivery>) {

@@ -221,7 +221,7 @@ impl SchedulerState {
         for Delivery { id, event } in deliveries {
             let terminal = matches!(
                 event,
-                SequenceEvent::Finished { .. } | SequenceEvent::Error(_)
+                SequenceEvent::Finished { .. } | SequenceEvent::Error(_) | SequenceEvent::Refused(_)
             );
             if let Some(sender) = self.subscribers.get(&id) {
                 // A closed stream is cleaned up by `drop_cancelled` before the next step.

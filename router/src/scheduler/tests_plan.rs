@@ -275,7 +275,7 @@ fn a_sequence_the_shard_refused_fails_alone_with_only_its_reason() {
     h.state.deliver(deliveries);
     h.collect();
     assert!(matches!(h.events(a).last(),
-        Some(SequenceEvent::Error(m)) if m == "temperature must be finite and > 0, got inf"));
+        Some(SequenceEvent::Refused(m)) if m == "temperature must be finite and > 0, got inf"));
     // The other sequence of the step goes on, and the refused one is released.
     let step = h.step().unwrap();
     assert_eq!(step.released_ids, vec![a]);
@@ -284,7 +284,7 @@ fn a_sequence_the_shard_refused_fails_alone_with_only_its_reason() {
     assert!(h
         .events(b)
         .iter()
-        .all(|e| !matches!(e, SequenceEvent::Error(_))));
+        .all(|e| !matches!(e, SequenceEvent::Error(_) | SequenceEvent::Refused(_))));
 }
 
 #[test]

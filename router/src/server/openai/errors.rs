@@ -101,7 +101,7 @@ impl OpenAiError {
 impl From<InferError> for OpenAiError {
     fn from(err: InferError) -> Self {
         let (status, code) = match &err {
-            InferError::Validation(_) => (StatusCode::BAD_REQUEST, None),
+            InferError::Validation(_) | InferError::Refused(_) => (StatusCode::BAD_REQUEST, None),
             InferError::Overloaded => (StatusCode::TOO_MANY_REQUESTS, Some("overloaded")),
             InferError::Generation(_) | InferError::SchedulerStopped => {
                 (StatusCode::INTERNAL_SERVER_ERROR, Some("generation"))
