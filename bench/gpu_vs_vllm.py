@@ -18,6 +18,11 @@ Only flag either engine gets beyond its defaults: the model path, port, textgen'
 An engine's admission limit is honoured by the client (textgen: /info max_concurrent_requests;
 vLLM has none): excess requests wait in the client and the wait counts in their TTFT.
 Writes OUT/gpu_vs_vllm.json after every workload, and a markdown table at the end.
+
+Choosing a default: `--textgen-variant NAME="--flag value ..."` (repeatable) also runs textgen
+with those flags, as engine `textgen[NAME]`, so a candidate default is measured beside the
+shipped one and the peer in the same run; the variants' rows are reported apart from the
+defaults' comparison. `--workloads burst,mix` runs a subset.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -135,14 +141,17 @@ def measure(url: str, runs_requests: list[list[peer_load.Request]], limit: int |
 
 
 def run_engine(args, engine: str, plan: dict[str, list[peer_load.Request]], results: dict) -> None:
-    port = 3400 if engine == "textgen" else 8400
+    port = 8400 if engine == "vllm" else 3400
     url = f"http://127.0.0.1:{port}"
-    if engine == "textgen":
+    if engine.startswith("textgen"):
+        args.server_flag = args.variants.get(engine, [])
         process, ready_s = start_server(args, port, timeout_s=900, base_flags=[])
     else:
         process, ready_s = start_vllm(args, port)
     mine = results.setdefault(engine, {})
     mine["ready_s"] = ready_s
+    if engine in args.variants:
+        mine["flags"] = args.variants[engine]
     try:
         limit = admission_limit(url)
         warm = [peer_load.Request(r.prompt, 8) for r in peer_load.fixed(MIX[::16], TEXT_VOCAB, seed=99)]
@@ -193,6 +202,20 @@ def report(results: dict) -> str:
                 continue
             ratio = f"{ours / peer:.3f}" if ours is not None and peer else "-"
             lines.append(f"| {name} | {label} | {_fmt(ours)} | {_fmt(peer)} | {ratio} |")
+    for engine in (e for e in results if e.startswith("textgen[")):
+        lines += ["", f"Variant `{engine}` ({' '.join(results[engine].get('flags', []))}), not the defaults:", "",
+                  "| workload | measure | variant | textgen | vLLM | variant / textgen | variant / vLLM |",
+                  "|:--|:--|--:|--:|--:|--:|--:|"]  # fmt: skip
+        for name in (n for n in results[engine] if isinstance(results[engine][n], dict)):
+            for label, path, _ in MEASURES:
+                mine = value(results[engine][name], path)
+                ours = value(results.get("textgen", {}).get(name, {}), path)
+                peer = value(results.get("vllm", {}).get(name, {}), path)
+                if mine is None:
+                    continue
+                to_ours = f"{mine / ours:.3f}" if ours else "-"
+                to_peer = f"{mine / peer:.3f}" if peer else "-"
+                lines.append(f"| {name} | {label} | {_fmt(mine)} | {_fmt(ours)} | {_fmt(peer)} | {to_ours} | {to_peer} |")
     return "\n".join(lines) + "\n"
 
 
@@ -211,9 +234,16 @@ def main() -> None:
     parser.add_argument("--client-cpus", type=int, default=6, help="cores kept for the HTTP clients (0: shared)")
     parser.add_argument("--engines", default=",".join(ENGINES))
     parser.add_argument("--quick", action="store_true", help="every workload shrunk (harness smoke test)")
+    parser.add_argument("--workloads", default=None, help="comma-separated subset (default: all)")
+    parser.add_argument("--textgen-variant", action="append", default=[], metavar='NAME="FLAGS"',
+                        help="also run textgen with these flags, as engine textgen[NAME] (choosing a default)")
     parser.add_argument("--write-model", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     args.server_flag = []  # start_server's extra flags: none, the defaults are measured
+    args.variants = {}
+    for variant in args.textgen_variant:
+        name, _, flags = variant.partition("=")
+        args.variants[f"textgen[{name}]"] = shlex.split(flags)
     args.out.mkdir(parents=True, exist_ok=True)
     args.work.mkdir(parents=True, exist_ok=True)
     if args.write_model:  # in a child, so this process never holds GPU memory the engines need
@@ -222,10 +252,12 @@ def main() -> None:
     subprocess.run([sys.executable, __file__, "--write-model", *sys.argv[1:]], check=True)
     results: dict = {"model": json.loads((args.work / "model.json").read_text()), "quick": args.quick}
     plan = workloads(args.quick)
+    if args.workloads:
+        plan = {name: plan[name] for name in args.workloads.split(",")}
     results["workloads"] = {n: {"runs": len(runs), "requests": len(runs[0]),
                                 "prompt_tokens": sum(len(x.prompt) for x in runs[0]),
                                 "max_tokens": sum(x.max_tokens for x in runs[0])} for n, runs in plan.items()}  # fmt: skip
-    for engine in args.engines.split(","):
+    for engine in [*(e for e in args.engines.split(",") if e), *args.variants]:
         run_engine(args, engine, plan, results)
     text = report(results)
     (args.out / "gpu_vs_vllm.md").write_text(text)

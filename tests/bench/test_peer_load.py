@@ -77,3 +77,18 @@ def test_workloads_are_seeded_and_clipped():
     shared = peer_load.shared_prefix(4, 100, 5, 7, 49152, seed=6)
     assert len({tuple(r.prompt[:100]) for r in shared}) == 1 and len({tuple(r.prompt) for r in shared}) == 4
     assert sorted(len(r.prompt) for r in peer_load.fixed([(3, 1), (5, 2)], 49152, seed=7)) == [3, 5]
+
+
+def test_report_keeps_variants_apart_from_the_defaults_comparison():
+    from bench.gpu_vs_vllm import report
+
+    def run(tok_s):
+        return {"output_tok_s": tok_s, "tpot_ms": {"p50": 10.0}}
+
+    results = {"textgen": {"ready_s": 3.0, "burst": run(100.0)}, "vllm": {"burst": run(200.0)},
+               "textgen[c1024]": {"flags": ["--max-concurrent-requests", "1024"], "burst": run(150.0)}}
+    text = report(results)
+    defaults, _, variant = text.partition("Variant")
+    assert "| burst | output tok/s | 100.0 | 200.0 | 0.500 |" in defaults
+    assert "--max-concurrent-requests 1024" in variant
+    assert "| burst | output tok/s | 150.0 | 100.0 | 200.0 | 1.500 | 0.750 |" in variant
