@@ -159,7 +159,7 @@ async fn client(
                 assert!(stream.recv().await.is_none(), "nothing follows Finished");
                 return Outcome::Completed(tokens);
             }
-            SequenceEvent::Error(message) => return Outcome::Failed(message),
+            SequenceEvent::Error(message) | SequenceEvent::Refused(message) => return Outcome::Failed(message),
         }
     }
     panic!("stream closed without Finished or Error");
