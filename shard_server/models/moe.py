@@ -13,10 +13,11 @@ routes alike; each rank's output is a partial sum, and the block does one all-re
 
 The routed experts' weights are stacked the way a grouped-GEMM kernel wants them:
 `w13` [experts, 2 * local intermediate, hidden] (gate rows, then up rows) and `w2`
-[experts, hidden, local intermediate]. `experts_forward` is the one function a fused kernel
-replaces; `reference_experts` is the plain-torch oracle (an eager loop over the experts that
-were hit, with data-dependent shapes), and `dense_experts` its static-shape twin, used while a
-CUDA graph captures (correct but experts/top_k times the work: the fused kernel is still to come).
+[experts, hidden, local intermediate]. `experts_forward` runs them: on the fused Triton path
+(`kernels/fused_moe.py`: pairs sorted by expert, two grouped GEMMs; CUDA-graph capturable) where
+`use_fused` says so and the weights are float; else `reference_experts`, the plain-torch oracle
+(an eager loop over the experts that were hit, with data-dependent shapes), or under CUDA-graph
+capture `dense_experts`, its static-shape twin (correct but experts/top_k times the work).
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..distributed import ParallelContext
+from ..kernels.dispatch import use_fused
+from ..kernels.fused_moe import fused_experts, fused_moe_applies
 from ..layers.norm import RMSNorm
 from ..weights import WeightStore
 from .config import ModelConfig
@@ -86,8 +89,11 @@ def dense_experts(
 def experts_forward(
     x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
 ) -> torch.Tensor:
-    """The routed experts' output [T, hidden]. The seam for a fused MoE kernel: same arguments,
-    same result. Today: the reference loop, or its static-shape twin under CUDA-graph capture."""
+    """The routed experts' output [T, hidden]: the fused kernel where it applies (fp8 or other
+    weights never reach it); else the reference loop, or its static-shape twin under CUDA-graph
+    capture (the loop syncs with the host)."""
+    if use_fused(x) and fused_moe_applies(x, w13, w2):
+        return fused_experts(x, w13, w2, topk_weights, topk_ids)
     if x.is_cuda and torch.cuda.is_current_stream_capturing():
         return dense_experts(x, w13, w2, topk_weights, topk_ids)
     return reference_experts(x, w13, w2, topk_weights, topk_ids)

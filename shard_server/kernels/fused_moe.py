@@ -1,0 +1,175 @@
+"""The routed experts of an MoE block as two grouped GEMMs (gate_up with SiLU·mul, then down).
+
+`reference_experts` (models/moe.py) loops over the experts in Python with data-dependent shapes,
+and `dense_experts` runs every expert on every token: one costs a host sync and a launch per
+expert, the other experts/top_k times the work. Here every (token, k) pair is sorted by expert,
+each expert's group is padded to the GEMM's BLOCK_M rows, and one launch multiplies every row tile
+by its expert's weights. All shapes are fixed by (tokens, top_k, experts, BLOCK_M), so a CUDA
+graph captures it: no `.item()`, no bincount (CUDA's reads the max to the host).
+
+Numerics follow the reference: products in float32 rounded to the model dtype after gate_up,
+after SiLU, after the product and after down, as torch rounds them; weighted sums in float32,
+rounded once. The top-k contributions are summed by a final [T, k, H] reduction, not by atomics
+in the down kernel: float32 atomic adds land in whatever order the programs finish, so two runs
+(or two tensor-parallel ranks) would differ in the last bits; the reduction costs a T*k*H float32
+buffer, small next to the experts' weights that the kernels stream.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from .pdl import launch_args, wait_for_previous_kernel
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+@dataclass(frozen=True)
+class MoeTile:
+    block_m: int  # pairs per row tile: each expert's group is padded to a multiple of it
+    block_n: int  # output features per program (per half for gate_up: gate and up tiles alike)
+    block_k: int
+    group_m: int  # row tiles that walk the feature tiles together (weight tiles reused from L2)
+    num_warps: int
+    num_stages: int
+
+
+# Keyed by the rows an expert sees on average, tokens * top_k / experts. Decode (~1 row an expert)
+# is memory-bound: the time is the hit experts' weights over the bandwidth, so the row tile is the
+# smallest tensor-core tile (16: padding rows cost no memory traffic but waste the MMA) and deep
+# K steps keep many loads in flight. With more rows an expert the work turns compute-bound and
+# wider tiles reuse each loaded weight tile over more rows. Shapes, not models, pick a tile, so
+# any hidden / intermediate size gets one; the numbers follow the usual shape of tuned Hopper
+# tables for 64-128 experts (Qwen3-30B-A3B, OLMoE) and Mixtral's 8.
+TILES = (
+    (4, MoeTile(block_m=16, block_n=64, block_k=128, group_m=1, num_warps=4, num_stages=4)),  # decode
+    (24, MoeTile(block_m=32, block_n=64, block_k=128, group_m=4, num_warps=4, num_stages=3)),
+    (96, MoeTile(block_m=64, block_n=64, block_k=64, group_m=8, num_warps=4, num_stages=4)),
+    (None, MoeTile(block_m=64, block_n=128, block_k=64, group_m=8, num_warps=8, num_stages=3)),  # prefill
+)
+
+
+def tile_for(pairs: int, experts: int) -> MoeTile:
+    per_expert = pairs / max(1, experts)
+    return next(tile for bound, tile in TILES if bound is None or per_expert <= bound)
+
+
+def fused_moe_applies(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor) -> bool:
+    """Float weights of x's dtype. Anything else (fp8 weights with their per-channel scales)
+    stays on the torch path rather than being multiplied unscaled."""
+    return x.dim() == 2 and x.dtype in DTYPES and w13.dtype == x.dtype and w2.dtype == x.dtype
+
+
+def align_to_blocks(topk_ids: torch.Tensor, experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The (token, k) pairs (flat index t * top_k + k) grouped by expert, each group padded to a
+    multiple of block_m: (sorted_pairs int32 [blocks * block_m], block_expert int32 [blocks]).
+    Padding entries hold `pairs` (one past the last pair); a block past the last group has
+    expert -1. `blocks` depends only on the shapes: ceil((pairs + hit * (block_m - 1)) / block_m),
+    hit = min(experts, pairs) bounding the experts with a group."""
+    flat = topk_ids.reshape(-1)
+    pairs, device = flat.numel(), flat.device
+    blocks = triton.cdiv(pairs + min(experts, pairs) * (block_m - 1), block_m)
+    counts = torch.zeros(experts, dtype=torch.int64, device=device).scatter_add_(0, flat, torch.ones_like(flat))
+    padded = (counts + block_m - 1) // block_m * block_m
+    padded_end = torch.cumsum(padded, 0)
+    order = torch.argsort(flat, stable=True)  # by expert, in pair order within one
+    expert_of = flat[order]
+    rank_in_group = torch.arange(pairs, device=device) - (torch.cumsum(counts, 0) - counts)[expert_of]
+    dest = (padded_end - padded)[expert_of] + rank_in_group
+    sorted_pairs = torch.full((blocks * block_m,), pairs, dtype=torch.int32, device=device)
+    sorted_pairs.scatter_(0, dest, order.to(torch.int32))
+    # A block's expert: the group holding its first row (empty groups end where they start).
+    starts = torch.arange(blocks, device=device) * block_m
+    block_expert = torch.searchsorted(padded_end, starts, right=True).to(torch.int32)
+    block_expert = torch.where(block_expert < experts, block_expert, -1)
+    return sorted_pairs, block_expert
+
+
+@triton.jit
+def _moe_gemm_kernel(a_ptr, w_ptr, out_ptr, topk_weights_ptr, sorted_pairs_ptr, block_expert_ptr,
+                     N, K, PAIRS, TOP_K, NUM_BLOCKS_M, a_stride, w_stride_e, w_stride_n, w_stride_k, out_stride,
+                     GATE_UP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                     GROUP_M: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
+    # GATE_UP: a = x [T, K] (a pair's row is its token), w = w13 [E, 2N, K]; out [pairs, N] in the
+    # model dtype holds silu(gate) * up. Else: a = that [pairs, K], w = w2 [E, N, K]; out [pairs, N]
+    # float32 holds the pair's routing weight times its expert's output.
+    pid = tl.program_id(0)
+    blocks_n = tl.cdiv(N, BLOCK_N)
+    # Grouped order: GROUP_M row tiles run through the feature tiles side by side, so with several
+    # row tiles of one expert (prefill) a weight tile is read from HBM once, then from L2.
+    per_group = GROUP_M * blocks_n
+    first_m = (pid // per_group) * GROUP_M
+    group_rows = tl.minimum(NUM_BLOCKS_M - first_m, GROUP_M)
+    pid_m = first_m + (pid % per_group) % group_rows
+    pid_n = (pid % per_group) // group_rows
+    wait_for_previous_kernel(PDL)  # the alignment and gate_up write what comes next
+    expert = tl.load(block_expert_ptr + pid_m)
+    if expert < 0:  # past the last group: the grid is sized for the worst padding
+        return
+    pair = tl.load(sorted_pairs_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
+    pair_ok = pair < PAIRS  # padding rows load zeros and store nothing
+    rows = pair // TOP_K if GATE_UP else pair
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < N
+    a_rows = a_ptr + rows.to(tl.int64)[:, None] * a_stride
+    w_cols = w_ptr + expert.to(tl.int64) * w_stride_e + cols.to(tl.int64)[None, :] * w_stride_n
+    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    acc_up = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        k_ok = ks < K
+        a = tl.load(a_rows + ks[None, :], mask=pair_ok[:, None] & k_ok[None, :], other=0.0)
+        w_mask = k_ok[:, None] & col_ok[None, :]
+        w = tl.load(w_cols + ks[:, None] * w_stride_k, mask=w_mask, other=0.0)
+        acc = tl.dot(a, w, acc, input_precision=PRECISION)
+        if GATE_UP:  # the up rows sit N rows below the gate rows
+            w = tl.load(w_cols + N * w_stride_n + ks[:, None] * w_stride_k, mask=w_mask, other=0.0)
+            acc_up = tl.dot(a, w, acc_up, input_precision=PRECISION)
+    dtype = a_ptr.dtype.element_ty
+    if GATE_UP:  # rounded where torch rounds: F.linear's outputs, F.silu's, the product
+        gate = acc.to(dtype).to(tl.float32)
+        silu = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
+        result = (silu * acc_up.to(dtype).to(tl.float32)).to(dtype)
+    else:
+        weight = tl.load(topk_weights_ptr + pair, mask=pair_ok, other=0.0)
+        result = acc.to(dtype).to(tl.float32) * weight[:, None]
+    out = out_ptr + pair.to(tl.int64)[:, None] * out_stride + cols[None, :]
+    tl.store(out, result.to(out_ptr.dtype.element_ty), mask=pair_ok[:, None] & col_ok[None, :])
+
+
+def _launch(a, w, out, topk_weights, sorted_pairs, block_expert, n, k, top_k, tile: MoeTile, gate_up: bool) -> None:
+    blocks_m = block_expert.numel()
+    grid = (blocks_m * triton.cdiv(n, tile.block_n),)
+    _moe_gemm_kernel[grid](
+        a, w, out, topk_weights, sorted_pairs, block_expert, n, k, out.shape[0], top_k, blocks_m,
+        a.stride(0), w.stride(0), w.stride(1), w.stride(2), out.stride(0),
+        GATE_UP=gate_up, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, GROUP_M=tile.group_m,
+        PRECISION="ieee" if a.dtype == torch.float32 else "tf32",  # float32 weights: no tf32 rounding
+        num_warps=tile.num_warps, num_stages=tile.num_stages, **launch_args(a),
+    )  # fmt: skip
+
+
+def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
+                  topk_ids: torch.Tensor, tile: MoeTile | None = None) -> torch.Tensor:  # fmt: skip
+    """`reference_experts`' result (see `fused_moe_applies`): x [T, H], w13 [E, 2I, H] (gate rows,
+    then up), w2 [E, H, I], topk_weights float [T, k], topk_ids [T, k] -> [T, H] in x's dtype."""
+    tokens, hidden = x.shape
+    experts, inter = w13.shape[0], w13.shape[1] // 2
+    top_k = topk_ids.shape[1]
+    pairs = tokens * top_k
+    if pairs == 0:
+        return torch.zeros(tokens, w2.shape[1], dtype=x.dtype, device=x.device)
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    tile = tile or tile_for(pairs, experts)
+    sorted_pairs, block_expert = align_to_blocks(topk_ids, experts, tile.block_m)
+    weights = topk_weights.reshape(-1).float().contiguous()
+    act = torch.empty(pairs, inter, dtype=x.dtype, device=x.device)
+    _launch(x, w13, act, weights, sorted_pairs, block_expert, inter, hidden, top_k, tile, gate_up=True)
+    per_pair = torch.empty(pairs, w2.shape[1], dtype=torch.float32, device=x.device)
+    _launch(act, w2, per_pair, weights, sorted_pairs, block_expert, w2.shape[1], inter, top_k, tile, gate_up=False)
+    return per_pair.view(tokens, top_k, -1).sum(dim=1).to(x.dtype)

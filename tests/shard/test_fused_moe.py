@@ -1,0 +1,214 @@
+"""The fused MoE kernel (shard_server/kernels/fused_moe.py) against `reference_experts`.
+
+On CPU the kernels run through Triton's interpreter (forced on with `on_cpu=True`), in float32
+and float16 (the interpreter's bf16 dots are unreliable, see test_fused_kernels.py); tiny shapes
+with small tiles, so masked edges and several row tiles an expert are covered. On a GPU, bf16 at
+a Qwen3-30B-A3B-like shape, eagerly and replayed from a CUDA graph.
+
+Tolerances, on unit-scale outputs: float32 1e-4 (the same float32 products summed in another
+order); float16 / bf16 a few rounding steps of the model dtype (gate, up, SiLU and the product
+are each rounded, and a last-bit difference in one of them moves the expert's output by about
+that step), so 1e-2 and 3e-2.
+"""
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from shard_server.distributed import ParallelContext  # noqa: E402
+from shard_server.kernels.dispatch import fused_kernels  # noqa: E402
+from shard_server.kernels.fused_moe import (  # noqa: E402
+    TILES,
+    MoeTile,
+    align_to_blocks,
+    fused_experts,
+    fused_moe_applies,
+    tile_for,
+)
+from shard_server.models import moe as moe_module  # noqa: E402
+from shard_server.models.config import ModelConfig  # noqa: E402
+from shard_server.models.moe import MoeBlock, experts_forward, reference_experts, route  # noqa: E402
+
+CUDA = torch.cuda.is_available()
+needs_cuda = pytest.mark.skipif(not CUDA, reason="GPU-sized case: the Triton interpreter is too slow on CPU")
+TOLERANCE = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 3e-2}
+SMALL = MoeTile(block_m=16, block_n=16, block_k=16, group_m=2, num_warps=4, num_stages=2)  # masked edges, many tiles
+
+
+def make_case(tokens, experts, top_k, hidden, inter, skew=0.0, renormalize=True, dtype=torch.float32,
+              device="cpu", seed=0):  # fmt: skip
+    """x, w13, w2 (scaled so every stage stays unit-sized), routing weights and ids."""
+    gen = torch.Generator(device).manual_seed(seed)  # on the device: the GPU cases' weights are 800 MB
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=gen, device=device)
+
+    x = randn(tokens, hidden)
+    w13 = randn(experts, 2 * inter, hidden) / hidden**0.5
+    w2 = randn(experts, hidden, inter) / inter**0.5
+    logits = randn(tokens, experts)
+    logits[:, :top_k] += skew  # skewed: every token to the same top_k experts, the rest get none
+    weights, ids = route(logits, top_k, renormalize)
+    return x.to(dtype), w13.to(dtype), w2.to(dtype), weights, ids
+
+
+def check_alignment(topk_ids, experts, block_m):
+    sorted_pairs, block_expert = align_to_blocks(topk_ids, experts, block_m)
+    flat = topk_ids.reshape(-1).cpu()
+    pairs = flat.numel()
+    sorted_pairs, block_expert = sorted_pairs.cpu().long(), block_expert.cpu().long()
+    blocks = -(-(pairs + min(experts, pairs) * (block_m - 1)) // block_m)
+    assert sorted_pairs.shape == (blocks * block_m,) and block_expert.shape == (blocks,)
+    real = sorted_pairs[sorted_pairs < pairs]
+    assert sorted(real.tolist()) == list(range(pairs)), "every (token, k) pair exactly once"
+    assert torch.all((sorted_pairs < pairs) | (sorted_pairs == pairs)), "padding is marked `pairs`"
+    counts = torch.bincount(flat, minlength=experts)
+    used = int(((counts + block_m - 1) // block_m).sum())
+    assert torch.all(block_expert[:used] >= 0) and torch.all(block_expert[used:] == -1)
+    tiles = sorted_pairs.view(blocks, block_m)
+    for b in range(blocks):
+        row = tiles[b]
+        if block_expert[b] < 0:
+            assert torch.all(row == pairs), "blocks past the last group hold only padding"
+            continue
+        assert torch.all(flat[row[row < pairs]] == block_expert[b]), "a block holds one expert's pairs"
+        assert (row < pairs).any(), "no block of padding alone inside the groups"
+    seen = block_expert[:used]
+    assert torch.all(seen[1:] >= seen[:-1]) and seen.unique().numel() == int((counts > 0).sum())
+    assert int((sorted_pairs[: used * block_m] < pairs).sum()) == pairs  # groups start at tile edges
+
+
+@pytest.mark.parametrize("tokens, experts, top_k, skew, block_m", [
+    (1, 4, 1, 0.0, 16), (1, 8, 2, 0.0, 16), (7, 8, 2, 0.0, 4), (13, 16, 4, 8.0, 16),
+    (40, 4, 2, 0.0, 16), (33, 3, 3, 0.0, 16), (64, 128, 8, 0.0, 64), (9, 6, 2, 20.0, 1),
+])  # fmt: skip
+def test_alignment_groups_every_pair_once_in_aligned_blocks(tokens, experts, top_k, skew, block_m):
+    _, _, _, _, ids = make_case(tokens, experts, top_k, 4, 4, skew=skew, seed=tokens + experts)
+    check_alignment(ids, experts, block_m)
+
+
+def test_alignment_with_every_pair_on_one_expert():
+    ids = torch.full((10, 1), 2, dtype=torch.int64)
+    check_alignment(ids, 5, 4)
+    sorted_pairs, block_expert = align_to_blocks(ids, 5, 4)
+    assert block_expert.tolist() == [2, 2, 2, -1, -1, -1, -1]  # 7 blocks: ceil((10 + 5 * 3) / 4)
+    assert sorted_pairs[:12].tolist() == list(range(10)) + [10, 10]  # token order within the group
+
+
+@pytest.mark.parametrize("tokens, experts, top_k, skew, renormalize", [
+    (1, 4, 1, 0.0, True),     # one token, top 1
+    (1, 8, 2, 0.0, False),    # one token, most experts empty
+    (9, 8, 2, 0.0, True),
+    (13, 16, 4, 8.0, False),  # skewed: 4 experts get every token, 12 get none
+    (40, 4, 2, 0.0, True),    # several row tiles an expert
+    (6, 5, 5, 0.0, True),     # top_k == experts
+    (24, 3, 1, 30.0, False),  # all tokens to one expert
+])  # fmt: skip
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_fused_experts_match_the_reference(tokens, experts, top_k, skew, renormalize, dtype):
+    x, w13, w2, weights, ids = make_case(tokens, experts, top_k, hidden=40, inter=24, skew=skew,
+                                         renormalize=renormalize, dtype=dtype, seed=tokens * experts)  # fmt: skip
+    want = reference_experts(x, w13, w2, weights, ids)
+    with fused_kernels(True, on_cpu=True):
+        got = fused_experts(x, w13, w2, weights, ids, SMALL)
+    assert got.dtype == dtype and got.shape == want.shape
+    assert want.abs().max() > 0.3, "outputs too small to compare"
+    tol = TOLERANCE[dtype]
+    torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
+
+
+def test_default_tiles_through_experts_forward():
+    """experts_forward takes the fused path under the switch, with the table's tile."""
+    x, w13, w2, weights, ids = make_case(5, 4, 2, hidden=48, inter=40, seed=3)
+    want = reference_experts(x, w13, w2, weights, ids)
+    with fused_kernels(True, on_cpu=True):
+        got = experts_forward(x, w13, w2, weights, ids)
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
+def test_fp8_and_mixed_weights_stay_on_the_torch_path(monkeypatch):
+    x, w13, w2, weights, ids = make_case(3, 4, 2, hidden=16, inter=16, seed=4)
+    assert fused_moe_applies(x, w13, w2)
+    assert not fused_moe_applies(x, w13.to(torch.float8_e4m3fn), w2.to(torch.float8_e4m3fn))
+    assert not fused_moe_applies(x.half(), w13, w2)
+    calls = []
+    monkeypatch.setattr(moe_module, "reference_experts", lambda *args: calls.append(args) or "reference")
+    monkeypatch.setattr(moe_module, "fused_experts", lambda *args: pytest.fail("fp8 weights reached the kernel"))
+    with fused_kernels(True, on_cpu=True):
+        assert experts_forward(x, w13.to(torch.float8_e4m3fn), w2, weights, ids) == "reference"
+    assert len(calls) == 1
+
+
+def test_tile_table_covers_every_shape():
+    assert tile_for(1 * 8, 128) == TILES[0][1]  # decode
+    assert tile_for(256 * 8, 128).block_m == 32
+    assert tile_for(8192 * 8, 128) == TILES[-1][1]  # prefill
+    assert tile_for(10**9, 1) == TILES[-1][1] and tile_for(1, 10**6) == TILES[0][1]
+    for _, tile in TILES:
+        assert min(tile.block_m, tile.block_n, tile.block_k) >= 16  # tensor-core tiles
+
+
+@pytest.mark.parametrize("model_type, renormalize", [("qwen2_moe", False), ("mixtral", True)])
+def test_moe_block_with_the_fused_experts(model_type, renormalize):
+    """The whole block (router, routed experts, Qwen2-MoE's gated shared expert outside the
+    kernel) gives the same output on both paths."""
+    raw = dict(model_type=model_type, vocab_size=160, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+               num_attention_heads=4, num_key_value_heads=2, num_experts=6, num_local_experts=6,
+               num_experts_per_tok=2, moe_intermediate_size=24, shared_expert_intermediate_size=40,
+               norm_topk_prob=renormalize)  # fmt: skip
+    cfg = ModelConfig.from_dict(raw)
+    block = MoeBlock(cfg, ParallelContext(), torch.float32, torch.device("cpu"))
+    gen = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for param in block.parameters():
+            param.copy_(torch.randn(param.shape, generator=gen) / param.shape[-1] ** 0.5)
+    assert (block.shared_expert is not None) == (model_type == "qwen2_moe")
+    x = torch.randn(11, 32, generator=gen)
+    with torch.inference_mode():
+        with fused_kernels(False):
+            want = block(x)
+        with fused_kernels(True, on_cpu=True):
+            got = block(x)
+    assert want.abs().max() > 0.3
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
+# Qwen3-30B-A3B's MoE layer: hidden 2048, 128 experts, top 8, moe intermediate 768.
+QWEN3_30B = dict(experts=128, top_k=8, hidden=2048, inter=768)
+
+
+@needs_cuda
+@pytest.mark.parametrize("tokens", [1, 7, 256])
+def test_gpu_bf16_at_a_qwen3_30b_shape(tokens):
+    x, w13, w2, weights, ids = make_case(tokens, dtype=torch.bfloat16, device="cuda", seed=tokens, **QWEN3_30B)
+    want = reference_experts(x, w13, w2, weights, ids)
+    got = experts_forward(x, w13, w2, weights, ids)  # fused: CUDA tensors, the default switch
+    assert want.abs().max() > 0.3
+    torch.testing.assert_close(got.float(), want.float(), atol=3e-2, rtol=3e-2)
+    assert torch.equal(experts_forward(x, w13, w2, weights, ids), got), "the same bits every run (no atomics)"
+
+
+@needs_cuda
+@pytest.mark.parametrize("tokens", [1, 7, 256])
+def test_gpu_fused_experts_under_a_cuda_graph(tokens):
+    """Captured once, replayed with other inputs and other routing (skewed too): the reference's
+    results, so nothing in the capture depends on the routing it saw."""
+    x, w13, w2, weights, ids = make_case(tokens, dtype=torch.bfloat16, device="cuda", seed=tokens, **QWEN3_30B)
+    static = [x.clone(), weights.clone(), ids.clone()]
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        experts_forward(static[0], w13, w2, static[1], static[2])  # compile and warm outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = experts_forward(static[0], w13, w2, static[1], static[2])
+    for seed, skew in ((tokens + 1, 0.0), (tokens + 2, 30.0)):
+        x2, _, _, weights2, ids2 = make_case(tokens, dtype=torch.bfloat16, device="cuda", seed=seed, skew=skew,
+                                             **QWEN3_30B)  # fmt: skip
+        for buffer, value in zip(static, (x2, weights2, ids2)):
+            buffer.copy_(value)
+        graph.replay()
+        want = reference_experts(x2, w13, w2, weights2, ids2)
+        torch.testing.assert_close(out.float(), want.float(), atol=3e-2, rtol=3e-2)
