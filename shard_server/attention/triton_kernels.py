@@ -248,6 +248,8 @@ def _paged_attention(
     acc = tl.zeros([BLOCK_Q * GROUP_P, HEAD_DIM_P], tl.float32)
 
     # Keys this tile can see: up to its last query's position, from its first query's window.
+    # A tile of a zero-length sequence (a mixed graph's padding: q_len = ctx = first = 0) gets
+    # hi = lo = 0 and no row_ok: it reads no key and writes nothing.
     hi = ctx - q_len + tl.minimum(first + BLOCK_Q, q_len)
     if WINDOW > 0:
         lo = tl.maximum(ctx - q_len + first - WINDOW + 1, 0)

@@ -8,6 +8,10 @@ launch with 128-row tiles; both run the same kernel.
 
 A step can be padded to a fixed batch (`pad_to`) and table width so its metadata has fixed
 shapes: CUDA graphs capture a decode step once and `refill` rewrites the buffer in place.
+A mixed step (prefill chunks beside decodes) is padded too, given a token bucket (`tokens`):
+its token rows pad to `tokens` (slot -1, in no tile), its sequences to `pad_to` with
+zero-length padding sequences, and each launch's tile list to a count fixed by the bucket
+(`mixed_tile_counts`), the padding tiles pointing at the last, zero-length sequence.
 Such a padded (graph) step of few sequences splits each decode's keys over several programs
 (split-KV) so that the whole GPU works on a small batch. Eager steps never split: their
 batch shapes vary, and each split count is a kernel variant compiled on first use.
@@ -75,6 +79,7 @@ class TritonMetadata:
     pad_to: int | None
     width: int
     splits: int = 1  # key ranges per small (decode) tile
+    tokens: int | None = None  # a mixed graph's token bucket: rows padded to it, fixed tile counts
     dense_rows: tuple[tuple[int, int], ...] = ()  # (first row, length) of each dense-path prompt
     dense_batches: tuple[DenseBatch, ...] = ()  # those prompts as the dense path batches them
 
@@ -86,6 +91,15 @@ def split_count(tiles: int, kv_heads: int) -> int:
     while splits < MAX_SPLITS and tiles * kv_heads * splits * 2 <= SPLIT_TARGET_PROGRAMS:
         splits *= 2
     return splits
+
+
+def mixed_tile_counts(small: TileConfig, large: TileConfig, tokens: int, seqs: int) -> tuple[int, int]:
+    """Fixed (small, large) tile counts of a mixed step of <= `tokens` tokens over `seqs`
+    sequence rows (the last a padding one): one small tile per real sequence at most, plus a
+    padding tile; large tiles: sum(ceil(q / L)) < tokens / L + n over the n sequences longer
+    than a small tile, n <= tokens // (small.block_q + 1)."""
+    longer = min(seqs - 1, tokens // (small.block_q + 1))
+    return seqs, -(-tokens // large.block_q) + longer
 
 
 def _next_power_of_two(n: int) -> int:
@@ -133,18 +147,28 @@ class TritonPagedAttention(AttentionBackend):
 
     # -- per-step planning -------------------------------------------------------------
     def build_metadata(
-        self, layout: StepLayout, device: torch.device, pad_to: int | None = None, width: int | None = None
+        self,
+        layout: StepLayout,
+        device: torch.device,
+        pad_to: int | None = None,
+        width: int | None = None,
+        tokens: int | None = None,
     ) -> TritonMetadata:
-        host, sections, width, dense_rows = self._pack(layout, pad_to, width)
+        """`pad_to` alone: a decode graph's shape (one token per sequence). With `tokens` too: a
+        mixed graph's, up to `tokens` rows over fewer than `pad_to` sequences (never split)."""
+        if tokens is not None and pad_to is None:
+            raise ValueError("a token bucket needs a sequence bound (pad_to)")
+        host, sections, width, dense_rows = self._pack(layout, pad_to, width, tokens=tokens)
         packed = host_to_device(host, device)
         metadata = self._views(packed, sections, pad_to, width)
+        metadata.tokens = tokens
         if dense_rows:
             slots = host[: sections[0][1]].numpy()  # the buffer opens with each token's slot
             plans = self.dense.plan(list(dense_rows))
             metadata.dense_rows = dense_rows
             metadata.dense_batches = tuple(self.dense.to_device(plan, slots, device) for plan in plans)
         small = [launch for launch in metadata.launches if launch.config == self.small]
-        if pad_to is not None and small:
+        if pad_to is not None and tokens is None and small:
             metadata.splits = split_count(small[0].num_tiles, self.shape.num_kv_heads)
         return metadata
 
@@ -153,7 +177,9 @@ class TritonPagedAttention(AttentionBackend):
         block tables (last in the buffer) only the columns this step reads are written: the
         captured width covers the model's whole context (8,192 columns for a 131k-token
         Llama 3.1), and the kernel never reads a column past a sequence's own blocks."""
-        host, sections, _, _ = self._pack(layout, metadata.pad_to, metadata.width, only_used_columns=True)
+        host, sections, _, _ = self._pack(
+            layout, metadata.pad_to, metadata.width, only_used_columns=True, tokens=metadata.tokens
+        )
         tables = sections[-1][1]
         head = host[: host.shape[0] - _aligned(tables)]
         if head.shape[0] != metadata.packed.shape[0] - _aligned(metadata.block_tables.numel()):
@@ -162,10 +188,18 @@ class TritonPagedAttention(AttentionBackend):
         copy_into(metadata.packed[: head.shape[0]], head)
         copy_into(metadata.block_tables[:, :columns], host[head.shape[0] : head.shape[0] + tables].view(-1, columns))
 
-    def _pack(self, layout: StepLayout, pad_to: int | None, width: int | None, only_used_columns: bool = False):
+    def _pack(
+        self,
+        layout: StepLayout,
+        pad_to: int | None,
+        width: int | None,
+        only_used_columns: bool = False,
+        tokens: int | None = None,
+    ):
         """One int32 host buffer with every section, built without per-sequence numpy calls;
         the block tables come last, `width` columns wide (only as wide as this step reads with
-        `only_used_columns`)."""
+        `only_used_columns`). With a token bucket (`tokens`), every section but the tables has
+        the same size for any layout that fits it."""
         bs = layout.block_size
         q_lens = np.asarray(layout.query_lens, dtype=np.int32)
         ctx_lens = np.asarray(layout.context_lens, dtype=np.int32)
@@ -173,6 +207,13 @@ class TritonPagedAttention(AttentionBackend):
         batch = real if pad_to is None else pad_to
         if batch < real:
             raise ValueError(f"cannot pad {real} sequences to {pad_to}")
+        step_tokens = int(q_lens.sum())
+        if tokens is not None:
+            # The padding tiles need a zero-length sequence to point at.
+            if real >= batch:
+                raise ValueError(f"a mixed graph of {batch} sequence rows holds at most {batch - 1}, not {real}")
+            if step_tokens > tokens:
+                raise ValueError(f"a step of {step_tokens} tokens does not fit the {tokens}-token bucket")
         used = -(-ctx_lens // bs)
         needed = int(used.max()) if real else 1
         width = max(1, needed) if width is None else width
@@ -188,25 +229,28 @@ class TritonPagedAttention(AttentionBackend):
             )
             rows = np.repeat(np.arange(real), used)
             tables[rows, np.arange(total) - np.repeat(np.cumsum(used) - used, used)] = flat
-        tokens = int(q_lens.sum())
         extra = batch - real
         starts = np.zeros(batch, dtype=np.int32)
         np.cumsum(q_lens[:-1], out=starts[1:real])
-        starts[real:] = np.arange(tokens, tokens + extra, dtype=np.int32)
+        if tokens is None:
+            starts[real:] = np.arange(step_tokens, step_tokens + extra, dtype=np.int32)
         # Slot of every new token: its sequence's block for its position. Padding: -1.
         owner = np.repeat(np.arange(real, dtype=np.int32), q_lens)
-        positions = ctx_lens[owner] - q_lens[owner] + np.arange(tokens, dtype=np.int32) - starts[owner]
-        slots = np.full(tokens + extra, -1, dtype=np.int32)
-        slots[:tokens] = tables[owner, positions // bs] * bs + positions % bs
-        # Padding: one query token each, no context.
-        q_padded = np.concatenate([q_lens, np.ones(extra, dtype=np.int32)])
+        positions = ctx_lens[owner] - q_lens[owner] + np.arange(step_tokens, dtype=np.int32) - starts[owner]
+        rows = step_tokens + extra if tokens is None else tokens
+        slots = np.full(rows, -1, dtype=np.int32)
+        slots[:step_tokens] = tables[owner, positions // bs] * bs + positions % bs
+        # Padding: one query token each (decode graphs), or none (mixed: rows past the real
+        # ones belong to no sequence); no context.
+        q_padded = np.concatenate([q_lens, np.full(extra, 1 if tokens is None else 0, dtype=np.int32)])
         ctx_padded = np.concatenate([ctx_lens, np.zeros(extra, dtype=np.int32)])
         parts = [slots, starts, q_padded, ctx_padded]
         sections = [(name, part.shape[0]) for name, part in zip(("slots", "starts", "q_lens", "ctx_lens"), parts)]
         dense = np.zeros(batch, dtype=bool)
         if pad_to is None:  # graph-captured steps keep every sequence on the paged kernel
             dense[:real] = self.dense.takes(q_lens, ctx_lens)
-        for config, seqs, firsts in self._tiles(q_padded, ~dense):
+        counts = None if tokens is None else mixed_tile_counts(self.small, self.large, tokens, batch)
+        for config, seqs, firsts in self._tiles(q_padded, ~dense, counts):
             sections.append((config, len(seqs)))
             parts += [seqs, firsts]
         sections.append(("tables", tables.size))
@@ -215,20 +259,28 @@ class TritonPagedAttention(AttentionBackend):
         dense_rows = tuple((int(starts[i]), int(q_lens[i])) for i in np.flatnonzero(dense))
         return torch.from_numpy(packed), sections, width, dense_rows
 
-    def _tiles(self, q_lens: np.ndarray, paged: np.ndarray):
+    def _tiles(self, q_lens: np.ndarray, paged: np.ndarray, fixed: tuple[int, int] | None = None):
         """Per tile config: (config, sequence of each tile, first query offset of each tile)
-        over the sequences marked `paged`."""
+        over the sequences marked `paged`. With `fixed` (small, large) counts, both launches
+        come padded to exactly those, the padding tiles on the last (zero-length) sequence, so
+        that a graph's grids never change."""
         plans = []
         small = q_lens <= self.small.block_q
-        for config, chosen in ((self.small, small & paged), (self.large, ~small & paged)):
+        for index, (config, chosen) in enumerate(((self.small, small & paged), (self.large, ~small & paged))):
             seqs = np.flatnonzero(chosen).astype(np.int32)
-            if not len(seqs):
+            if not len(seqs) and fixed is None:
                 continue
-            counts = -(-q_lens[seqs] // config.block_q)
+            counts = -(-q_lens[seqs] // config.block_q)  # 0 for a zero-length sequence
             tile_seq = np.repeat(seqs, counts)
             first_tile = np.repeat(np.cumsum(counts) - counts, counts)
             firsts = (np.arange(len(tile_seq), dtype=np.int32) - first_tile).astype(np.int32) * config.block_q
-            plans.append((config, tile_seq, firsts))
+            if fixed is not None:
+                if len(tile_seq) > fixed[index]:
+                    raise ValueError(f"{len(tile_seq)} tiles exceed the fixed {fixed[index]}")  # a bound's bug
+                extra = fixed[index] - len(tile_seq)
+                tile_seq = np.concatenate([tile_seq, np.full(extra, len(q_lens) - 1, dtype=np.int32)])
+                firsts = np.concatenate([firsts, np.zeros(extra, dtype=np.int32)])
+            plans.append((config, tile_seq.astype(np.int32), firsts))
         return plans
 
     @staticmethod
@@ -265,7 +317,9 @@ class TritonPagedAttention(AttentionBackend):
         q, k, v = _rows_contiguous(q), _rows_contiguous(k), _rows_contiguous(v)
         if q.shape[0]:
             self._store(kernels, q, k, v, k_cache, v_cache, metadata, rotary)
-        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        # A mixed graph's padding rows are in no tile: zeros, not whatever the pool held there.
+        alloc = torch.empty if metadata.tokens is None else torch.zeros
+        out = alloc(q.shape, dtype=q.dtype, device=q.device)
         for launch in metadata.launches:
             splits = metadata.splits if launch.config == self.small else 1
             self._attend(kernels, q, k_cache, v_cache, out, metadata, launch, splits)
