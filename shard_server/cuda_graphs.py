@@ -8,7 +8,8 @@ each row with its logprob, so a greedy batch needs no kernel outside the graph. 
 replaces hundreds of kernel launches, which at small batch is most of a step's time.
 
 Graphs share one memory pool and are captured largest first, so the smaller ones reuse its
-buffers. They hold the KV pool's addresses: capture after the final pool is allocated.
+buffers; the mixed-step graphs (mixed_graphs.py) share it too. They hold the KV pool's
+addresses: capture after the final pool is allocated.
 """
 
 from __future__ import annotations
@@ -93,34 +94,27 @@ class DecodeGraphs:
     def sizes(self) -> list[int]:
         return sorted(self.steps)
 
-    def capture(self, sizes, kv_cache) -> None:
-        """Captures one graph per size against `kv_cache` (largest first, one shared pool)."""
+    def capture(self, sizes, kv_cache, pool=None) -> None:
+        """Captures one graph per size against `kv_cache` (largest first, one shared pool:
+        `pool`, or a new one)."""
         self.release()
-        self.pool = torch.cuda.graph_pool_handle()
+        self.pool = pool if pool is not None else torch.cuda.graph_pool_handle()
         for size in sorted(sizes, reverse=True):
-            self.steps[size] = self._capture_one(size, kv_cache)
+            self.capture_size(size, kv_cache)
 
     def release(self) -> None:
         self.steps.clear()
         self.pool = None
 
-    def _capture_one(self, size: int, kv_cache) -> CapturedStep:
+    def capture_size(self, size: int, kv_cache) -> None:
+        """Captures the graph of one size into `self.pool` (set by `capture` or the caller)."""
         empty = StepLayout([], [], [], self.block_size)  # all padding: touches no KV slot
         metadata = self.backend.build_metadata(empty, self.device, pad_to=size, width=self.width)
         input_ids = torch.zeros(size, dtype=torch.long, device=self.device)
         positions = torch.zeros(size, dtype=torch.long, device=self.device)
-        # One eager run first: compiles kernels and settles lazy allocations outside the capture.
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):
-            decode_outputs(self.model, self.model(input_ids, positions, kv_cache, metadata))
-        torch.cuda.current_stream(self.device).wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        # thread_local: under TP, NCCL's watchdog thread polls events while we capture; the
-        # default (global) mode would invalidate the capture on its harmless queries.
-        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
-            outputs = decode_outputs(self.model, self.model(input_ids, positions, kv_cache, metadata))
-        return CapturedStep(size, graph, input_ids, positions, metadata, outputs)
+        run = lambda: decode_outputs(self.model, self.model(input_ids, positions, kv_cache, metadata))  # noqa: E731
+        graph, outputs = record_graph(run, self.pool, self.device)
+        self.steps[size] = CapturedStep(size, graph, input_ids, positions, metadata, outputs)
 
     def size_for(self, layout: StepLayout) -> int | None:
         """The graph size that can run this step, or None (not decode-only, too big, too long)."""
@@ -157,14 +151,17 @@ class DecodeGraphs:
         return step.outputs.rows(batch)
 
 
-def graph_memory_bytes(graphs: DecodeGraphs, size: int, kv_cache) -> int:
-    """Device memory one capture of `size` takes (the shared pool is about the largest graph's)."""
-    device = graphs.device
-    torch.cuda.synchronize(device)
-    free_before, _ = torch.cuda.mem_get_info(device)
-    graphs.capture([size], kv_cache)
-    torch.cuda.synchronize(device)
-    free_after, _ = torch.cuda.mem_get_info(device)
-    graphs.release()
-    torch.cuda.empty_cache()
-    return max(0, free_before - free_after)
+def record_graph(run: Callable[[], object], pool, device: torch.device):
+    """(graph, its static outputs) of `run`, captured into `pool` after one eager run."""
+    # The eager run compiles kernels and settles lazy allocations outside the capture.
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        run()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    # thread_local: under TP, NCCL's watchdog thread polls events while we capture; the
+    # default (global) mode would invalidate the capture on its harmless queries.
+    with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
+        outputs = run()
+    return graph, outputs

@@ -23,6 +23,7 @@ from .grammar import GrammarEngine
 from .kernels.dispatch import use_fused
 from .kernels.greedy import fused_greedy
 from .kv_cache import KVCache, KVSpec
+from .mixed_graphs import MixedGraphs
 from .pb import generate_pb2 as pb
 from .requests import InvalidStepError, SequenceTable
 from .sampling import SampledTokens, Sampler, SamplingRows, TokenMask
@@ -88,6 +89,7 @@ class ModelRunner:
         self.table = SequenceTable()
         self.kv_cache: KVCache | None = None
         self.graphs: DecodeGraphs | None = None  # set by warmup when CUDA graphs are on
+        self.mixed_graphs: MixedGraphs | None = None  # likewise, for steps not decode-only
         self.grammars = grammars or GrammarEngine(None, self.config.vocab_size)
 
     @property
@@ -100,8 +102,9 @@ class ModelRunner:
         return self.model.embed_tokens.weight.dtype
 
     def allocate_kv_cache(self, num_blocks: int) -> None:
-        if self.graphs is not None:
-            self.graphs.release()  # they point into the old pool
+        for graphs in (self.graphs, self.mixed_graphs):
+            if graphs is not None:
+                graphs.release()  # they point into the old pool
         self.kv_cache = None  # free the old pool before allocating the new one
         self.kv_cache = KVCache(self.kv_spec, num_blocks, self.device)
 
@@ -219,18 +222,27 @@ class ModelRunner:
         self, inputs: StepInputs, needs_hidden: bool
     ) -> tuple[torch.Tensor | None, DecodeOutputs | None]:
         """(hidden states of the step's tokens, None) run eagerly, or (None, the outputs of every
-        sequence) from a CUDA graph when one fits the step and no hidden state is needed."""
-        graphs = self.graphs if not needs_hidden else None
-        size = graphs.size_for(inputs.layout) if graphs is not None else None
+        sequence) from a CUDA graph when one fits the step and no hidden state is needed: a
+        decode graph for a decode-only step, else the smallest mixed graph that holds it."""
         fill = (lambda ids: _fill_on_device(ids, inputs.on_device)) if inputs.on_device else None
-        if size is not None:
-            return None, self.graphs.run(size, inputs.input_ids, inputs.positions, inputs.layout, fill)
+        graph = None if needs_hidden else self._graph_for(inputs.layout)
+        if graph is not None:
+            graphs, key = graph
+            return None, graphs.run(key, inputs.input_ids, inputs.positions, inputs.layout, fill)
         metadata = self.backend.build_metadata(inputs.layout, self.device)
         input_ids = to_device(inputs.input_ids, torch.long, self.device)
         positions = to_device(inputs.positions, torch.long, self.device)
         if fill is not None:
             fill(input_ids)
         return self.model(input_ids, positions, self.kv_cache, metadata), None
+
+    def _graph_for(self, layout: StepLayout):
+        """(graphs, key) of the graph that runs this step, or None: it runs eagerly."""
+        if self.graphs is not None and (size := self.graphs.size_for(layout)) is not None:
+            return self.graphs, size
+        if self.mixed_graphs is not None and (tokens := self.mixed_graphs.bucket_for(layout)) is not None:
+            return self.mixed_graphs, tokens
+        return None
 
     def _prepare(self, work: list[ScheduledWork]) -> StepInputs:
         ids: list[int] = []

@@ -3,8 +3,9 @@
 The worst case is `max_batch_prefill_tokens` tokens spread over up to `max_batch_size`
 sequences, all sampling with every processor active, against a temporary pool just big
 enough for it. Afterwards the real pool is sized: on CPU from `--kv-cache-tokens`, on CUDA
-from the memory left after the step's peak and the decode CUDA graphs (measured by one trial
-capture of the largest size), times `--cuda-memory-fraction`. The graphs are then captured
+from the memory left after the step's peak and the CUDA graphs (measured by one trial capture
+of the largest decode size and every mixed-step bucket, in their shared pool), times
+`--cuda-memory-fraction`. The graphs are then captured
 against the real pool, and the objects alive by then are frozen out of the garbage
 collector's full passes. In between, the attention backend prepares what a prefill of up to
 `max_batch_prefill_tokens` would otherwise build on first use (the triton backend's dense
@@ -22,7 +23,8 @@ import logging
 
 import torch
 
-from .cuda_graphs import DecodeGraphs, graph_memory_bytes
+from .cuda_graphs import DecodeGraphs
+from .mixed_graphs import MixedGraphs, buckets_for, capture_all, graphs_memory_bytes
 from .pb import generate_pb2 as pb
 from .runner import ModelRunner
 
@@ -94,7 +96,8 @@ def warmup(runner: ModelRunner, max_tokens: int, max_batch_size: int, sizing: Po
     if prepared:
         log.info("prepared %d dense prefill shapes", prepared)
     graphs, sizes = _decode_graphs(runner, sizing.cuda_graph_sizes, max_batch_size)
-    graph_reserve = graph_memory_bytes(graphs, max(sizes), runner.kv_cache) if graphs else 0
+    mixed, buckets = _mixed_graphs(runner, sizes, max_tokens)
+    graph_reserve = graphs_memory_bytes(graphs, mixed, max(sizes), buckets, runner.kv_cache) if graphs else 0
     runner.clear()
     runner.kv_cache = None
     num_blocks = _pool_blocks(runner, sizing, graph_reserve)
@@ -105,9 +108,13 @@ def warmup(runner: ModelRunner, max_tokens: int, max_batch_size: int, sizing: Po
         )
     runner.allocate_kv_cache(num_blocks)
     if graphs is not None:
-        graphs.capture(sizes, runner.kv_cache)
-        runner.graphs = graphs
-        log.info("captured decode CUDA graphs for batch sizes %s (%d MiB)", sizes, graph_reserve >> 20)
+        capture_all(graphs, mixed, sizes, buckets, runner.kv_cache)
+        runner.graphs, runner.mixed_graphs = graphs, mixed
+        log.info(
+            "captured CUDA graphs for decode batch sizes %s and mixed steps of up to %s tokens "
+            "(at most %d sequences) (%d MiB)",
+            sizes, buckets, mixed.max_seqs if mixed else 0, graph_reserve >> 20,
+        )  # fmt: skip
     _freeze_long_lived_objects()
     return num_blocks, int((time.perf_counter() - started) * 1000)
 
@@ -126,7 +133,7 @@ def _freeze_long_lived_objects() -> None:
 
 def _decode_graphs(runner: ModelRunner, wanted: tuple[int, ...], max_batch_size: int):
     """(DecodeGraphs, sizes) to capture, or (None, []) when graphs do not apply."""
-    runner.graphs = None
+    runner.graphs = runner.mixed_graphs = None
     if not wanted or runner.device.type != "cuda":
         return None, []
     if not hasattr(runner.backend, "refill"):
@@ -138,6 +145,18 @@ def _decode_graphs(runner: ModelRunner, wanted: tuple[int, ...], max_batch_size:
     cfg = runner.config
     graphs = DecodeGraphs(runner.model, runner.backend, runner.block_size, cfg.max_position_embeddings, runner.device)
     return graphs, sizes
+
+
+def _mixed_graphs(runner: ModelRunner, sizes: list[int], max_tokens: int):
+    """(MixedGraphs, token buckets) beside the decode graphs of `sizes`, or (None, []) without
+    them. A mixed graph holds as many sequences as the largest decode graph, and the buckets
+    stop at the first that covers a step of `max_tokens` (no step is longer)."""
+    if not sizes:
+        return None, []
+    cfg = runner.config
+    mixed = MixedGraphs(runner.model, runner.backend, runner.block_size, cfg.max_position_embeddings,
+                        runner.device, max_seqs=max(sizes))  # fmt: skip
+    return mixed, buckets_for(max_tokens)
 
 
 def _pool_blocks(runner: ModelRunner, sizing: PoolSizing, reserve: int) -> int:
