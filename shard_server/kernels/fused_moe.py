@@ -148,7 +148,7 @@ def _launch(a, w, out, topk_weights, sorted_pairs, block_expert, n, k, top_k, ti
         a, w, out, topk_weights, sorted_pairs, block_expert, n, k, out.shape[0], top_k, blocks_m,
         a.stride(0), w.stride(0), w.stride(1), w.stride(2), out.stride(0),
         GATE_UP=gate_up, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, GROUP_M=tile.group_m,
-        PRECISION="ieee" if a.dtype == torch.float32 else "tf32",  # float32 weights: no tf32 rounding
+        PRECISION="ieee" if a.dtype == torch.float32 else None,  # float32 weights: no tf32 rounding
         num_warps=tile.num_warps, num_stages=tile.num_stages, **launch_args(a),
     )  # fmt: skip
 

@@ -31,13 +31,14 @@ from shard_server.models.config import ModelConfig  # noqa: E402
 from shard_server.models.moe import MoeBlock, experts_forward, reference_experts, route  # noqa: E402
 
 CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if CUDA else "cpu"  # the small cases: compiled on a GPU, interpreted on CPU
 needs_cuda = pytest.mark.skipif(not CUDA, reason="GPU-sized case: the Triton interpreter is too slow on CPU")
 TOLERANCE = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 3e-2}
 SMALL = MoeTile(block_m=16, block_n=16, block_k=16, group_m=2, num_warps=4, num_stages=2)  # masked edges, many tiles
 
 
 def make_case(tokens, experts, top_k, hidden, inter, skew=0.0, renormalize=True, dtype=torch.float32,
-              device="cpu", seed=0):  # fmt: skip
+              device=DEVICE, seed=0):  # fmt: skip
     """x, w13, w2 (scaled so every stage stays unit-sized), routing weights and ids."""
     gen = torch.Generator(device).manual_seed(seed)  # on the device: the GPU cases' weights are 800 MB
 
@@ -89,7 +90,7 @@ def test_alignment_groups_every_pair_once_in_aligned_blocks(tokens, experts, top
 
 
 def test_alignment_with_every_pair_on_one_expert():
-    ids = torch.full((10, 1), 2, dtype=torch.int64)
+    ids = torch.full((10, 1), 2, dtype=torch.int64, device=DEVICE)
     check_alignment(ids, 5, 4)
     sorted_pairs, block_expert = align_to_blocks(ids, 5, 4)
     assert block_expert.tolist() == [2, 2, 2, -1, -1, -1, -1]  # 7 blocks: ceil((10 + 5 * 3) / 4)
@@ -158,13 +159,13 @@ def test_moe_block_with_the_fused_experts(model_type, renormalize):
                num_experts_per_tok=2, moe_intermediate_size=24, shared_expert_intermediate_size=40,
                norm_topk_prob=renormalize)  # fmt: skip
     cfg = ModelConfig.from_dict(raw)
-    block = MoeBlock(cfg, ParallelContext(), torch.float32, torch.device("cpu"))
+    block = MoeBlock(cfg, ParallelContext(), torch.float32, torch.device(DEVICE))
     gen = torch.Generator().manual_seed(7)
     with torch.no_grad():
         for param in block.parameters():
-            param.copy_(torch.randn(param.shape, generator=gen) / param.shape[-1] ** 0.5)
+            param.copy_(torch.randn(param.shape, generator=gen).to(DEVICE) / param.shape[-1] ** 0.5)
     assert (block.shared_expert is not None) == (model_type == "qwen2_moe")
-    x = torch.randn(11, 32, generator=gen)
+    x = torch.randn(11, 32, generator=gen).to(DEVICE)
     with torch.inference_mode():
         with fused_kernels(False):
             want = block(x)
