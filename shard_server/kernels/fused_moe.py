@@ -44,7 +44,8 @@ class MoeTile:
 # K steps keep many loads in flight. With more rows an expert the work turns compute-bound and
 # wider tiles reuse each loaded weight tile over more rows. Shapes, not models, pick a tile, so
 # any hidden / intermediate size gets one; the numbers follow the usual shape of tuned Hopper
-# tables for 64-128 experts (Qwen3-30B-A3B, OLMoE) and Mixtral's 8.
+# tables for 64-128 experts (Qwen3-30B-A3B, OLMoE) and Mixtral's 8. Not yet timed on this tree:
+# correct on an H200 at the Qwen3-30B-A3B shape (tests/shard/test_fused_moe.py), speed unmeasured.
 TILES = (
     (4, MoeTile(block_m=16, block_n=64, block_k=128, group_m=1, num_warps=4, num_stages=4)),  # decode
     (24, MoeTile(block_m=32, block_n=64, block_k=128, group_m=4, num_warps=4, num_stages=3)),
