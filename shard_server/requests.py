@@ -45,6 +45,7 @@ class SamplingParams:
     watermark_delta: float = 0.0
     min_new_tokens: int = 0  # stop_token_ids are suppressed until this many tokens exist
     stop_token_ids: tuple[int, ...] = ()
+    min_p: float = 0.0  # 0: off (proto3's unset)
 
     @classmethod
     def from_proto(cls, msg) -> SamplingParams:
@@ -64,6 +65,7 @@ class SamplingParams:
             watermark_delta=float(msg.watermark_delta),
             min_new_tokens=int(msg.min_new_tokens),
             stop_token_ids=tuple(int(t) for t in msg.stop_token_ids) if msg.min_new_tokens else (),
+            min_p=float(msg.min_p),
         )
         params.validate()
         return params
@@ -73,6 +75,7 @@ class SamplingParams:
             (math.isfinite(self.temperature) and self.temperature > 0, "temperature must be finite and > 0", self.temperature),
             (0 < self.top_p <= 1, "top_p must be in (0, 1]", self.top_p),
             (0 < self.typical_p <= 1, "typical_p must be in (0, 1]", self.typical_p),
+            (0 <= self.min_p <= 1, "min_p must be in [0, 1]", self.min_p),
             (
                 math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0,
                 "repetition_penalty must be finite and > 0",

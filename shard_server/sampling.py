@@ -4,7 +4,8 @@ Order: a grammar's token mask first (constrained rows: forbidden tokens get -inf
 later step and the reported logprobs see the masked distribution), then, as in HF/TGI,
 repetition penalty (over every token so far), frequency and presence penalties (OpenAI
 semantics, over generated tokens), logit bias, the green-list watermark — these apply in
-greedy mode too — then, for sampled rows only, temperature, top-k, top-p and typical-p. A
+greedy mode too — then, for sampled rows only, temperature, min-p (vLLM's order: before
+top-k and top-p), top-k, top-p and typical-p. A
 sampled row draws with the Gumbel-max trick from counter-based hash noise keyed by (seed,
 position, vocab index), so a seeded draw never depends on the batch it runs in nor on
 preemption.
@@ -109,6 +110,14 @@ def apply_temperature(logits: torch.Tensor, temperature: torch.Tensor) -> torch.
     return logits / temperature.clamp(min=MIN_TEMPERATURE).unsqueeze(1)
 
 
+def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """vLLM's min-p: drops tokens less likely than min_p x the top token; min_p 0 keeps all
+    (every probability is >= 0), so rows that left it off are unchanged."""
+    probs = logits.softmax(dim=1)
+    threshold = probs.amax(dim=1, keepdim=True) * min_p.unsqueeze(1)
+    return logits.masked_fill(probs < threshold, float("-inf"))
+
+
 def apply_top_k(logits: torch.Tensor, top_k: torch.Tensor, max_k: int | None = None) -> torch.Tensor:
     """Keeps tokens scoring at least the k-th best (ties kept); k == 0 disables.
 
@@ -153,7 +162,7 @@ def argmax_suffices(params: SamplingParams) -> bool:
     Compared against the neutral parameters (warpers and the seed do not act on greedy rows),
     so any parameter added later disables this fast path until it is known to be neutral.
     """
-    greedy = replace(params, temperature=1.0, top_k=0, top_p=1.0, typical_p=1.0, seed=0)
+    greedy = replace(params, temperature=1.0, top_k=0, top_p=1.0, typical_p=1.0, min_p=0.0, seed=0)
     return greedy == SamplingParams()
 
 
@@ -257,6 +266,8 @@ class Sampler:
     def warp(self, logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
         dev = self.device
         logits = apply_temperature(logits, to_device([p.temperature for p in params], torch.float32, dev))
+        if any(p.min_p > 0 for p in params):
+            logits = apply_min_p(logits, to_device([p.min_p for p in params], torch.float32, dev))
         if any(p.top_k > 0 for p in params):
             vocab = logits.shape[1]
             max_k = max(min(p.top_k, vocab) if p.top_k > 0 else vocab for p in params)

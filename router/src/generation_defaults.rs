@@ -16,6 +16,8 @@ pub struct GenerationDefaults {
     /// 0 (disabled) is kept as `None`.
     pub top_k: Option<u32>,
     pub repetition_penalty: Option<f32>,
+    /// 0 (disabled) is kept as `None`.
+    pub min_p: Option<f32>,
 }
 
 fn number(config: &Value, key: &str) -> Option<f64> {
@@ -58,12 +60,6 @@ impl GenerationDefaults {
                 None
             }
         });
-        if number(config, "min_p").is_some_and(|p| p != 0.0) {
-            // No min-p sampling in the shard; say so once instead of pretending.
-            tracing::warn!(
-                "generation_config.json min_p is not applied (textgen has no min-p sampling)"
-            );
-        }
         Self {
             temperature: kept("temperature", number(config, "temperature"), |t| {
                 (0.0..=2.0).contains(&t)
@@ -75,6 +71,10 @@ impl GenerationDefaults {
                 number(config, "repetition_penalty"),
                 |r| r > 0.0 && r.is_finite(),
             ),
+            min_p: kept("min_p", number(config, "min_p"), |p| {
+                (0.0..=1.0).contains(&p)
+            })
+            .filter(|&p| p > 0.0),
         }
     }
 
@@ -90,7 +90,7 @@ mod tests {
     #[test]
     fn reads_the_four_sampling_values() {
         let config = serde_json::json!({"temperature": 0.6, "top_p": 0.9, "top_k": 20,
-            "repetition_penalty": 1.1, "eos_token_id": 2, "do_sample": true});
+            "repetition_penalty": 1.1, "min_p": 0.05, "eos_token_id": 2, "do_sample": true});
         assert_eq!(
             GenerationDefaults::from_config(&config),
             GenerationDefaults {
@@ -98,6 +98,7 @@ mod tests {
                 top_p: Some(0.9),
                 top_k: Some(20),
                 repetition_penalty: Some(1.1),
+                min_p: Some(0.05),
             }
         );
     }
@@ -105,7 +106,7 @@ mod tests {
     #[test]
     fn out_of_range_values_and_a_missing_file_give_no_defaults() {
         let config = serde_json::json!({"temperature": 1e39, "top_p": 0, "top_k": -3,
-            "repetition_penalty": 0});
+            "repetition_penalty": 0, "min_p": 1.5});
         assert!(GenerationDefaults::from_config(&config).is_empty());
         let zero_k = serde_json::json!({"top_k": 0});
         assert_eq!(GenerationDefaults::from_config(&zero_k).top_k, None);

@@ -35,6 +35,8 @@ pub enum ValidationError {
     TopK,
     #[error("`typical_p` must be > 0.0 and < 1.0")]
     TypicalP,
+    #[error("`min_p` must be >= 0.0 and <= 1.0")]
+    MinP,
     #[error("`truncate` must be strictly positive and less than {0}. Given: {1}")]
     Truncate(u32, usize),
     #[error("`max_new_tokens` must be strictly positive")]
@@ -51,6 +53,10 @@ pub enum ValidationError {
     EmptyStopSequence,
     #[error("`stop` sequences must be at most {0} characters long")]
     LongStopSequence(usize),
+    #[error("`stop_token_ids` supports up to {0} token ids. Given: {1}")]
+    StopTokenIds(usize, usize),
+    #[error("`stop_token_ids` token {0} is outside the vocabulary (size {1})")]
+    StopTokenId(u32, u32),
     #[error("`{0}` is not supported by textgen")]
     Unsupported(&'static str),
     #[error("`presence_penalty` must be >= -2.0 and <= 2.0")]
@@ -74,6 +80,10 @@ pub enum ValidationError {
 /// Longest stop sequence, in characters: matching cost grows with it and no real stop
 /// sequence comes close.
 pub const MAX_STOP_SEQUENCE_CHARS: usize = 1024;
+
+/// Most stop token ids one request may add: each is checked on every generated token and
+/// sent to the shard with `min_tokens`; real requests name a handful.
+pub const MAX_STOP_TOKEN_IDS: usize = 256;
 
 /// The caps validation enforces (from the command line and the derived limits).
 #[derive(Debug, Clone, Copy)]
@@ -110,6 +120,8 @@ impl Default for WatermarkSettings {
 pub struct SamplingExtras {
     /// OpenAI's additive presence penalty, in [-2, 2].
     pub presence_penalty: Option<f32>,
+    /// vLLM's min-p, in [0, 1] (0: off).
+    pub min_p: Option<f32>,
     /// (token id, bias in [-100, 100]) pairs.
     pub logit_bias: Vec<(u32, f32)>,
     /// Replaces `--max-top-n-tokens` (OpenAI's `top_logprobs` has its own cap of 20).
@@ -119,6 +131,12 @@ pub struct SamplingExtras {
     pub grammar: Option<GrammarRequest>,
     /// vLLM's `min_tokens` / `ignore_eos`.
     pub stop_floor: Option<StopFloor>,
+    /// vLLM's `stop_token_ids`: generating one of these ends the sequence, like EOS.
+    pub stop_token_ids: Vec<u32>,
+    /// vLLM's `skip_special_tokens: false`: special tokens' text stays in the answer.
+    pub keep_special_tokens: bool,
+    /// vLLM's `include_stop_str_in_output`.
+    pub include_stop_str_in_output: bool,
 }
 
 /// The stop tokens cannot be drawn until `min_new_tokens` tokens exist (`u32::MAX`: never).
@@ -182,6 +200,10 @@ pub struct CheckedParameters {
     pub return_full_text: bool,
     /// The compiled output constraint, if any.
     pub grammar: Option<pb::Grammar>,
+    /// The request's own stop tokens, on top of the model's EOS ids.
+    pub stop_token_ids: Vec<u32>,
+    pub skip_special_tokens: bool,
+    pub include_stop_str_in_output: bool,
 }
 
 /// A request ready for the scheduler.
@@ -269,7 +291,12 @@ pub fn check_parameters_with(
     if !(-2.0..=2.0).contains(&presence_penalty) {
         return Err(ValidationError::PresencePenalty);
     }
+    let min_p = extras.min_p.unwrap_or(0.0);
+    if !(0.0..=1.0).contains(&min_p) {
+        return Err(ValidationError::MinP);
+    }
     let logit_bias = check_logit_bias(&extras.logit_bias, limits.vocab_size)?;
+    check_stop_token_ids(&extras.stop_token_ids, limits.vocab_size)?;
     if streaming && p.decoder_input_details {
         return Err(ValidationError::PrefillDetailsStream);
     }
@@ -305,6 +332,7 @@ pub fn check_parameters_with(
             .stop_floor
             .as_ref()
             .map_or_else(Vec::new, |f| f.stop_token_ids.clone()),
+        min_p,
     };
     Ok(CheckedParameters {
         sampling,
@@ -318,6 +346,9 @@ pub fn check_parameters_with(
         top_n_tokens,
         return_full_text: p.return_full_text.unwrap_or(false),
         grammar: None,
+        stop_token_ids: extras.stop_token_ids.clone(),
+        skip_special_tokens: !extras.keep_special_tokens,
+        include_stop_str_in_output: extras.include_stop_str_in_output,
     })
 }
 
@@ -345,6 +376,16 @@ fn check_logit_bias(
             Ok(pb::LogitBias { token_id, bias })
         })
         .collect()
+}
+
+fn check_stop_token_ids(ids: &[u32], vocab_size: u32) -> Result<(), ValidationError> {
+    if ids.len() > MAX_STOP_TOKEN_IDS {
+        return Err(ValidationError::StopTokenIds(MAX_STOP_TOKEN_IDS, ids.len()));
+    }
+    match ids.iter().find(|&&id| id >= vocab_size) {
+        Some(&id) => Err(ValidationError::StopTokenId(id, vocab_size)),
+        None => Ok(()),
+    }
 }
 
 fn check_best_of(

@@ -233,6 +233,7 @@ fn extras_are_range_checked() {
         max_top_n_tokens: None,
         grammar: None,
         stop_floor: None,
+        ..Default::default()
     })
     .unwrap();
     assert_eq!(biased.sampling.presence_penalty, 1.5);
@@ -401,4 +402,72 @@ async fn without_a_compiler_grammars_are_refused_as_disabled() {
         .await
         .unwrap_err();
     assert_eq!(err, ValidationError::Grammar(crate::grammar::GrammarError::Disabled));
+}
+
+#[test]
+fn min_p_is_checked_in_f32_and_reaches_the_shard() {
+    let with = |p: f32| {
+        check_extras(SamplingExtras {
+            min_p: Some(p),
+            ..Default::default()
+        })
+    };
+    assert_eq!(with(0.25).unwrap().sampling.min_p, 0.25);
+    assert_eq!(with(1.0).unwrap().sampling.min_p, 1.0);
+    assert_eq!(
+        check_extras(SamplingExtras::default())
+            .unwrap()
+            .sampling
+            .min_p,
+        0.0
+    );
+    // 1e39 is finite in f64 but infinite in f32, the shard's precision.
+    for bad in [-0.1, 1.0001, f32::NAN, 1e39_f64 as f32, f32::NEG_INFINITY] {
+        assert_eq!(with(bad).unwrap_err(), ValidationError::MinP, "{bad}");
+    }
+    assert!(ValidationError::MinP.to_string().contains("`min_p`"));
+}
+
+#[test]
+fn stop_token_ids_are_bounded_by_count_and_vocabulary() {
+    let with = |ids: Vec<u32>| {
+        check_extras(SamplingExtras {
+            stop_token_ids: ids,
+            ..Default::default()
+        })
+    };
+    let checked = with(vec![5, 299]).unwrap();
+    assert_eq!(checked.stop_token_ids, vec![5, 299]);
+    // The request's stop tokens end the sequence in the router; the shard sees them only
+    // through a stop floor.
+    assert!(checked.sampling.stop_token_ids.is_empty());
+    assert_eq!(
+        with(vec![5, 300]).unwrap_err(),
+        ValidationError::StopTokenId(300, 300)
+    );
+    assert_eq!(
+        with(vec![u32::MAX]).unwrap_err(),
+        ValidationError::StopTokenId(u32::MAX, 300)
+    );
+    assert!(with(vec![1; MAX_STOP_TOKEN_IDS]).is_ok());
+    let err = with(vec![1; MAX_STOP_TOKEN_IDS + 1]).unwrap_err();
+    assert_eq!(
+        err,
+        ValidationError::StopTokenIds(MAX_STOP_TOKEN_IDS, MAX_STOP_TOKEN_IDS + 1)
+    );
+    assert!(err.to_string().contains("`stop_token_ids`"));
+}
+
+#[test]
+fn output_flags_default_to_tgi_and_vllm_defaults() {
+    let native = check("{}").unwrap();
+    assert!(native.skip_special_tokens && !native.include_stop_str_in_output);
+    assert!(native.stop_token_ids.is_empty());
+    let flagged = check_extras(SamplingExtras {
+        keep_special_tokens: true,
+        include_stop_str_in_output: true,
+        ..Default::default()
+    })
+    .unwrap();
+    assert!(!flagged.skip_special_tokens && flagged.include_stop_str_in_output);
 }

@@ -2,6 +2,7 @@
 support constraints, and robustness to extreme parameters."""
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -15,6 +16,7 @@ from shard_server.sampling import (
     Sampler,
     SamplingRows,
     apply_frequency_presence,
+    apply_min_p,
     apply_repetition_penalty,
     apply_temperature,
     apply_top_k,
@@ -213,6 +215,9 @@ def test_logprob_comes_from_the_processed_distribution():
         ("top_p", 1.5),
         ("top_p", -0.1),
         ("typical_p", 2.0),
+        ("min_p", 1.5),
+        ("min_p", -0.1),
+        ("min_p", math.nan),
         ("repetition_penalty", -2.0),
         ("frequency_penalty", math.inf),
         ("presence_penalty", math.nan),
@@ -230,6 +235,7 @@ def test_invalid_parameters_are_rejected(field, value):
     top_k=st.integers(0, 2**31),
     top_p=st.floats(1e-9, 1.0),
     typical_p=st.floats(1e-9, 1.0),
+    min_p=st.floats(0.0, 1.0),
     repetition_penalty=st.floats(1e-6, 1e6),
     frequency_penalty=st.floats(-1e6, 1e6),
     presence_penalty=st.floats(-1e6, 1e6),
@@ -251,7 +257,7 @@ def test_argmax_suffices_only_for_unprocessed_greedy_rows():
     from shard_server.sampling import argmax_suffices
 
     assert argmax_suffices(SamplingParams())
-    assert argmax_suffices(SamplingParams(temperature=0.5, top_k=3, top_p=0.5, seed=9))  # warpers skip greedy
+    assert argmax_suffices(SamplingParams(temperature=0.5, top_k=3, top_p=0.5, min_p=0.2, seed=9))  # warpers skip greedy
     assert not argmax_suffices(SamplingParams(do_sample=True))
     assert not argmax_suffices(SamplingParams(repetition_penalty=1.2))
     assert not argmax_suffices(SamplingParams(frequency_penalty=0.1))
@@ -320,3 +326,44 @@ def test_min_new_tokens_from_the_wire_needs_stop_ids_in_the_vocabulary():
         SamplingParams.from_proto(pb.SamplingParameters(min_new_tokens=3))
     with pytest.raises(SequenceRefused, match="outside the vocabulary"):
         SamplingParams.from_proto(pb.SamplingParameters(min_new_tokens=1, stop_token_ids=[VOCAB])).check_vocab(VOCAB)
+
+
+# -- min_p: vLLM's min-p, after temperature --------------------------------------------
+def test_min_p_matches_transformers():
+    logits = random_logits(4)
+    ps = [0.05, 0.3, 1.0, 0.0]
+    ours = apply_min_p(logits, torch.tensor(ps))
+    expected = per_row_reference(logits, lambda i: transformers.MinPLogitsWarper(ps[i]) if ps[i] > 0 else None)
+    torch.testing.assert_close(ours, expected)
+    assert (ours[2] > float("-inf")).sum() == 1  # min_p 1 keeps only the top token
+    assert torch.equal(ours[3], logits[3])
+
+
+def test_min_p_draws_never_fall_below_the_threshold():
+    logits_row = random_logits(1, seed=21)[0] / 3
+    probs = logits_row.softmax(-1)
+    below = set((probs < 0.2 * probs.max()).nonzero().flatten().tolist())
+    plain = set(sample_many(SamplingParams(do_sample=True, seed=5), logits_row, 4000).tolist())
+    assert plain & below, "without min_p the low tokens are drawn"
+    kept = set(sample_many(SamplingParams(do_sample=True, min_p=0.2, seed=5), logits_row, 4000).tolist())
+    assert not kept & below and len(kept) > 1
+    # Applied after temperature, as vLLM does: a hot temperature lets more tokens pass.
+    hot = set(sample_many(SamplingParams(do_sample=True, temperature=3.0, min_p=0.2, seed=5), logits_row, 4000).tolist())
+    assert hot & below
+
+
+def test_min_p_one_is_greedy_and_zero_changes_nothing():
+    sampler = Sampler(VOCAB, torch.device("cpu"))
+    logits = random_logits(6, seed=3)
+    base = [SamplingParams(do_sample=True, seed=s, top_k=(0, 7)[s % 2]) for s in range(6)]
+    before = sampler(logits.clone(), rows_for(base, top_n=[3] * 6))
+    with_zero = sampler(logits.clone(), rows_for([replace(p, min_p=0.0) for p in base], top_n=[3] * 6))
+    assert torch.equal(before.ids, with_zero.ids) and torch.equal(before.logprobs, with_zero.logprobs)
+    assert torch.equal(before.top_logprobs, with_zero.top_logprobs)
+    # One row with min_p 1 in a mixed batch: it draws the argmax, the others are unchanged.
+    mixed = base[:2] + [replace(base[2], temperature=2.0, min_p=1.0)] + base[3:]
+    out = sampler(logits.clone(), rows_for(mixed, top_n=[3] * 6))
+    assert out.ids[2].item() == logits[2].argmax().item() and out.logprobs[2].item() == 0.0
+    keep = [0, 1, 3, 4, 5]
+    assert torch.equal(out.ids[keep], before.ids[keep])
+    assert SamplingParams.from_proto(pb.SamplingParameters(do_sample=True, min_p=0.25)).min_p == 0.25

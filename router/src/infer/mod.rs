@@ -158,12 +158,27 @@ impl Infer {
             .map_err(|_| InferError::Overloaded)
     }
 
+    /// The model's EOS ids, then the request's own stop tokens: each ends the sequence.
+    fn stop_token_ids(&self, valid: &ValidRequest) -> Vec<u32> {
+        let mut ids = self.stop_token_ids.clone();
+        ids.extend(
+            valid
+                .params
+                .stop_token_ids
+                .iter()
+                .filter(|id| !self.stop_token_ids.contains(id)),
+        );
+        ids
+    }
+
     fn spec(&self, valid: &ValidRequest) -> SequenceSpec {
         SequenceSpec {
             input_ids: valid.input_ids.clone(),
             max_new_tokens: valid.max_new_tokens,
-            stop_token_ids: self.stop_token_ids.clone(),
+            stop_token_ids: self.stop_token_ids(valid),
             stop_sequences: valid.params.stop.clone(),
+            skip_special_tokens: valid.params.skip_special_tokens,
+            include_stop_str_in_output: valid.params.include_stop_str_in_output,
         }
     }
 
@@ -179,7 +194,7 @@ impl Infer {
             input_ids: valid.input_ids.clone(),
             sampling,
             max_new_tokens: valid.max_new_tokens,
-            stop_token_ids: self.stop_token_ids.clone(),
+            stop_token_ids: self.stop_token_ids(valid),
             prefill_logprobs: valid.params.decoder_input_details,
             top_n_tokens: valid.params.top_n_tokens,
             grammar: valid.params.grammar.clone(),

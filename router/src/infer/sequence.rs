@@ -16,8 +16,14 @@ use crate::tokenizer::{IncrementalDecoder, TextTokenizer};
 pub struct SequenceSpec {
     pub input_ids: Vec<u32>,
     pub max_new_tokens: u32,
+    /// The model's EOS ids and the request's own stop tokens (vLLM's `stop_token_ids`).
     pub stop_token_ids: Vec<u32>,
     pub stop_sequences: Vec<String>,
+    /// Special tokens leave no text (the default; vLLM's `skip_special_tokens`).
+    pub skip_special_tokens: bool,
+    /// The stop string (or stop token's text) that ended the sequence stays at the end of
+    /// the OpenAI text (vLLM's `include_stop_str_in_output`).
+    pub include_stop_str_in_output: bool,
 }
 
 /// One generated token, ready to be streamed.
@@ -44,6 +50,9 @@ pub enum Progress {
 pub struct SequenceRecord {
     pub generated_ids: Vec<u32>,
     pub tokens: Vec<Token>,
+    /// The text each token adds to the answer: its piece, empty for a skipped special token
+    /// or for the stop token that ended the sequence. Stop strings match on these.
+    pub text_pieces: Vec<String>,
     pub top_tokens: Vec<Vec<Token>>,
     pub prefill: Vec<PrefillToken>,
     pub queue_time: Duration,
@@ -120,12 +129,22 @@ impl SequenceDecoder {
             .detokenizer
             .push(&self.tokenizer, sampled.id)
             .map_err(|err| InferError::Generation(err.to_string()))?;
-        let stop = self.stops.push(&piece);
+        let special = self.tokenizer.is_special(sampled.id);
+        let stop_token = self.spec.stop_token_ids.contains(&sampled.id);
+        // vLLM: the stop token ending the sequence is not detokenized unless asked for.
+        let text_piece = if (special && self.spec.skip_special_tokens)
+            || (stop_token && !self.spec.include_stop_str_in_output)
+        {
+            String::new()
+        } else {
+            piece.clone()
+        };
+        let stop = self.stops.push(&text_piece);
         let token = Token {
             id: sampled.id,
             text: piece,
             logprob: sampled.logprob,
-            special: self.tokenizer.is_special(sampled.id),
+            special,
         };
         let top_tokens: Vec<Token> = sampled
             .top_ids
@@ -140,6 +159,7 @@ impl SequenceDecoder {
             .collect();
         self.record.generated_ids.push(sampled.id);
         self.record.tokens.push(token.clone());
+        self.record.text_pieces.push(text_piece);
         if !top_tokens.is_empty() {
             self.record.top_tokens.push(top_tokens.clone());
         }
@@ -147,7 +167,7 @@ impl SequenceDecoder {
         let generated = self.record.generated_ids.len() as u32;
         let finish = if generated >= self.spec.max_new_tokens {
             Some(FinishReason::Length)
-        } else if self.spec.stop_token_ids.contains(&sampled.id) {
+        } else if stop_token {
             Some(FinishReason::EosToken)
         } else if let Some(found) = stop {
             self.record.stop_cut_text = Some(self.stops.text()[..found.end].to_owned());
@@ -184,9 +204,22 @@ impl SequenceDecoder {
         &self.tokenizer
     }
 
-    /// The final text as OpenAI wants it: without the stop sequence that ended it.
+    pub fn includes_stop_str(&self) -> bool {
+        self.spec.include_stop_str_in_output
+    }
+
+    /// The text the last token added to the answer (`SequenceRecord::text_pieces`).
+    pub fn last_text_piece(&self) -> &str {
+        self.record.text_pieces.last().map_or("", String::as_str)
+    }
+
+    /// The final text as OpenAI wants it: without the stop sequence that ended it, unless
+    /// `include_stop_str_in_output`.
     pub fn text_without_stop(&self) -> String {
         let mut text = self.generated_text();
+        if self.spec.include_stop_str_in_output {
+            return text;
+        }
         if let (Some(stop), Some(_)) = (&self.record.matched_stop, &self.record.stop_cut_text) {
             if text.ends_with(stop.as_str()) {
                 text.truncate(text.len() - stop.len());
@@ -196,13 +229,20 @@ impl SequenceDecoder {
     }
 
     /// The final text: cut after the stop sequence when one matched, otherwise the full
-    /// decode without special tokens (TGI leaves EOS out of `generated_text`).
+    /// decode, without special tokens unless asked for (TGI leaves EOS out of
+    /// `generated_text`) and without the stop token that ended it.
     pub fn generated_text(&self) -> String {
         if let Some(cut) = &self.record.stop_cut_text {
             return cut.clone();
         }
+        let mut ids = self.record.generated_ids.as_slice();
+        if let Some((last, rest)) = ids.split_last() {
+            if self.spec.stop_token_ids.contains(last) && !self.spec.include_stop_str_in_output {
+                ids = rest;
+            }
+        }
         self.tokenizer
-            .decode(&self.record.generated_ids, true)
+            .decode(ids, self.spec.skip_special_tokens)
             .unwrap_or_else(|_| self.stops.text().to_owned())
     }
 }
@@ -220,6 +260,8 @@ mod tests {
             max_new_tokens,
             stop_token_ids: vec![eos],
             stop_sequences: stops.iter().map(|s| s.to_string()).collect(),
+            skip_special_tokens: true,
+            include_stop_str_in_output: false,
         };
         (SequenceDecoder::new(tokenizer.clone(), spec), tokenizer)
     }
@@ -274,6 +316,88 @@ mod tests {
             generated_tokens: 3,
         };
         assert!(matches!(d.on_event(finished).unwrap(), Progress::Pending));
+    }
+
+    fn spec_with(
+        t: &TextTokenizer,
+        stop_token_ids: Vec<u32>,
+        stops: &[&str],
+        skip_special_tokens: bool,
+        include_stop_str_in_output: bool,
+    ) -> SequenceDecoder {
+        let spec = SequenceSpec {
+            input_ids: t.encode("hello").unwrap(),
+            max_new_tokens: 100,
+            stop_token_ids,
+            stop_sequences: stops.iter().map(|s| s.to_string()).collect(),
+            skip_special_tokens,
+            include_stop_str_in_output,
+        };
+        SequenceDecoder::new(Arc::new(t.clone()), spec)
+    }
+
+    #[test]
+    fn a_requests_stop_token_ends_like_eos_without_its_text() {
+        let t = byte_level_tokenizer();
+        let eos = t.token_to_id("<eos>").unwrap();
+        let bang = t.encode("!").unwrap()[0];
+        for include in [false, true] {
+            let mut d = spec_with(&t, vec![eos, bang], &[], true, include);
+            let updates = feed_text(&mut d, &t, "hi! more");
+            assert_eq!(updates.len(), 3, "nothing after the stop token");
+            assert_eq!(updates[2].finish, Some(FinishReason::EosToken));
+            assert_eq!(
+                updates[2].token.text, "!",
+                "the token itself still carries its text"
+            );
+            // vLLM leaves the stop token out unless include_stop_str_in_output.
+            let expected = if include { "hi!" } else { "hi" };
+            assert_eq!(d.generated_text(), expected);
+            assert_eq!(d.text_without_stop(), expected);
+            assert_eq!(d.last_text_piece(), if include { "!" } else { "" });
+        }
+    }
+
+    #[test]
+    fn special_tokens_leave_text_only_when_not_skipped() {
+        let t = byte_level_tokenizer();
+        let eos = t.token_to_id("<eos>").unwrap();
+        let ids = [t.encode("a").unwrap()[0], eos, t.encode("b").unwrap()[0]];
+        for (skip, expected) in [(true, "ab"), (false, "a<eos>b")] {
+            // <eos> is not a stop token here: it is only a special token mid-answer.
+            let mut d = spec_with(&t, vec![], &[], skip, false);
+            for &id in &ids {
+                d.on_event(token(id)).unwrap();
+            }
+            assert_eq!(d.generated_text(), expected);
+            assert_eq!(d.record().text_pieces.concat(), expected);
+            assert!(d.record().tokens[1].special);
+        }
+        // A stop string can span a kept special token's text.
+        let mut d = spec_with(&t, vec![], &["<eos>b"], false, false);
+        for &id in &ids {
+            d.on_event(token(id)).unwrap();
+        }
+        assert_eq!(d.record().finish, Some(FinishReason::StopSequence));
+        assert_eq!(d.text_without_stop(), "a");
+        // EOS ending the answer stays out of it even when special tokens are kept (vLLM).
+        let mut d = spec_with(&t, vec![eos], &[], false, false);
+        feed_text(&mut d, &t, "ok");
+        d.on_event(token(eos)).unwrap();
+        assert_eq!(
+            (d.generated_text(), d.text_without_stop()),
+            ("ok".into(), "ok".into())
+        );
+    }
+
+    #[test]
+    fn include_stop_str_in_output_keeps_the_stop_string() {
+        let t = byte_level_tokenizer();
+        let mut d = spec_with(&t, vec![], &["lo w"], true, true);
+        feed_text(&mut d, &t, " hello world");
+        assert_eq!(d.record().finish, Some(FinishReason::StopSequence));
+        assert_eq!(d.text_without_stop(), " hello w");
+        assert_eq!(d.generated_text(), " hello w");
     }
 
     #[test]

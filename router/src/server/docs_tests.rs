@@ -47,7 +47,7 @@ async fn the_document_carries_the_running_limits_and_the_refused_values() {
     );
     let chat = &schemas["ChatCompletionRequest"]["properties"];
     assert_eq!(chat["top_k"]["minimum"], -1);
-    assert_eq!(chat["min_p"]["maximum"], 0);
+    assert_eq!(chat["min_p"]["maximum"], 1);
 }
 
 #[tokio::test]

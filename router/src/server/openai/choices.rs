@@ -1,6 +1,7 @@
-//! One choice of an OpenAI answer, followed token by token: text without special tokens,
-//! with any stop sequence left out (text that could still become a stop sequence is held
-//! back until it cannot), and OpenAI's finish reasons (`stop` or `length`, never TGI's
+//! One choice of an OpenAI answer, followed token by token: text without special tokens
+//! (unless `skip_special_tokens: false`), with any stop sequence left out (text that could
+//! still become a stop sequence is held back until it cannot) unless
+//! `include_stop_str_in_output`, and OpenAI's finish reasons (`stop` or `length`, never TGI's
 //! `stop_sequence` or `eos_token`).
 use crate::errors::InferError;
 use crate::infer::{Progress, SequenceDecoder};
@@ -87,6 +88,12 @@ pub struct ChoiceFollower {
 
 impl ChoiceFollower {
     pub fn new(index: u32, decoder: SequenceDecoder, stops: Vec<String>) -> Self {
+        // A stop string that stays in the text never needs holding back.
+        let stops = if decoder.includes_stop_str() {
+            Vec::new()
+        } else {
+            stops
+        };
         Self {
             index,
             decoder,
@@ -132,8 +139,7 @@ impl ChoiceFollower {
             }
             (Some((token, _)), None) => match kept(token.id) {
                 Some(marker) => self.holdback.push(&marker),
-                None if !token.special => self.holdback.push(&token.text),
-                None => String::new(),
+                None => self.holdback.push(self.decoder.last_text_piece()),
             },
             _ => String::new(),
         };
@@ -181,6 +187,64 @@ mod tests {
     #[test]
     fn multibyte_stops_hold_on_character_boundaries() {
         assert_eq!(release_all(&["é!"], &["aé", "b"]), vec!["a", "éb"]);
+    }
+
+    /// Streams `ids` through a follower; returns the deltas' text and the whole answer.
+    fn follow(
+        ids: &[u32],
+        stop_token_ids: Vec<u32>,
+        stops: &[&str],
+        skip: bool,
+        include: bool,
+    ) -> (String, String) {
+        let t = std::sync::Arc::new(crate::test_support::byte_level_tokenizer());
+        let stops: Vec<String> = stops.iter().map(|s| s.to_string()).collect();
+        let spec = crate::infer::SequenceSpec {
+            input_ids: t.encode("hi").unwrap(),
+            max_new_tokens: 100,
+            stop_token_ids,
+            stop_sequences: stops.clone(),
+            skip_special_tokens: skip,
+            include_stop_str_in_output: include,
+        };
+        let mut follower = ChoiceFollower::new(0, SequenceDecoder::new(t, spec), stops);
+        let mut streamed = String::new();
+        for &id in ids {
+            let event = SequenceEvent::Token(crate::pb::Token {
+                id,
+                logprob: -0.1,
+                top_ids: vec![],
+                top_logprobs: vec![],
+            });
+            if let Some(delta) = follower.on_event(event).unwrap() {
+                streamed.push_str(&delta.text);
+            }
+        }
+        (streamed, follower.decoder.text_without_stop())
+    }
+
+    #[test]
+    fn streamed_deltas_add_up_to_the_whole_answer_for_every_output_flag() {
+        let t = crate::test_support::byte_level_tokenizer();
+        let eos = t.token_to_id("<eos>").unwrap();
+        let mut ids = t.encode("say END now").unwrap();
+        ids.insert(1, eos);
+        let bang = t.encode("!").unwrap()[0];
+        let mut with_bang = t.encode("wow! no").unwrap();
+        with_bang.insert(0, eos);
+        let cases: [(&[u32], Vec<u32>, &[&str], bool, bool, &str); 6] = [
+            (&ids, vec![], &["END"], true, false, "say "),
+            (&ids, vec![], &["END"], true, true, "say END"),
+            (&ids, vec![], &["END"], false, false, "s<eos>ay "),
+            (&ids, vec![], &["END"], false, true, "s<eos>ay END"),
+            (&with_bang, vec![bang], &[], false, false, "<eos>wow"),
+            (&with_bang, vec![bang], &[], true, true, "wow!"),
+        ];
+        for (ids, stop_ids, stops, skip, include, expected) in cases {
+            let (streamed, whole) = follow(ids, stop_ids, stops, skip, include);
+            assert_eq!(whole, expected, "skip {skip} include {include}");
+            assert_eq!(streamed, whole, "skip {skip} include {include}");
+        }
     }
 
     #[test]

@@ -26,7 +26,7 @@ pub struct ModelDefaults {
     /// generation_config.json's sampling values (empty with
     /// `--generation-config-defaults false`).
     pub generation: GenerationDefaults,
-    /// The ids that end generation (`stop_token_ids` naming only these is a no-op).
+    /// The model's EOS ids: they end generation (a request's `stop_token_ids` add to them).
     pub stop_token_ids: Vec<u32>,
     /// How the model writes tool calls (`tools::model_tool_syntax`).
     pub tool_syntax: crate::tools::ToolSyntax,
@@ -146,6 +146,7 @@ impl Sampling<'_> {
         }
         let repetition_penalty = ext.repetition_penalty.or(defaults.repetition_penalty);
         let top_k = ext.top_k.or(defaults.top_k).unwrap_or(0);
+        let min_p = ext.min_p.or(defaults.min_p);
         let greedy = temperature == 0.0;
         let parameters = GenerateParameters {
             // OpenAI samples unless temperature is 0; greedy ignores the warpers, and
@@ -170,24 +171,31 @@ impl Sampling<'_> {
         let grammar = structured::grammar(self.structured)?;
         let extras = SamplingExtras {
             presence_penalty: fields.presence_penalty,
+            // A warper: greedy ignores it, like top_k and top_p.
+            min_p: min_p.filter(|_| !greedy),
             logit_bias: logit_bias(&fields.logit_bias)?,
             max_top_n_tokens: Some(MAX_TOP_LOGPROBS),
-            stop_floor: stop_floor(ext.min_new_tokens, max_new_tokens, &grammar, self.stop_token_ids)?,
+            stop_floor: stop_floor(ext, max_new_tokens, &grammar, self.stop_token_ids)?,
             grammar,
+            stop_token_ids: ext.stop_token_ids.clone(),
+            keep_special_tokens: ext.keep_special_tokens,
+            include_stop_str_in_output: ext.include_stop_str_in_output,
         };
         Ok((parameters, extras))
     }
 }
 
-/// `min_tokens` / `ignore_eos` as the shard applies them: the model's stop tokens banned
-/// until the floor. A finished grammar must end with a stop token, so the two exclude
-/// each other.
+/// `min_tokens` / `ignore_eos` as the shard applies them, as vLLM does: `min_tokens` bans
+/// the model's EOS ids and the request's `stop_token_ids` until the floor; `ignore_eos`
+/// bans only the EOS ids the request does not list as its own stop tokens. A finished
+/// grammar must end with a stop token, so the two exclude each other.
 fn stop_floor(
-    min_new_tokens: u32,
+    ext: &Extensions,
     max_new_tokens: Option<u32>,
     grammar: &Option<crate::grammar::GrammarRequest>,
-    stop_token_ids: &[u32],
+    eos_ids: &[u32],
 ) -> Result<Option<StopFloor>, OpenAiError> {
+    let min_new_tokens = ext.min_new_tokens;
     if min_new_tokens == 0 {
         return Ok(None);
     }
@@ -204,9 +212,20 @@ fn stop_floor(
             format!("`min_tokens` must be <= `max_tokens` ({max}). Given: {min_new_tokens}"),
         ));
     }
-    Ok(Some(StopFloor {
+    let own = &ext.stop_token_ids;
+    let mut stop_token_ids: Vec<u32> = eos_ids.to_vec();
+    if min_new_tokens == u32::MAX {
+        stop_token_ids.retain(|id| !own.contains(id));
+    } else {
+        for &id in own {
+            if !stop_token_ids.contains(&id) {
+                stop_token_ids.push(id);
+            }
+        }
+    }
+    Ok((!stop_token_ids.is_empty()).then_some(StopFloor {
         min_new_tokens,
-        stop_token_ids: stop_token_ids.to_vec(),
+        stop_token_ids,
     }))
 }
 
@@ -218,7 +237,7 @@ fn sampling<'a>(
 ) -> Result<Sampling<'a>, OpenAiError> {
     Ok(Sampling {
         fields,
-        extensions: extensions::check(extension_fields, &model.stop_token_ids)?,
+        extensions: extensions::check(extension_fields)?,
         structured,
         defaults: &model.generation,
         stop_token_ids: &model.stop_token_ids,

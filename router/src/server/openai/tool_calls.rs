@@ -29,14 +29,17 @@ pub fn answer_text(decoder: &SequenceDecoder, kept: &[(u32, String)]) -> String 
     }
     let record = decoder.record();
     let mut text = String::new();
-    for token in &record.tokens {
+    for (token, piece) in record.tokens.iter().zip(&record.text_pieces) {
         match kept.iter().find(|(id, _)| *id == token.id) {
             Some((_, marker)) => text.push_str(marker),
-            None if !token.special => text.push_str(&token.text),
-            None => {}
+            None => text.push_str(piece),
         }
     }
-    if let Some(stop) = &record.matched_stop {
+    if let Some(stop) = record
+        .matched_stop
+        .as_ref()
+        .filter(|_| !decoder.includes_stop_str())
+    {
         if let Some(at) = text.rfind(stop.as_str()) {
             text.truncate(at);
         }

@@ -13,6 +13,37 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use utoipa::ToSchema;
 
+/// An optional field whose type error names the field (serde's own message does not).
+fn named<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(
+    name: &str,
+    value: D,
+) -> Result<Option<T>, D::Error> {
+    Option::<T>::deserialize(value)
+        .map_err(|err| serde::de::Error::custom(format!("`{name}`: {err}")))
+}
+
+fn min_p_field<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<f32>, D::Error> {
+    named("min_p", d)
+}
+
+fn stop_token_ids_field<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<Vec<u32>>, D::Error> {
+    named("stop_token_ids", d)
+}
+
+fn skip_special_tokens_field<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<bool>, D::Error> {
+    named("skip_special_tokens", d)
+}
+
+fn include_stop_str_field<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<bool>, D::Error> {
+    named("include_stop_str_in_output", d)
+}
+
 /// `stop`: one string or a list of strings.
 #[derive(Debug, Clone, PartialEq, Deserialize, ToSchema)]
 #[serde(untagged)]
@@ -177,9 +208,10 @@ macro_rules! openai_request {
     #[serde(default)]
     #[schema(minimum = -1, maximum = 2147483647)]
     pub top_k: Option<i64>,
-    /// Only 0 (off): min-p sampling is not implemented.
-    #[serde(default)]
-    #[schema(minimum = 0, maximum = 0)]
+    /// In [0, 1] (f32); 0 is off. Keeps the tokens at least `min_p` times as likely as the
+    /// top token, after temperature.
+    #[serde(default, deserialize_with = "min_p_field")]
+    #[schema(minimum = 0, maximum = 1)]
     pub min_p: Option<f32>,
     /// Strictly positive and finite in f32; 1 is no penalty.
     #[serde(default)]
@@ -189,13 +221,18 @@ macro_rules! openai_request {
     pub min_tokens: Option<u32>,
     #[serde(default)]
     pub ignore_eos: Option<bool>,
-    #[serde(default)]
+    /// Token ids (at most 256, inside the vocabulary) that end generation like EOS; their
+    /// text is left out of the answer.
+    #[serde(default, deserialize_with = "stop_token_ids_field")]
+    #[schema(max_items = 256)]
     pub stop_token_ids: Option<Vec<u32>>,
-    #[serde(default)]
+    /// `false` keeps special tokens' text in the answer.
+    #[serde(default, deserialize_with = "skip_special_tokens_field")]
     pub skip_special_tokens: Option<bool>,
     #[serde(default)]
     pub spaces_between_special_tokens: Option<bool>,
-    #[serde(default)]
+    /// `true` keeps the stop string that ended the answer at its end.
+    #[serde(default, deserialize_with = "include_stop_str_field")]
     pub include_stop_str_in_output: Option<bool>,
     #[serde(default)]
     pub use_beam_search: Option<bool>,

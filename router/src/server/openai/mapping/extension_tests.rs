@@ -235,6 +235,7 @@ fn ranges_are_checked_in_f32() {
         (json!({"repetition_penalty": 0}), "repetition_penalty"),
         (json!({"repetition_penalty": -1}), "repetition_penalty"),
         (json!({"min_p": 1.5}), "min_p"),
+        (json!({"min_p": -0.01}), "min_p"),
         (
             json!({"truncate_prompt_tokens": 0}),
             "truncate_prompt_tokens",
@@ -257,13 +258,6 @@ fn ranges_are_checked_in_f32() {
 #[test]
 fn unimplemented_values_are_refused_by_name() {
     for (body, field) in [
-        (json!({"min_p": 0.1}), "min_p"),
-        (json!({"stop_token_ids": [2, 99]}), "stop_token_ids"),
-        (json!({"skip_special_tokens": false}), "skip_special_tokens"),
-        (
-            json!({"include_stop_str_in_output": true}),
-            "include_stop_str_in_output",
-        ),
         (json!({"use_beam_search": true}), "use_beam_search"),
         (
             json!({"truncate_prompt_tokens": -1}),
@@ -327,6 +321,94 @@ fn min_tokens_and_ignore_eos_hold_the_models_stop_tokens_back() {
 }
 
 #[test]
+fn min_p_reaches_the_sampler_only_when_sampling() {
+    let min_p = |plan: Result<Plan, OpenAiError>| plan.unwrap().inputs[0].extras.min_p;
+    assert_eq!(min_p(chat(json!({"min_p": 0.1}))), Some(0.1));
+    assert_eq!(min_p(completion(json!({"min_p": 1}))), Some(1.0));
+    assert_eq!(min_p(chat(json!({"min_p": 0}))), None);
+    assert_eq!(min_p(chat(json!({}))), None);
+    // Greedy ignores it, as it ignores top_k and top_p.
+    assert_eq!(min_p(chat(json!({"min_p": 0.5, "temperature": 0}))), None);
+    // generation_config.json's min_p is a default, like vLLM's; the request's own wins.
+    let model = ModelDefaults {
+        generation: GenerationDefaults {
+            min_p: Some(0.05),
+            ..GenerationDefaults::default()
+        },
+        ..model()
+    };
+    assert_eq!(min_p(chat_with(json!({}), &model)), Some(0.05));
+    assert_eq!(min_p(chat_with(json!({"min_p": 0.3}), &model)), Some(0.3));
+}
+
+#[test]
+fn output_extensions_reach_the_request() {
+    let extras = |plan: Result<Plan, OpenAiError>| plan.unwrap().inputs[0].extras.clone();
+    let plain = extras(chat(json!({})));
+    assert!(plain.stop_token_ids.is_empty());
+    assert!(!plain.keep_special_tokens && !plain.include_stop_str_in_output);
+    let set = extras(completion(json!({"stop_token_ids": [5, 2, 9],
+        "skip_special_tokens": false, "include_stop_str_in_output": true})));
+    assert_eq!(set.stop_token_ids, vec![5, 2, 9]);
+    assert!(set.keep_special_tokens && set.include_stop_str_in_output);
+    // Neutral values stay neutral.
+    let neutral = extras(chat(
+        json!({"stop_token_ids": [], "skip_special_tokens": true,
+        "include_stop_str_in_output": false}),
+    ));
+    assert_eq!(neutral, plain);
+}
+
+#[test]
+fn wrong_types_fail_to_parse_naming_the_field() {
+    let user = json!([{"role": "user", "content": "hi"}]);
+    for (field, value) in [
+        ("min_p", json!("high")),
+        ("min_p", json!([0.1])),
+        ("stop_token_ids", json!([1, -2])),
+        ("stop_token_ids", json!(7)),
+        ("stop_token_ids", json!(["a"])),
+        ("stop_token_ids", json!([1.5])),
+        ("skip_special_tokens", json!("no")),
+        ("include_stop_str_in_output", json!(1)),
+    ] {
+        let body = json!({"messages": user, field: value});
+        let err = serde_json::from_value::<ChatCompletionRequest>(body).unwrap_err();
+        assert!(
+            err.to_string().contains(&format!("`{field}`")),
+            "{field}: {err}"
+        );
+        let body = json!({"prompt": "hi", field: value});
+        assert!(
+            serde_json::from_value::<CompletionRequest>(body).is_err(),
+            "{field}"
+        );
+    }
+}
+
+#[test]
+fn min_tokens_holds_the_requests_stop_tokens_back_and_ignore_eos_does_not() {
+    let floor = |plan: Result<Plan, OpenAiError>| plan.unwrap().inputs[0].extras.stop_floor.clone();
+    let held = |min, ids: &[u32]| {
+        Some(StopFloor {
+            min_new_tokens: min,
+            stop_token_ids: ids.to_vec(),
+        })
+    };
+    let min_tokens = json!({"min_tokens": 3, "stop_token_ids": [9, 7, 9, 11]});
+    assert_eq!(floor(chat(min_tokens)), held(3, &[2, 7, 9, 11]));
+    // vLLM's ignore_eos lets EOS through but still stops on the request's own stop tokens,
+    // an EOS id among them included.
+    let ignore = json!({"ignore_eos": true, "stop_token_ids": [7, 9]});
+    assert_eq!(floor(completion(ignore)), held(u32::MAX, &[2]));
+    assert_eq!(
+        floor(chat(json!({"ignore_eos": true, "stop_token_ids": [2, 7]}))),
+        None
+    );
+    assert_eq!(floor(chat(json!({"stop_token_ids": [9]}))), None);
+}
+
+#[test]
 fn generation_config_fills_only_what_the_request_left_unset() {
     let model = ModelDefaults {
         generation: GenerationDefaults {
@@ -334,6 +416,7 @@ fn generation_config_fills_only_what_the_request_left_unset() {
             top_p: Some(0.9),
             top_k: Some(20),
             repetition_penalty: Some(1.1),
+            min_p: None,
         },
         stop_token_ids: vec![2],
         ..ModelDefaults::default()

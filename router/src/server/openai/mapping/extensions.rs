@@ -13,12 +13,19 @@ pub struct Extensions {
     /// `Some(0)`: top-k explicitly off (-1 or 0), which beats a model default.
     pub top_k: Option<u32>,
     pub repetition_penalty: Option<f32>,
+    /// In (0, 1]; `None` when unset or 0.
+    pub min_p: Option<f32>,
     /// Keep the last N prompt tokens (TGI's `truncate`).
     pub truncate: Option<usize>,
     pub watermark: bool,
     /// Stop tokens cannot be drawn before this many tokens (`min_tokens`; `ignore_eos`:
     /// never, `u32::MAX`). 0: no floor.
     pub min_new_tokens: u32,
+    /// The request's own stop tokens (validation checks them against the vocabulary).
+    pub stop_token_ids: Vec<u32>,
+    /// `skip_special_tokens: false`.
+    pub keep_special_tokens: bool,
+    pub include_stop_str_in_output: bool,
 }
 
 /// Unset, `null`, `[]` and `{}` all mean "nothing asked for".
@@ -60,6 +67,17 @@ fn check_repetition_penalty(value: Option<f32>) -> Result<Option<f32>, OpenAiErr
     }
 }
 
+fn check_min_p(value: Option<f32>) -> Result<Option<f32>, OpenAiError> {
+    match value {
+        // f32, as the shard computes: 1e39 is infinite there, NaN fails the range too.
+        Some(p) if !(0.0..=1.0).contains(&p) => Err(OpenAiError::invalid(
+            "min_p",
+            format!("`min_p` must be >= 0 and <= 1. Given: {p}"),
+        )),
+        other => Ok(other.filter(|&p| p > 0.0)),
+    }
+}
+
 fn check_truncate(value: Option<i64>, side: Option<&str>) -> Result<Option<usize>, OpenAiError> {
     match side {
         None | Some("left") => {}
@@ -91,43 +109,7 @@ fn check_truncate(value: Option<i64>, side: Option<&str>) -> Result<Option<usize
 }
 
 /// Fields whose neutral value is "off" and that nothing in the stack implements yet.
-fn refuse_unimplemented(f: &ExtensionFields, eos_ids: &[u32]) -> Result<(), OpenAiError> {
-    if let Some(p) = f.min_p {
-        if !(0.0..=1.0).contains(&p) {
-            return Err(OpenAiError::invalid(
-                "min_p",
-                "`min_p` must be >= 0 and <= 1",
-            ));
-        }
-        if p > 0.0 {
-            return Err(refuse("min_p", "min-p sampling is not implemented"));
-        }
-    }
-    // Per-request stop tokens need support in the request lifecycle; ids that already end
-    // generation (the model's EOS ids) change nothing and are accepted.
-    if let Some(id) = f
-        .stop_token_ids
-        .iter()
-        .flatten()
-        .find(|id| !eos_ids.contains(id))
-    {
-        return Err(refuse(
-            "stop_token_ids",
-            &format!("only the model's EOS ids {eos_ids:?} end generation (got {id}); use `stop` strings"),
-        ));
-    }
-    if f.skip_special_tokens == Some(false) {
-        return Err(refuse(
-            "skip_special_tokens",
-            "special tokens are always skipped",
-        ));
-    }
-    if f.include_stop_str_in_output == Some(true) {
-        return Err(refuse(
-            "include_stop_str_in_output",
-            "stop strings are always cut from the output",
-        ));
-    }
+fn refuse_unimplemented(f: &ExtensionFields) -> Result<(), OpenAiError> {
     if f.use_beam_search == Some(true) {
         return Err(refuse("use_beam_search", "beam search is not implemented"));
     }
@@ -200,12 +182,13 @@ fn refuse_unimplemented(f: &ExtensionFields, eos_ids: &[u32]) -> Result<(), Open
     }
 }
 
-/// Checks every extension; `eos_ids` are the ids that already end generation.
-pub fn check(fields: &ExtensionFields, eos_ids: &[u32]) -> Result<Extensions, OpenAiError> {
-    refuse_unimplemented(fields, eos_ids)?;
+/// Checks every extension.
+pub fn check(fields: &ExtensionFields) -> Result<Extensions, OpenAiError> {
+    refuse_unimplemented(fields)?;
     Ok(Extensions {
         top_k: check_top_k(fields.top_k)?,
         repetition_penalty: check_repetition_penalty(fields.repetition_penalty)?,
+        min_p: check_min_p(fields.min_p)?,
         truncate: check_truncate(
             fields.truncate_prompt_tokens,
             fields.truncation_side.as_deref(),
@@ -216,5 +199,8 @@ pub fn check(fields: &ExtensionFields, eos_ids: &[u32]) -> Result<Extensions, Op
         } else {
             fields.min_tokens.unwrap_or(0)
         },
+        stop_token_ids: fields.stop_token_ids.clone().unwrap_or_default(),
+        keep_special_tokens: fields.skip_special_tokens == Some(false),
+        include_stop_str_in_output: fields.include_stop_str_in_output == Some(true),
     })
 }
