@@ -67,16 +67,14 @@ def messages_for(schema: Any) -> list[dict]:
 def check(text: str, schema: Any) -> tuple[str, str | None]:
     """'valid', 'invalid' (with the first error) or 'unjudged' (the validator cannot
     handle the schema itself)."""
-    from jsonschema import Draft202012Validator, validators
+    from bench.json_validity import validator
 
     try:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
         return "invalid", f"not JSON: {exc}"
     try:
-        cls = validators.validator_for(schema, default=Draft202012Validator)
-        validator = cls(schema, format_checker=cls.FORMAT_CHECKER)
-        error = next(iter(validator.iter_errors(value)), None)
+        error = next(iter(validator(schema).iter_errors(value)), None)
     except Exception as exc:  # SchemaError, unresolvable $ref, bad pattern for Python's re, ...
         return "unjudged", f"{type(exc).__name__}: {exc}"[:300]
     return ("valid", None) if error is None else ("invalid", error.message[:300])
@@ -194,6 +192,8 @@ def markdown(summary: dict) -> str:
         f"{summary['concurrency']} requests at a time, against {summary['url']} (commit "
         f"{summary['commit'] or '?'}), {summary['wall_seconds']} s. Client CPU: "
         f"{summary['client_machine']['cpu']}.",
+        *([f"Re-judged afterwards (`--rejudge`): {summary['rejudged']} answer(s) first judged invalid.", ""]
+          if summary.get("rejudged") else []),
         "",
         "| measure | value | bar |",
         "|:--|--:|:--|",
@@ -234,15 +234,21 @@ def main() -> None:
     parser.add_argument("--model", default=None, help="default: the server's first /v1/models id")
     parser.add_argument("--name", default="cpu_demo", help="results file suffix")
     parser.add_argument("--out-dir", type=Path, default=RESULTS)
+    parser.add_argument("--rejudge", action="store_true",
+                        help="re-check the invalid answers of the finished run <name> (they keep their text) "
+                             "with the current validator and rewrite its summary; sends nothing")
     args = parser.parse_args()
     if args.corpus is None:
         parser.error("--corpus is required (../shared/data is not here)")
+    stem = args.out_dir / f"grammar_generation_{args.name}"
+    if args.rejudge:
+        rejudge(args, stem)
+        return
 
     models = httpx.get(args.url + "/v1/models", timeout=30).json()["data"]
     served = models[0]["id"]
     args.model = args.model or served
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    stem = args.out_dir / f"grammar_generation_{args.name}"
     with tempfile.TemporaryDirectory() as tmp:
         files = pick(corpus_files(args.corpus, tmp), args.count, args.salt)
         if len(files) < args.count:
@@ -251,10 +257,33 @@ def main() -> None:
         with open(stem.with_suffix(".jsonl"), "w") as sink:
             rows = asyncio.run(run_all(files, args, sink))
         seconds = time.monotonic() - started
-    summary = summarise(rows, args, served, seconds)
+    write(stem, summarise(rows, args, served, seconds))
+
+
+def write(stem: Path, summary: dict) -> None:
     stem.with_suffix(".json").write_text(json.dumps(summary, indent=2) + "\n")
     stem.with_suffix(".md").write_text(markdown(summary))
     print(markdown(summary))
+
+
+def rejudge(args, stem: Path) -> None:
+    """Only answers judged invalid kept their text, so only they are judged again (a fix to
+    the validator, such as exact multipleOf, can only turn them valid or keep them invalid)."""
+    old = json.loads(stem.with_suffix(".json").read_text())
+    rows = [json.loads(line) for line in stem.with_suffix(".jsonl").read_text().splitlines()]
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = {Path(f).name: f for f in corpus_files(args.corpus, tmp)}
+        for row in rows:
+            if row["outcome"] == "stop_invalid":
+                schema = json.loads(Path(paths[row["file"]]).read_text())["schema"]
+                verdict, detail = check(row["text"], schema)
+                row.update(outcome=f"stop_{verdict}", detail=detail, rejudged=True)
+    stem.with_suffix(".jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    args.url, args.concurrency, args.salt, args.max_tokens = old["url"], old["concurrency"], old["salt"], old["max_tokens"]
+    summary = summarise(rows, args, old["model"], old["wall_seconds"])
+    summary["commit"], summary["client_machine"] = old["commit"], old["client_machine"]
+    summary["rejudged"] = sum(1 for row in rows if row.get("rejudged"))
+    write(stem, summary)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from jsonschema import Draft202012Validator, validators
+
+from bench.json_validity import validator
 
 SUBSET = Path(__file__).resolve().parent.parent / "tests" / "data" / "jsonschemabench"
 
@@ -17,12 +18,6 @@ SUBSET = Path(__file__).resolve().parent.parent / "tests" / "data" / "jsonschema
 NATIVE_STOPPED = ("eos_token", "stop_sequence")
 # The session server's --max-concurrent-requests is 24; stay below it.
 CONCURRENCY = 16
-
-
-def validator(schema: Any):
-    """The schema's own draft (2020-12 when it names none), with format checks on."""
-    cls = validators.validator_for(schema, default=Draft202012Validator)
-    return cls(schema, format_checker=cls.FORMAT_CHECKER)
 
 
 def assert_valid(text: str, schema: Any, where: str = "") -> Any:
