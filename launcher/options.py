@@ -129,7 +129,7 @@ OPTIONS: tuple[Option, ...] = (
     _shard("--cuda-memory-fraction", "Share of GPU memory the shard may use.", fraction,
            default="1.0"),
     # Router limits.
-    _router("--max-concurrent-requests", "Requests served at once; more get 429.", default="128"),
+    _router("--max-concurrent-requests", "Requests served at once; more get 429.", default="1024"),
     _router("--max-best-of", "Largest best_of a request may ask for.", default="2"),
     _router("--max-stop-sequences", "Most stop sequences per request.", non_negative_int, "4"),
     _router("--max-top-n-tokens", "Largest top_n_tokens per request.", non_negative_int, "5"),

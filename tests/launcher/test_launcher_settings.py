@@ -148,6 +148,6 @@ def test_unsupported_env_twin_fails_too():
 
 def test_help_names_child_defaults_and_env_twins():
     text = " ".join(build_parser().format_help().split())  # undo line wrapping
-    assert "[router default: 128] [env: MAX_CONCURRENT_REQUESTS]" in text
+    assert "[router default: 1024] [env: MAX_CONCURRENT_REQUESTS]" in text
     assert "[env: PORT]" in text
     assert "TGI flags textgen does not support" in text
