@@ -155,6 +155,8 @@ OPTIONS: tuple[Option, ...] = (
            child_default="longest-prefix", choices=("longest-prefix", "fifo")),
     _router("--scheduling-age-cap-ms", "Milliseconds after which a waiting request goes "
             "ahead of requests with a longer cached prefix.", non_negative_int, "2000"),
+    _router("--max-stream-backlog", "Events a stream may fall behind its reader before it is "
+            "dropped with an error, its sequence cancelled (textgen only).", default="1024"),
     _router("--payload-limit", "Largest request body in bytes (413 above).", default="2000000"),
     _router("--header-read-timeout", "Seconds a client may take to send a request's headers; "
             "also bounds the wait for the next request on a kept-alive connection (textgen only).",

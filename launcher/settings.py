@@ -50,6 +50,7 @@ class Settings:
     generation_config_defaults: bool | None
     scheduling_policy: str | None
     scheduling_age_cap_ms: int | None
+    max_stream_backlog: int | None
     payload_limit: int | None
     header_read_timeout: float | None
     body_read_timeout: float | None

@@ -93,6 +93,15 @@ pub struct Args {
     /// cached prefix (`longest-prefix` only).
     #[arg(long, env = "SCHEDULING_AGE_CAP_MS", default_value_t = 2_000)]
     pub scheduling_age_cap_ms: u64,
+    /// Events a stream may fall behind its reader before it is dropped (its sequence
+    /// cancelled, its KV freed): a client that stops reading holds nothing for long.
+    #[arg(
+        long,
+        env = "MAX_STREAM_BACKLOG",
+        default_value_t = 1024,
+        value_parser = clap::value_parser!(u32).range(1..)
+    )]
+    pub max_stream_backlog: u32,
     /// Largest request body in bytes; larger bodies get 413.
     #[arg(long, env = "PAYLOAD_LIMIT", default_value_t = 2_000_000)]
     pub payload_limit: usize,

@@ -220,6 +220,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         prefix_caching: args.prefix_caching,
         admission_policy: args.scheduling_policy,
         admission_age_cap: Duration::from_millis(args.scheduling_age_cap_ms),
+        max_stream_backlog: args.max_stream_backlog as usize,
     };
     tracing::info!(
         prefix_caching = args.prefix_caching,

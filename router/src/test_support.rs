@@ -94,16 +94,16 @@ where
 
 async fn play(
     request: SequenceRequest,
-    events: tokio::sync::mpsc::UnboundedSender<SequenceEvent>,
+    events: crate::scheduler::EventSender,
     plan: Script,
     stats: Arc<FakeStats>,
 ) {
-    let _ = events.send(SequenceEvent::Started {
+    events.send(SequenceEvent::Started {
         queue_time: Duration::from_millis(3),
     });
     if request.prefill_logprobs {
         let logprobs = vec![-1.0; request.input_ids.len().saturating_sub(1)];
-        let _ = events.send(SequenceEvent::Prefill { logprobs });
+        events.send(SequenceEvent::Prefill { logprobs });
     }
     let (ids, ending) = match plan {
         Script::Tokens(ids) => (ids, None),
@@ -120,7 +120,7 @@ async fn play(
         }
         let top_ids: Vec<u32> = (0..request.top_n_tokens).map(|i| id + i).collect();
         let top_logprobs = top_ids.iter().map(|_| logprob).collect();
-        let _ = events.send(SequenceEvent::Token(pb::Token {
+        events.send(SequenceEvent::Token(pb::Token {
             id,
             logprob,
             top_ids,
@@ -134,7 +134,7 @@ async fn play(
             } else {
                 FinishReason::Length
             };
-            let _ = events.send(SequenceEvent::Finished {
+            events.send(SequenceEvent::Finished {
                 reason,
                 generated_tokens: generated,
             });
@@ -143,7 +143,7 @@ async fn play(
     }
     match ending {
         Some(Some(message)) => {
-            let _ = events.send(SequenceEvent::Error(message));
+            events.send(SequenceEvent::Error(message));
         }
         Some(None) => {}
         None => {

@@ -53,9 +53,6 @@ pub enum SequenceEvent {
     Refused(String),
 }
 
-/// Receives a sequence's events. Dropping it cancels the sequence: the scheduler notices
-/// before its next step and frees the sequence's KV blocks.
-pub type SequenceStream = mpsc::UnboundedReceiver<SequenceEvent>;
 
 /// A step failed on a shard; the message says which and why.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -93,6 +90,8 @@ pub struct SchedulerConfig {
     pub admission_policy: AdmissionPolicy,
     /// Under `LongestPrefix`, a sequence waiting this long goes ahead of cached ones.
     pub admission_age_cap: Duration,
+    /// A stream this many events behind its reader is dropped (`--max-stream-backlog`).
+    pub max_stream_backlog: usize,
 }
 
 impl SchedulerConfig {
@@ -111,6 +110,9 @@ impl SchedulerConfig {
         if self.max_batch_size == Some(0) {
             return fail("max_batch_size must be at least 1");
         }
+        if self.max_stream_backlog == 0 {
+            return fail("max_stream_backlog must be at least 1");
+        }
         Ok(())
     }
 }
@@ -123,7 +125,7 @@ pub struct InvalidSchedulerConfig(pub String);
 #[derive(Debug)]
 pub struct Submission {
     pub request: SequenceRequest,
-    pub events: mpsc::UnboundedSender<SequenceEvent>,
+    pub events: super::EventSender,
 }
 
 #[derive(Debug, Clone, thiserror::Error)]
@@ -142,8 +144,11 @@ impl SchedulerHandle {
     }
 
     /// Queues a sequence; its events arrive on the returned stream.
-    pub fn submit(&self, request: SequenceRequest) -> Result<SequenceStream, SchedulerClosed> {
-        let (events, stream) = mpsc::unbounded_channel();
+    pub fn submit(
+        &self,
+        request: SequenceRequest,
+    ) -> Result<super::SequenceStream, SchedulerClosed> {
+        let (events, stream) = super::event_channel();
         self.submissions
             .send(Submission { request, events })
             .map_err(|_| SchedulerClosed)?;

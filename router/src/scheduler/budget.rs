@@ -98,6 +98,7 @@ mod tests {
             prefix_caching: false,
             admission_policy: Default::default(),
             admission_age_cap: std::time::Duration::ZERO,
+            max_stream_backlog: 1,
         }
     }
 

@@ -8,6 +8,7 @@
 //! round trip through the router between steps.
 pub mod admission;
 mod api;
+mod events;
 mod apply;
 pub mod budget;
 mod plan;
@@ -33,6 +34,7 @@ mod tests_prefix;
 
 pub use admission::AdmissionPolicy;
 pub use api::*;
+pub use events::{channel as event_channel, EventSender, SequenceStream};
 pub use plan::PlannedStep;
 pub use state::{Delivery, SchedulerState};
 

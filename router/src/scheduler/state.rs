@@ -4,9 +4,9 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::Instant;
 
-use tokio::sync::mpsc::UnboundedSender;
 
 use super::api::{SchedulerConfig, SequenceEvent, Submission};
+use super::events::EventSender;
 use super::budget::blocks_for;
 use super::queue::WaitingQueue;
 use super::sequence::Sequence;
@@ -54,7 +54,9 @@ pub struct SchedulerState {
     pub(super) waiting: WaitingQueue<Sequence>,
     /// Keyed by id; ids grow with submission order, so the first entry is the oldest.
     pub(super) running: BTreeMap<u64, Sequence>,
-    pub(super) subscribers: HashMap<u64, UnboundedSender<SequenceEvent>>,
+    pub(super) subscribers: HashMap<u64, EventSender>,
+    /// Streams `deliver` found too far behind: dropped with the cancelled ones.
+    behind: Vec<u64>,
     /// Ids the shards must drop at the start of the next step.
     pub(super) pending_releases: Vec<u64>,
     /// Steps sent and not yet applied, oldest first (at most the pipeline depth).
@@ -77,6 +79,7 @@ impl SchedulerState {
             waiting: WaitingQueue::default(),
             running: BTreeMap::new(),
             subscribers: HashMap::new(),
+            behind: Vec::new(),
             pending_releases: Vec::new(),
             in_flight: VecDeque::new(),
             next_sequence_id: 0,
@@ -120,7 +123,7 @@ impl SchedulerState {
         let Submission { request, events } = submission;
         if let Err(message) = self.check_fits(request.input_ids.len(), request.max_new_tokens) {
             // The receiver may be gone already; then there is nobody to tell.
-            let _ = events.send(SequenceEvent::Error(message));
+            events.send(SequenceEvent::Error(message));
             return None;
         }
         let id = self.next_sequence_id;
@@ -155,12 +158,13 @@ impl SchedulerState {
     /// Drops sequences whose receiver is gone (client left, or a stop sequence
     /// was hit). Their blocks return to the pool now; the shards hear next step.
     pub fn drop_cancelled(&mut self) -> usize {
-        let cancelled: Vec<u64> = self
-            .subscribers
-            .iter()
-            .filter(|(_, sender)| sender.is_closed())
-            .map(|(&id, _)| id)
-            .collect();
+        let mut cancelled = std::mem::take(&mut self.behind);
+        cancelled.extend(
+            self.subscribers
+                .iter()
+                .filter(|(_, sender)| sender.is_closed())
+                .map(|(&id, _)| id),
+        );
         for &id in &cancelled {
             self.subscribers.remove(&id);
             if let Some(sequence) = self.running.remove(&id) {
@@ -216,8 +220,11 @@ impl SchedulerState {
         deliveries
     }
 
-    /// Sends events to their streams; a terminal event closes the stream's entry.
+    /// Sends events to their streams; a terminal event closes the stream's entry. A
+    /// stream too far behind its reader gets a last error, and its sequence is dropped
+    /// with the cancelled ones.
     pub fn deliver(&mut self, deliveries: Vec<Delivery>) {
+        let limit = self.config.max_stream_backlog;
         for Delivery { id, event } in deliveries {
             let terminal = matches!(
                 event,
@@ -225,7 +232,17 @@ impl SchedulerState {
             );
             if let Some(sender) = self.subscribers.get(&id) {
                 // A closed stream is cleaned up by `drop_cancelled` before the next step.
-                let _ = sender.send(event);
+                sender.send(event);
+                if !terminal && sender.backlog() >= limit {
+                    tracing::warn!(sequence = id, limit, "the client reads too slowly; dropped");
+                    sender.send(SequenceEvent::Error(format!(
+                        "the client read its stream too slowly: {limit} events were waiting \
+                         (--max-stream-backlog)"
+                    )));
+                    self.behind.push(id);
+                    self.subscribers.remove(&id);
+                    continue;
+                }
             }
             if terminal {
                 self.subscribers.remove(&id);

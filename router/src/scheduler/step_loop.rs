@@ -172,7 +172,7 @@ fn log_step(shape: &StepShape, ran_for: std::time::Duration, response: Option<&p
 /// Answers every submission with `message`: the scheduler cannot run (bad config).
 pub async fn refuse_all(message: String, mut submissions: UnboundedReceiver<Submission>) {
     while let Some(submission) = submissions.recv().await {
-        let _ = submission
+        submission
             .events
             .send(SequenceEvent::Error(message.clone()));
     }

@@ -3,7 +3,6 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::Instant;
 
-use tokio::sync::mpsc;
 
 use super::api::{FinishReason, SchedulerConfig, SequenceEvent, SequenceRequest, Submission};
 use super::state::SchedulerState;
@@ -13,7 +12,7 @@ use crate::pb;
 pub struct Harness {
     pub state: SchedulerState,
     pub sim: ShardSim,
-    pub streams: HashMap<u64, mpsc::UnboundedReceiver<SequenceEvent>>,
+    pub streams: HashMap<u64, super::SequenceStream>,
     /// Every event received so far, per sequence.
     seen: HashMap<u64, Vec<SequenceEvent>>,
     submitted: u64,
@@ -37,7 +36,7 @@ impl Harness {
     /// Queues `request` with its seed set to the id it gets, so that `token_at(id, ..)`
     /// predicts its tokens.
     pub fn submit(&mut self, mut request: SequenceRequest) -> u64 {
-        let (events, stream) = mpsc::unbounded_channel();
+        let (events, stream) = super::event_channel();
         let expected_id = self.submitted;
         self.submitted += 1;
         request.sampling.seed = expected_id;

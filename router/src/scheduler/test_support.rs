@@ -15,6 +15,7 @@ pub fn config(block_size: u32, num_blocks: u32, max_tokens: u32) -> SchedulerCon
         prefix_caching: false,
         admission_policy: AdmissionPolicy::Fifo,
         admission_age_cap: std::time::Duration::from_secs(5),
+        max_stream_backlog: 1 << 20,
     }
 }
 

@@ -2,7 +2,6 @@
 //! against the protocol-checking `ShardSim`.
 use std::time::Instant;
 
-use tokio::sync::mpsc;
 
 use super::api::{FinishReason, SequenceEvent, SequenceRequest, Submission};
 use super::state::SchedulerState;
@@ -307,7 +306,7 @@ fn a_missing_token_fails_only_that_sequence() {
 fn requests_that_can_never_run_are_refused_at_submission() {
     let mut state = SchedulerState::new(config(4, 4, 64));
     let refuse = |state: &mut SchedulerState, request: SequenceRequest| {
-        let (events, mut stream) = mpsc::unbounded_channel();
+        let (events, mut stream) = super::event_channel();
         assert!(state
             .submit(Submission { request, events }, Instant::now())
             .is_none());
@@ -320,7 +319,7 @@ fn requests_that_can_never_run_are_refused_at_submission() {
     assert!(refuse(&mut state, request(4, 0)).contains("max_new_tokens"));
     // 16 slots; 10 + 8 - 1 = 17 needed.
     assert!(refuse(&mut state, request(10, 8)).contains("17 tokens"));
-    let (events, _stream) = mpsc::unbounded_channel();
+    let (events, _stream) = super::event_channel();
     assert!(state
         .submit(
             Submission {
@@ -356,4 +355,24 @@ fn preemptions_and_queue_time_are_measured() {
         "recorded once per request, not per readmission"
     );
     assert!(queue_times.iter().all(|&seconds| seconds >= 0.0));
+}
+
+#[test]
+fn a_stream_too_far_behind_its_reader_is_dropped_and_the_batch_goes_on() {
+    let mut cfg = config(4, 16, 64);
+    cfg.max_stream_backlog = 3;
+    let mut h = Harness::new(cfg);
+    let slow = h.submit(request(4, 10));
+    let b = h.submit(request(4, 10));
+    let mut unread = h.streams.remove(&slow).unwrap();
+    h.run_to_idle(40);
+    assert_eq!(h.tokens(b), expected_tokens(b, 4, 10), "the reader that keeps up is served whole");
+    let mut seen = Vec::new();
+    while let Ok(event) = unread.try_recv() {
+        seen.push(event);
+    }
+    // Started and two tokens made the backlog of 3; then the error, then nothing.
+    assert_eq!(seen.len(), 4, "{seen:?}");
+    assert!(matches!(seen.last(), Some(SequenceEvent::Error(m)) if m.contains("too slowly")));
+    assert!(h.state.is_idle(), "its blocks went back and the shards released it");
 }
