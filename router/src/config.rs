@@ -350,6 +350,17 @@ mod tests {
     }
 
     #[test]
+    fn stream_backlog_is_a_positive_count() {
+        assert_eq!(args(&[]).max_stream_backlog, 1024);
+        assert_eq!(args(&["--max-stream-backlog", "8"]).max_stream_backlog, 8);
+        let argv = ["textgen-router", "--model-id", "m", "--model-path", "/m"];
+        for bad in ["0", "-1", "many", "4294967296"] {
+            let flag = ["--max-stream-backlog", bad];
+            assert!(Args::try_parse_from(argv.iter().chain(flag.iter())).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
     fn prefix_caching_and_policy_flags_parse() {
         let a = args(&["--prefix-caching", "false", "--scheduling-policy", "fifo"]);
         assert!(!a.prefix_caching);

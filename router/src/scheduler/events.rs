@@ -31,8 +31,11 @@ pub struct EventSender {
 impl EventSender {
     /// Sends unless the stream is gone (then nobody is told, as before).
     pub fn send(&self, event: SequenceEvent) {
-        if self.tx.send(event).is_ok() {
-            self.backlog.fetch_add(1, Ordering::Relaxed);
+        // Counted before it can be received (the reader runs on another thread), so the
+        // reader's decrement never comes first and the count never wraps below zero.
+        self.backlog.fetch_add(1, Ordering::Relaxed);
+        if self.tx.send(event).is_err() {
+            self.backlog.fetch_sub(1, Ordering::Relaxed);
         }
     }
 
@@ -70,7 +73,6 @@ impl SequenceStream {
 
     fn received(&self, got: bool) {
         if got {
-            // Sent before received, so the count never goes below zero.
             self.backlog.fetch_sub(1, Ordering::Relaxed);
         }
     }

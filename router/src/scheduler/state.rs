@@ -4,10 +4,9 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::Instant;
 
-
 use super::api::{SchedulerConfig, SequenceEvent, Submission};
-use super::events::EventSender;
 use super::budget::blocks_for;
+use super::events::EventSender;
 use super::queue::WaitingQueue;
 use super::sequence::Sequence;
 use crate::kv::{BlockAllocator, RadixCache};
@@ -156,7 +155,8 @@ impl SchedulerState {
     }
 
     /// Drops sequences whose receiver is gone (client left, or a stop sequence
-    /// was hit). Their blocks return to the pool now; the shards hear next step.
+    /// was hit) or whose reader fell too far behind (`deliver`). Their blocks return to
+    /// the pool now; the shards hear next step.
     pub fn drop_cancelled(&mut self) -> usize {
         let mut cancelled = std::mem::take(&mut self.behind);
         cancelled.extend(
