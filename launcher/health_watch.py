@@ -10,9 +10,12 @@ shard is one Python process: a native call that holds the GIL (a grammar compile
 build) keeps its event loop from answering for as long as it runs, while the shard is doing
 exactly what it was asked. So each round also reads the shard's process state from /proc:
 - stopped (SIGSTOP, state T): failed after `stopped_allowed` rounds, without waiting on Health;
-- its CPU time grew since the last round: busy, not hung; a miss does not count, up to
-  `busy_limit` seconds without an answer (the router's step timeout bounds a step far sooner);
-- otherwise (no CPU, no answer): a miss; `failures_allowed` in a row fail it.
+- it used at least `busy_share` of a core since the last sample: busy, not hung; a miss does
+  not count, up to `busy_limit` seconds without an answer (the router's step timeout bounds a
+  step far sooner). A share, not "any CPU": a hung process's idle threads (gRPC's pollers,
+  timed waits) still wake and cost a few ticks a second, and on a loaded machine that alone
+  kept a hung shard "busy" until the busy limit;
+- otherwise (no answer, next to no CPU): a miss; `failures_allowed` in a row fail it.
 """
 
 from __future__ import annotations
@@ -33,12 +36,13 @@ class WatchTimings:
     failures_allowed: int = 3  # consecutive failed probes (of an idle process) before it counts as failed
     stopped_allowed: int = 6  # consecutive rounds seen stopped (SIGSTOP); the router fails its streams first
     busy_limit: float = 180.0  # seconds a busy (CPU-consuming) shard may go without answering
+    busy_share: float = 0.25  # share of one core a silent shard must use to count as busy
 
 
 @dataclass(frozen=True)
 class ProcessSample:
     state: str  # /proc/<pid>/stat's state letter: R, S, D, T (stopped), t (traced), Z ...
-    cpu_ticks: int  # user + system time of every thread, in clock ticks
+    cpu_seconds: float  # user + system time of every thread
 
     @property
     def stopped(self) -> bool:
@@ -55,9 +59,10 @@ def read_process(pid: int) -> ProcessSample | None:
     # The command name (field 2) may hold spaces and parentheses: fields follow the last ')'.
     fields = text[text.rfind(")") + 2:].split()
     try:
-        return ProcessSample(state=fields[0], cpu_ticks=int(fields[11]) + int(fields[12]))
+        ticks = int(fields[11]) + int(fields[12])
     except (IndexError, ValueError):
         return None
+    return ProcessSample(state=fields[0], cpu_seconds=ticks / os.sysconf("SC_CLK_TCK"))
 
 
 class HealthWatch:
@@ -78,7 +83,7 @@ class HealthWatch:
         self._clock = clock
         self._misses: dict[str, int] = {}
         self._stopped: dict[str, int] = {}
-        self._cpu: dict[str, int] = {}
+        self._cpu: dict[str, tuple[float, float]] = {}  # (when, CPU seconds) of the last sample
         self._answered: dict[str, float] = {}  # when each shard last answered Health
         self._failure: str | None = None
         self._closed = threading.Event()
@@ -134,17 +139,14 @@ class HealthWatch:
             self._answered[name] = self._clock()
             self._misses[name] = 0
             if before is not None:
-                self._cpu[name] = before.cpu_ticks
+                self._cpu[name] = (now, before.cpu_seconds)
             return None
         after = self._process_probe(pid) if pid is not None else None
         if after is not None and after.stopped:
             self._stopped[name] = 1
             return None  # counted from the next round on
         silent_for = self._clock() - self._answered[name]
-        previous = self._cpu.get(name)
-        if after is not None:
-            self._cpu[name] = after.cpu_ticks
-        busy = after is not None and previous is not None and after.cpu_ticks > previous
+        busy = after is not None and self._busy(name, after)
         if busy:
             # Working (a long native call holds the GIL): not a miss, within a bound.
             self._misses[name] = 0
@@ -154,8 +156,18 @@ class HealthWatch:
             return None
         if self._record(name, False):
             return (f"{name} has not answered Health for {timings.failures_allowed} probes "
-                    f"in a row and uses no CPU (hung or stopped)")
+                    f"in a row and uses next to no CPU (hung or stopped)")
         return None
+
+    def _busy(self, name: str, sample: ProcessSample) -> bool:
+        """Whether the shard used at least `busy_share` of a core since its last sample."""
+        now = self._clock()
+        previous = self._cpu.get(name)
+        self._cpu[name] = (now, sample.cpu_seconds)
+        if previous is None or now <= previous[0]:
+            return False
+        share = (sample.cpu_seconds - previous[1]) / (now - previous[0])
+        return share >= self._timings.busy_share
 
     def _record(self, name: str, healthy: bool) -> bool:
         """True when `name` has now failed `failures_allowed` probes in a row."""
