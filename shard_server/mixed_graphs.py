@@ -157,6 +157,10 @@ def graphs_memory_bytes(decode: DecodeGraphs, mixed: MixedGraphs | None, size: i
     shared pool (about the largest graph's) plus each mixed graph's own static outputs."""
     device = decode.device
     torch.cuda.synchronize(device)
+    # Each capture starts by emptying the allocator's cache (torch.cuda.graph.__enter__), so
+    # the warmup step's cached activations must be returned before the first reading: else
+    # they are given back mid-measurement and the difference is negative (read as 0 MiB).
+    torch.cuda.empty_cache()
     free_before, _ = torch.cuda.mem_get_info(device)
     capture_all(decode, mixed, [size], buckets, kv_cache)
     torch.cuda.synchronize(device)

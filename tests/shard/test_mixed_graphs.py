@@ -377,3 +377,22 @@ def test_a_mixed_graph_replay_equals_the_eager_forward_logits(tiny_model_dirs):
     eager = runner.model.compute_logits(hidden.index_select(0, last))
     torch.testing.assert_close(replayed.logits.float(), eager.float(), atol=1e-4, rtol=0)
     assert torch.equal(replayed.greedy_ids, eager.float().argmax(dim=1))
+
+
+@needs_cuda
+def test_the_graph_reserve_counts_the_captures_with_a_warm_allocator_cache(tiny_model_dirs):
+    """Each capture empties the allocator's cache first: the reserve must not read the cache it
+    gives back as memory the graphs returned (it came out as 0 MiB on the H200)."""
+    from shard_server.mixed_graphs import graphs_memory_bytes
+    from shard_server.warmup import _decode_graphs, _mixed_graphs
+
+    device = torch.device("cuda")
+    runner = make_runner(tiny_model_dirs["llama"], "triton", device)
+    warmup(runner, 64, 8, PoolSizing(1024, 0.05, (1, 2, 4, 8)))
+    graphs, sizes = _decode_graphs(runner, (1, 2, 4, 8), 8)
+    mixed, buckets = _mixed_graphs(runner, sizes, 64)
+    cached = torch.empty(256 << 20, dtype=torch.uint8, device=device)
+    del cached  # left in the cache, as the warmup's worst-case step leaves its activations
+    assert torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device) >= 256 << 20
+    reserve = graphs_memory_bytes(graphs, mixed, max(sizes), buckets, runner.kv_cache)
+    assert 0 < reserve < 256 << 20
