@@ -40,5 +40,6 @@ test: install-test test-router test-python
 test-router:
 	cd router && cargo test --release
 
+# The slowest tests are listed so that a growing suite shows where its time goes (CI has 90 min).
 test-python:
-	$(PYTHON) -m pytest -q -rs
+	$(PYTHON) -m pytest -q -rs --durations=25
