@@ -13,8 +13,11 @@ In both, weight[k, n] = (q[k, n] - zero[g(k), n]) * scale[g(k), n] for x @ weigh
 Whatever the checkpoint, a layer keeps one layout (`PackedWeight`): `qweight` int32
 [in/pack, out] in GPTQ's order, `zeros` int16 [groups, out] holding true zero points (the v1
 offset already added), `scales` [groups, out] as the checkpoint stores them, and `g_idx` int32
-[in] into this rank's groups. `PackedWeight.linear` is the one product: the reference
-dequantizes in float32 and multiplies; a W4A16 kernel replaces that method and nothing else.
+[in] into this rank's groups. `PackedWeight.linear` is the one product: on CUDA the W4A16
+Triton kernel (`kernels/w4a16.py`: unpacks in registers, 4 or 8 bits, any group order), else
+(CPU, `fused_kernels(False)`, `w4a16_kernel(False)`) the reference, which dequantizes in float32
+and multiplies. Both build the same weight; they differ only in summation order. `group_rows`
+tells the kernel when the groups are contiguous from row 0 (no act-order, no mid-group slice).
 
 Tensor parallelism: column-parallel parts read their output columns of qweight and scales, and
 the words of qzeros (AWQ: of qweight too) that cover them, unpacked and cut to the columns.
@@ -32,6 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..kernels.w4a16 import w4a16_applies, w4a16_linear
 from ..models.quantization import PackedScheme
 from ..weights import WeightsError, WeightStore
 
@@ -86,9 +90,21 @@ class PackedWeight(nn.Module):
         self.dtype, self.device = dtype, torch.device(device)
         for name in ("qweight", "zeros", "scales", "g_idx"):
             self.register_buffer(name, None)
+        self.group_rows: int | None = None  # rows per group where g_idx[k] == k // group_rows
 
-    # The product: the one method a kernel replaces.
+    @classmethod
+    def from_values(cls, scheme: PackedScheme, values: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor,
+                    g_idx: torch.Tensor, device="cpu") -> PackedWeight:  # fmt: skip
+        """A weight from unpacked values [in, out], zero points and scales [groups, out], g_idx [in]."""
+        weight = cls(scheme, (values.shape[1], values.shape[0]), scales.dtype, device)
+        weight._set(_Slice(values, zeros, scales, g_idx), "weight")
+        return weight
+
+    # The product.
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if w4a16_applies(x, self.scheme.bits):
+            return w4a16_linear(x, self.qweight, self.zeros, self.scales, self.g_idx, self.scheme.bits,
+                                self.group_rows, bias)  # fmt: skip
         return F.linear(x, self.dequantize(x.dtype), bias)
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -123,10 +139,23 @@ class PackedWeight(nn.Module):
                 f"{prefix}.qweight unpacks to {list(piece.values.shape)}, expected [in, out] = {list(want)}"
             )
         device = self.device
+        # Contiguous: slices read by columns are strided views, and the kernel reads rows of N.
         self.qweight = pack_rows(piece.values, self.scheme.bits).to(device)
-        self.zeros = piece.zeros.to(torch.int16).to(device)
-        self.scales = piece.scales.to(device)
-        self.g_idx = piece.g_idx.to(torch.int32).to(device)
+        self.zeros = piece.zeros.to(torch.int16).to(device).contiguous()
+        self.scales = piece.scales.to(device).contiguous()
+        self.g_idx = piece.g_idx.to(torch.int32).to(device).contiguous()
+        self.group_rows = contiguous_group_rows(piece.g_idx, self.scheme.group_size)
+
+
+def contiguous_group_rows(g_idx: torch.Tensor, group_size: int) -> int | None:
+    """Rows per group when row k is in group k // rows (one group: all the rows), else None
+    (act-order, or a row-parallel slice that starts inside a group)."""
+    rows = g_idx.numel()
+    if rows and bool((g_idx == 0).all()):
+        return rows
+    if group_size > 0 and torch.equal(g_idx.long().cpu(), torch.arange(rows) // group_size):
+        return group_size
+    return None
 
 
 def _check(store: WeightStore, prefix: str, scheme: PackedScheme, in_features: int) -> int:

@@ -1,0 +1,231 @@
+"""GPTQ/AWQ packed integer weights times half-precision activations (W4A16, and W8A16), in Triton.
+
+The weight stays packed in memory as `layers/int4.py`'s `PackedWeight` holds it: `qweight`
+int32 [K/pack, N] (pack = 32/bits consecutive input rows per word, low bits first), `zeros`
+int16 [groups, N] (true zero points), `scales` [groups, N], `g_idx` int32 [K]. Each program
+loads a [BLOCK_K/pack, BLOCK_N] tile of words, unpacks it in registers to [BLOCK_K, BLOCK_N],
+computes (q - zero) * scale in float32, rounds it to the activations' dtype (exactly the
+weight the reference `PackedWeight.dequantize` builds) and feeds it to `tl.dot` (tensor-core
+MMA for bf16/fp16; float32 activations get exact IEEE dots), accumulating in float32. The
+dequantized weight never exists in memory. `bits` is a constexpr: 8-bit GPTQ is the same code.
+
+Groups: where the groups are contiguous (`group_rows` rows each from row 0, which is what a
+checkpoint without act-order gives at TP=1 and on column-parallel ranks) and a K tile never
+straddles two, the tile reads one zero/scale vector (`TILE_GROUP`). Otherwise (act-order, a
+row-parallel rank starting mid-group, groups smaller than the tile) each row reads its group
+through `g_idx` inside the K loop: correct for any order, at the cost of gathering a
+[BLOCK_K, BLOCK_N] tile of zeros and scales from cache per step. Permuting act-order rows at
+load so groups become contiguous would remove that gather (and cost a gather of the
+activations' columns instead); it is not done yet.
+
+Decode rows (1-32) would leave most SMs idle with one program per output tile, so the reduction
+is split over K (`split_k`), float32 partials summed by the skinny matmul's reduction kernel.
+
+Tiles come from `TILES`, keyed by rows. They are sensible defaults, NOT TUNED: nothing here was
+timed on a GPU. A benchmark over the 8B/70B projection shapes should replace the entries (the
+table is the only place they live) and may add per-shape rows the way `fp8_matmul.py` does.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+
+import torch
+import triton
+import triton.language as tl
+
+from .dispatch import use_fused
+from .pdl import launch_args, wait_for_previous_kernel
+from .skinny_matmul import SUM_BLOCK, _sum_splits_kernel
+
+BITS = (4, 8)
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+FILL_PROGRAMS = 2 * 132  # split K until about this many programs run (two per H200 SM)
+
+
+@dataclass(frozen=True)
+class W4A16Tile:
+    block_m: int  # activation rows per program (tl.dot needs 16 or more)
+    block_n: int  # output features per program
+    block_k: int  # reduction step; a multiple of 32 so a tile holds whole words at 4 and 8 bits
+    num_warps: int
+    num_stages: int
+    split_k: int = 1  # at most this many K ranges a program each, only as many as fill the GPU
+
+
+# (most rows, tile), first match wins. Untuned defaults (see the module docstring): decode tiles
+# are the smallest MMA row tile with deep K steps and split K; prefill tiles are square-ish and
+# compute-bound like a bf16 GEMM's.
+TILES = (
+    (16, W4A16Tile(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=4, split_k=4)),
+    (32, W4A16Tile(block_m=32, block_n=64, block_k=128, num_warps=4, num_stages=4, split_k=4)),
+    (64, W4A16Tile(block_m=64, block_n=64, block_k=64, num_warps=4, num_stages=3, split_k=2)),
+    (256, W4A16Tile(block_m=64, block_n=128, block_k=64, num_warps=4, num_stages=3)),
+    (None, W4A16Tile(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=3)),
+)
+
+_ENABLED = {"on": True}
+
+
+@contextmanager
+def w4a16_kernel(enabled: bool):
+    """Switches this kernel alone on or off for a block of code (`fused_kernels` switches all),
+    so a benchmark can time the reference product beside it in one process."""
+    saved = _ENABLED["on"]
+    _ENABLED["on"] = enabled
+    try:
+        yield
+    finally:
+        _ENABLED["on"] = saved
+
+
+def w4a16_applies(x: torch.Tensor, bits: int) -> bool:
+    """Whether a packed product over x takes the kernel: CUDA tensors (or CPU under
+    `fused_kernels(True, on_cpu=True)`), float activations, 4 or 8 bits."""
+    return _ENABLED["on"] and use_fused(x) and x.dtype in DTYPES and bits in BITS
+
+
+def tile_for(rows: int, features: int, depth: int, group_rows: int | None) -> tuple[W4A16Tile, bool]:
+    """The rows' tile, its split count fitted to the shape, and whether each K tile lies in one group."""
+    tile = next(tile for bound, tile in TILES if bound is None or rows <= bound)
+    if group_rows is not None and group_rows < depth and group_rows % tile.block_k:
+        # Contiguous groups smaller than the tile (32, 64): a tile of one group beats a gather.
+        if group_rows % 32 == 0 and tile.block_k % group_rows == 0:
+            tile = replace(tile, block_k=group_rows)
+    programs = triton.cdiv(rows, tile.block_m) * triton.cdiv(features, tile.block_n)
+    splits = min(tile.split_k, max(1, FILL_PROGRAMS // programs), triton.cdiv(depth, tile.block_k))
+    tile = replace(tile, split_k=max(1, splits))
+    return tile, _tile_in_one_group(tile, depth, group_rows)
+
+
+def _tile_in_one_group(tile: W4A16Tile, depth: int, group_rows: int | None) -> bool:
+    return group_rows is not None and (group_rows >= depth or group_rows % tile.block_k == 0)
+
+
+@triton.jit
+def _w4a16_kernel(x_ptr, qweight_ptr, zeros_ptr, scales_ptr, g_idx_ptr, out_ptr, M, N, K, group_rows, x_stride,
+                  out_stride, split_stride, BITS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, TILE_GROUP: tl.constexpr, IEEE: tl.constexpr,
+                  PDL: tl.constexpr):  # fmt: skip
+    # Row tiles are the grid's first axis: programs reading one weight slice run together and
+    # all but the first find its words in L2. With SPLIT_K > 1 program (.., .., s) reduces the
+    # s-th range of K and writes its float32 partial at s * split_stride into out_ptr.
+    PACK: tl.constexpr = 32 // BITS
+    WORDS: tl.constexpr = BLOCK_K // PACK
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = rows < M
+    col_ok = cols < N
+    k_lo, k_hi = 0, K
+    if SPLIT_K > 1:
+        chunk = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K) * BLOCK_K  # whole tiles: a tile never spans two ranges
+        k_lo = tl.program_id(2) * chunk
+        k_hi = tl.minimum(K, k_lo + chunk)
+        out_ptr += tl.program_id(2).to(tl.int64) * split_stride
+    shifts = tl.arange(0, PACK) * BITS  # value i of a word sits in bits [i*BITS, (i+1)*BITS)
+    x_rows = x_ptr + rows.to(tl.int64)[:, None] * x_stride
+    wait_for_previous_kernel(PDL)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        k_ok = ks < k_hi
+        x = tl.load(x_rows + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        words = k0 // PACK + tl.arange(0, WORDS)  # K is a multiple of PACK, so k_hi // PACK ends the words
+        packed = tl.load(qweight_ptr + words[:, None] * N + cols[None, :],
+                         mask=(words < k_hi // PACK)[:, None] & col_ok[None, :], other=0)  # fmt: skip
+        # [WORDS, PACK, BLOCK_N] -> [BLOCK_K, BLOCK_N]: row w*PACK + i is value i of word w (GPTQ's order).
+        # The arithmetic shift of a negative word smears its sign into the high bits; the mask drops them.
+        q = tl.reshape((packed[:, None, :] >> shifts[None, :, None]) & ((1 << BITS) - 1), (BLOCK_K, BLOCK_N))
+        if TILE_GROUP:  # the whole tile in one group: one zero and scale per column
+            group = k0 // group_rows
+            zero = tl.load(zeros_ptr + group * N + cols, mask=col_ok, other=0).to(tl.int32)[None, :]
+            scale = tl.load(scales_ptr + group * N + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+        else:  # each row's own group (act-order): gathered through g_idx
+            group = tl.load(g_idx_ptr + ks, mask=k_ok, other=0)
+            at = group[:, None] * N + cols[None, :]
+            both_ok = k_ok[:, None] & col_ok[None, :]
+            zero = tl.load(zeros_ptr + at, mask=both_ok, other=0).to(tl.int32)
+            scale = tl.load(scales_ptr + at, mask=both_ok, other=0.0).to(tl.float32)
+        w = ((q - zero).to(tl.float32) * scale).to(x.dtype)  # the reference's weight, rounded once
+        if IEEE:  # float32 activations: exact float32 products, not tf32
+            acc += tl.dot(x, w, input_precision="ieee")
+        else:
+            acc += tl.dot(x, w)
+    out = out_ptr + rows.to(tl.int64)[:, None] * out_stride + cols[None, :]
+    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
+
+
+def check_operands(x: torch.Tensor, qweight: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor,
+                   g_idx: torch.Tensor, bits: int) -> None:  # fmt: skip
+    """Raises ValueError naming what does not fit the packed layout; the kernel would read out of bounds."""
+    if bits not in BITS:
+        raise ValueError(f"the W4A16 kernel packs 4 or 8 bits per value, not {bits}")
+    pack = 32 // bits
+    if x.dim() != 2 or x.dtype not in DTYPES:
+        raise ValueError(f"activations must be 2-D float16/bfloat16/float32, not {x.dtype} {list(x.shape)}")
+    if qweight.dtype != torch.int32 or qweight.dim() != 2:
+        raise ValueError(f"qweight must be 2-D int32 [in/{pack}, out], not {qweight.dtype} {list(qweight.shape)}")
+    depth, features = qweight.shape[0] * pack, qweight.shape[1]
+    if x.shape[1] != depth:
+        raise ValueError(f"activations have {x.shape[1]} columns; qweight {list(qweight.shape)} packs {pack} "
+                         f"{bits}-bit rows per word: {depth} inputs")  # fmt: skip
+    if zeros.dim() != 2 or zeros.shape != scales.shape or zeros.shape[1] != features or zeros.shape[0] < 1:
+        raise ValueError(f"zeros {list(zeros.shape)} and scales {list(scales.shape)} must both be "
+                         f"[groups, {features}]")  # fmt: skip
+    if zeros.dtype not in (torch.int16, torch.int32) or scales.dtype not in DTYPES:
+        raise ValueError(f"zeros must be int16/int32 and scales float, not {zeros.dtype} and {scales.dtype}")
+    if g_idx.shape != (depth,) or g_idx.dtype != torch.int32:
+        raise ValueError(f"g_idx must be int32 [{depth}], one group per input row, not {g_idx.dtype} {list(g_idx.shape)}")
+    for name, tensor in (("qweight", qweight), ("zeros", zeros), ("scales", scales), ("g_idx", g_idx)):
+        if not tensor.is_contiguous():
+            raise ValueError(f"{name} must be contiguous")
+        if tensor.device != x.device:
+            raise ValueError(f"{name} is on {tensor.device}, the activations on {x.device}")
+
+
+def w4a16_matmul(x: torch.Tensor, qweight: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor,
+                 g_idx: torch.Tensor, bits: int, group_rows: int | None,
+                 tile: W4A16Tile | None = None) -> torch.Tensor:  # fmt: skip
+    """x [M, K] @ the packed weight [K, N] -> [M, N] in x's dtype. `group_rows`: rows per group when
+    the groups are contiguous from row 0 (g_idx[k] == k // group_rows), else None. `tile`: a
+    fixed tile (tests), else `TILES`' for M rows; a given tile's split_k is used as it is."""
+    check_operands(x, qweight, zeros, scales, g_idx, bits)
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    rows, depth = x.shape
+    features = qweight.shape[1]
+    if tile is None:
+        tile, one_group = tile_for(rows, features, depth, group_rows)
+    else:
+        one_group = _tile_in_one_group(tile, depth, group_rows)
+    out = torch.empty((rows, features), dtype=x.dtype, device=x.device)
+    if rows == 0:
+        return out
+    splits = tile.split_k
+    target = out if splits == 1 else torch.empty((splits, rows, features), dtype=torch.float32, device=x.device)
+    # One group over all rows: any step >= K keeps every tile's k0 // step at group 0.
+    step = (depth if group_rows >= depth else group_rows) if one_group else 1
+    grid = (triton.cdiv(rows, tile.block_m), triton.cdiv(features, tile.block_n), splits)
+    _w4a16_kernel[grid](
+        x, qweight, zeros, scales, g_idx, target, rows, features, depth, max(step, 1), x.stride(0), features,
+        rows * features, BITS=bits, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k,
+        SPLIT_K=splits, TILE_GROUP=one_group, IEEE=x.dtype == torch.float32,
+        num_warps=tile.num_warps, num_stages=tile.num_stages, **launch_args(x),
+    )  # fmt: skip
+    if splits > 1:
+        numel = rows * features
+        _sum_splits_kernel[(triton.cdiv(numel, SUM_BLOCK),)](target, out, numel, SPLITS=splits, BLOCK=SUM_BLOCK,
+                                                            **launch_args(out))  # fmt: skip
+    return out
+
+
+def w4a16_linear(x: torch.Tensor, qweight: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor,
+                 g_idx: torch.Tensor, bits: int, group_rows: int | None,
+                 bias: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+    """x [..., K] @ the packed weight (+ bias) -> [..., N], as `F.linear` with the dequantized weight."""
+    flat = x.reshape(-1, x.shape[-1])
+    out = w4a16_matmul(flat, qweight, zeros, scales, g_idx, bits, group_rows)
+    if bias is not None:
+        out = out + bias
+    return out.view(*x.shape[:-1], qweight.shape[1])
