@@ -65,25 +65,29 @@ TILES = (
     (None, W4A16Tile(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=3)),
 )
 
-_ENABLED = {"on": True}
+_SWITCH = {"enabled": True, "on_cpu": False}
 
 
 @contextmanager
-def w4a16_kernel(enabled: bool):
-    """Switches this kernel alone on or off for a block of code (`fused_kernels` switches all),
-    so a benchmark can time the reference product beside it in one process."""
-    saved = _ENABLED["on"]
-    _ENABLED["on"] = enabled
+def w4a16_kernel(enabled: bool, on_cpu: bool = False):
+    """Switches this kernel alone for a block of code (`fused_kernels` switches every kernel):
+    off, so a benchmark can time the reference product beside it in one process; or on for CPU
+    tensors too (Triton's interpreter), so a test runs it without interpreting the other kernels."""
+    saved = dict(_SWITCH)
+    _SWITCH.update(enabled=enabled, on_cpu=enabled and on_cpu)
     try:
         yield
     finally:
-        _ENABLED["on"] = saved
+        _SWITCH.update(saved)
 
 
 def w4a16_applies(x: torch.Tensor, bits: int) -> bool:
-    """Whether a packed product over x takes the kernel: CUDA tensors (or CPU under
-    `fused_kernels(True, on_cpu=True)`), float activations, 4 or 8 bits."""
-    return _ENABLED["on"] and use_fused(x) and x.dtype in DTYPES and bits in BITS
+    """Whether a packed product over x takes the kernel: CUDA tensors (or CPU ones under
+    `fused_kernels(True, on_cpu=True)` or `w4a16_kernel(True, on_cpu=True)`), float
+    activations, 4 or 8 bits."""
+    if not _SWITCH["enabled"] or x.dtype not in DTYPES or bits not in BITS:
+        return False
+    return use_fused(x) or (_SWITCH["on_cpu"] and not x.is_cuda)
 
 
 def tile_for(rows: int, features: int, depth: int, group_rows: int | None) -> tuple[W4A16Tile, bool]:
