@@ -180,7 +180,8 @@ def check_operands(x: torch.Tensor, qweight: torch.Tensor, zeros: torch.Tensor, 
     if zeros.dtype not in (torch.int16, torch.int32) or scales.dtype not in DTYPES:
         raise ValueError(f"zeros must be int16/int32 and scales float, not {zeros.dtype} and {scales.dtype}")
     if g_idx.shape != (depth,) or g_idx.dtype != torch.int32:
-        raise ValueError(f"g_idx must be int32 [{depth}], one group per input row, not {g_idx.dtype} {list(g_idx.shape)}")
+        raise ValueError(f"g_idx must be int32 [{depth}], one group per input row, not {g_idx.dtype} "
+                         f"{list(g_idx.shape)}")  # fmt: skip
     for name, tensor in (("qweight", qweight), ("zeros", zeros), ("scales", scales), ("g_idx", g_idx)):
         if not tensor.is_contiguous():
             raise ValueError(f"{name} must be contiguous")
