@@ -80,7 +80,7 @@ def decode_outputs(model, hidden: torch.Tensor) -> DecodeOutputs:
 
 class DecodeGraphs:
     def __init__(self, model, backend, block_size: int, max_positions: int, device: torch.device):
-        if not hasattr(backend, "refill"):
+        if not backend.cuda_graphs:
             raise ValueError(f"the {backend.name} attention backend cannot run from CUDA graphs")
         self.model = model
         self.backend = backend

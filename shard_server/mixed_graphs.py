@@ -65,7 +65,7 @@ class MixedStep:
 class MixedGraphs:
     def __init__(self, model, backend, block_size: int, max_positions: int, device: torch.device, max_seqs: int):
         """`max_seqs`: the most sequences a mixed graph holds (the largest decode graph's size)."""
-        if not hasattr(backend, "refill"):
+        if not backend.cuda_graphs:
             raise ValueError(f"the {backend.name} attention backend cannot run from CUDA graphs")
         self.model = model
         self.backend = backend

@@ -142,7 +142,7 @@ def _decode_graphs(runner: ModelRunner, wanted: tuple[int, ...], max_batch_size:
     runner.graphs = runner.mixed_graphs = None
     if not wanted or runner.device.type != "cuda":
         return None, []
-    if not hasattr(runner.backend, "refill"):
+    if not runner.backend.cuda_graphs:
         log.info("CUDA graphs off: the %s attention backend cannot be captured", runner.backend.name)
         return None, []
     # Every size up to the largest batch a step can hold, plus one that covers that batch.

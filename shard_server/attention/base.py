@@ -51,13 +51,54 @@ class AttentionShape:
 
 
 class AttentionBackend(ABC):
-    """Computes causal attention for a flattened step against the paged KV cache."""
+    """Computes causal attention for a flattened step against the paged KV cache.
 
-    name: str
+    Everything the runner, warmup and the CUDA-graph code call on a backend is declared here,
+    so a new backend is one file that subclasses this and the others need not know it. An ABC
+    rather than a Protocol: a backend missing a method then fails when it is built, naming the
+    method, not mid-step; and the shared parts (`shape`, `sliding_window`) live here once.
+
+    A backend serves one `shape`: the per-layer views of `per_layer.py` give each layer of a
+    model whose layers differ (Gemma's sliding and global layers) its own.
+    """
+
+    name: str  # what --attention calls it
+    # Whether `build_metadata` takes the fixed shapes of a CUDA graph (pad_to, width, tokens)
+    # and `refill` rewrites such metadata in place; if not, steps run eagerly.
+    cuda_graphs: bool = False
+
+    def __init__(self, shape: AttentionShape):
+        self.shape = shape
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if cls.cuda_graphs and cls.refill is AttentionBackend.refill:
+            raise TypeError(f"{cls.__name__} says cuda_graphs but does not define refill")
+
+    @property
+    def sliding_window(self) -> int | None:
+        """The keys a query sees: the last `sliding_window` positions up to its own; None: all."""
+        return self.shape.sliding_window
 
     @abstractmethod
-    def build_metadata(self, layout: StepLayout, device: torch.device):
-        """Per-step tensors shared by every layer (slot mapping, gather indices, masks)."""
+    def build_metadata(
+        self,
+        layout: StepLayout,
+        device: torch.device,
+        pad_to: int | None = None,
+        width: int | None = None,
+        tokens: int | None = None,
+    ):
+        """Per-step tensors shared by every layer (slot mapping, gather indices, masks).
+
+        `pad_to`, `width`, `tokens`: the fixed shape of a CUDA graph's step (a decode graph's
+        batch and block-table width; a mixed graph's token bucket too), which only a backend
+        with `cuda_graphs` takes; the others refuse them."""
+
+    def refill(self, metadata, layout: StepLayout) -> None:
+        """Rewrites padded metadata (built with `pad_to`) in place for a layout of the same
+        shape: what a captured CUDA graph reads on replay. Only with `cuda_graphs`."""
+        raise NotImplementedError(f"the {self.name} attention backend cannot run from CUDA graphs")
 
     @abstractmethod
     def forward(
@@ -77,6 +118,12 @@ class AttentionBackend(ABC):
         """Warmup: builds whatever prefills of up to `max_tokens` would build on first use.
         Returns how many kernel variants it prepared."""
         return 0
+
+
+def refuse_graph_shapes(backend: AttentionBackend, pad_to, width, tokens) -> None:
+    """For a backend without `cuda_graphs`: a graph's fixed shapes are a caller's bug."""
+    if (pad_to, width, tokens) != (None, None, None):
+        raise ValueError(f"the {backend.name} attention backend builds no padded (CUDA-graph) metadata")
 
 
 def slot_mapping(layout: StepLayout) -> list[int]:

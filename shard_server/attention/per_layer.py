@@ -20,17 +20,17 @@ class LayerAttention(AttentionBackend):
     """Layer `key`'s view of the shared per-shape backends."""
 
     def __init__(self, backends: dict[AttentionShape, AttentionBackend], key: AttentionShape):
+        super().__init__(key)
         self.backends = backends
         self.key = key
         self.inner = backends[key]
         self.name = self.inner.name
 
-    @property
-    def shape(self) -> AttentionShape:
-        return self.key
-
-    def build_metadata(self, layout: StepLayout, device: torch.device, **kwargs) -> dict:
-        return {key: backend.build_metadata(layout, device, **kwargs) for key, backend in self.backends.items()}
+    def build_metadata(self, layout: StepLayout, device: torch.device, pad_to=None, width=None, tokens=None) -> dict:
+        return {
+            key: backend.build_metadata(layout, device, pad_to=pad_to, width=width, tokens=tokens)
+            for key, backend in self.backends.items()
+        }
 
     def forward(self, q, k, v, k_cache, v_cache, metadata: dict, rotary=None) -> torch.Tensor:
         return self.inner.forward(q, k, v, k_cache, v_cache, metadata[self.key], rotary)
@@ -40,6 +40,8 @@ class LayerAttention(AttentionBackend):
 
 
 class RefillableLayerAttention(LayerAttention):
+    cuda_graphs = True
+
     def refill(self, metadata: dict, layout: StepLayout) -> None:
         for key, backend in self.backends.items():
             backend.refill(metadata[key], layout)
@@ -51,5 +53,5 @@ def layer_backends(
     """One backend view per layer: `shape` with layer i's sliding window `windows[i]`."""
     shapes = [replace(shape, sliding_window=window) for window in windows]
     backends = {key: create_backend(name, key, dtype) for key in dict.fromkeys(shapes)}
-    view = RefillableLayerAttention if all(hasattr(b, "refill") for b in backends.values()) else LayerAttention
+    view = RefillableLayerAttention if all(b.cuda_graphs for b in backends.values()) else LayerAttention
     return [view(backends, key) for key in shapes]

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from ..kv_cache import write_rows
-from .base import AttentionBackend, AttentionShape, StepLayout, slot_mapping
+from .base import AttentionBackend, AttentionShape, StepLayout, refuse_graph_shapes, slot_mapping
 
 PADDING_WASTE_LIMIT = 2.0  # pad chunks together while padded work <= this x real work
 
@@ -51,10 +51,13 @@ class ReferenceAttention(AttentionBackend):
     name = "reference"
 
     def __init__(self, shape: AttentionShape):
-        self.shape = shape
+        super().__init__(shape)
 
     # -- per-step planning -------------------------------------------------------------
-    def build_metadata(self, layout: StepLayout, device: torch.device) -> ReferenceMetadata:
+    def build_metadata(
+        self, layout: StepLayout, device: torch.device, pad_to=None, width=None, tokens=None
+    ) -> ReferenceMetadata:
+        refuse_graph_shapes(self, pad_to, width, tokens)  # its shapes follow the step: no graphs
         slots = torch.tensor(slot_mapping(layout), dtype=torch.long, device=device)
         singles = [i for i, n in enumerate(layout.query_lens) if n == 1]
         multis = [i for i, n in enumerate(layout.query_lens) if n > 1]

@@ -108,12 +108,13 @@ def _next_power_of_two(n: int) -> int:
 
 class TritonPagedAttention(AttentionBackend):
     name = "triton"
+    cuda_graphs = True
 
     def __init__(self, shape: AttentionShape, dense_min_tokens: int | None = DENSE_PREFILL_MIN_TOKENS):
         """`dense_min_tokens`: the shortest fresh prompt that takes the dense path; None: none does."""
         if shape.num_heads % shape.num_kv_heads:
             raise ValueError(f"{shape.num_heads} query heads do not split over {shape.num_kv_heads} KV heads")
-        self.shape = shape
+        super().__init__(shape)
         self.dense = DensePrefill(shape, dense_min_tokens)
         self.group = shape.num_heads // shape.num_kv_heads
         self.group_p = _next_power_of_two(self.group)
