@@ -54,7 +54,7 @@ class StubGraphs:
 def stub_runner(batch: int, context: int, width: int) -> ModelRunner:
     backend = TritonPagedAttention(AttentionShape(32, 8, 128, 128**-0.5))  # the 8B's heads
     model = SimpleNamespace(config=SimpleNamespace(vocab_size=128256, max_position_embeddings=width * BLOCK),
-                            layers=[SimpleNamespace(self_attn=SimpleNamespace(backend=backend))])  # fmt: skip
+                            attention_backend=backend)  # fmt: skip
     runner = ModelRunner(model, KVSpec(1, 8, 128, BLOCK, torch.bfloat16), torch.device("cpu"))
     runner.kv_cache = SimpleNamespace(num_blocks=batch * width)
     runner.graphs = StubGraphs(backend, width, batch)

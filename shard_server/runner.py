@@ -24,6 +24,7 @@ from .kernels.dispatch import use_fused
 from .kernels.greedy import fused_greedy
 from .kv_cache import KVCache, KVSpec
 from .mixed_graphs import MixedGraphs
+from .models.causal_lm import CausalLM
 from .pb import generate_pb2 as pb
 from .requests import InvalidStepError, SequenceTable
 from .sampling import SampledTokens, Sampler, SamplingRows, TokenMask
@@ -77,14 +78,14 @@ class LaunchedStep:
 
 
 class ModelRunner:
-    def __init__(self, model, kv_spec: KVSpec, device: torch.device, grammars: GrammarEngine | None = None):
+    def __init__(self, model: CausalLM, kv_spec: KVSpec, device: torch.device, grammars: GrammarEngine | None = None):
         """`grammars` runs constrained decoding; without one (no tokenizer), a constrained
         sequence is refused."""
         self.model = model
         self.config = model.config
         self.kv_spec = kv_spec
         self.device = device
-        self.backend = model.layers[0].self_attn.backend
+        self.backend = model.attention_backend
         self.sampler = Sampler(self.config.vocab_size, device)
         self.table = SequenceTable()
         self.kv_cache: KVCache | None = None
@@ -99,7 +100,7 @@ class ModelRunner:
     @property
     def dtype(self) -> torch.dtype:
         """The model's compute dtype (the KV pool's and the linear weights' may be narrower: fp8)."""
-        return self.model.embed_tokens.weight.dtype
+        return self.model.compute_dtype
 
     def allocate_kv_cache(self, num_blocks: int) -> None:
         for graphs in (self.graphs, self.mixed_graphs):

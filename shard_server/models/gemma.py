@@ -110,8 +110,14 @@ class GemmaForCausalLM(nn.Module):
         self.local_rotary = None
         if cfg.local_rope_theta is not None:  # Gemma 3: sliding layers have their own base
             self.local_rotary = rotary(cfg.local_rope_theta, cfg.local_rope_scaling or RopeScaling())
-        windows = cfg.layer_windows or (cfg.sliding_window,) * cfg.num_hidden_layers
-        self.layer_is_local = [window is not None for window in windows]
+        # The CausalLM interface (causal_lm.py): any layer's view builds every layer's metadata.
+        self.attention_backend = backends[0]
+        self.layer_windows = cfg.layer_windows or (cfg.sliding_window,) * cfg.num_hidden_layers
+        self.layer_is_local = [window is not None for window in self.layer_windows]
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        return self.embed_tokens.weight.dtype
 
     def load(self, store: WeightStore) -> None:
         self.embed_tokens.load(store, "model.embed_tokens.weight")

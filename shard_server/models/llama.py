@@ -136,6 +136,13 @@ class LlamaForCausalLM(nn.Module):
         self.rotary = RotaryEmbedding(
             cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling, dtype, device
         )
+        # The CausalLM interface (causal_lm.py): every layer shares the one backend and window.
+        self.attention_backend = backend
+        self.layer_windows = (cfg.sliding_window,) * cfg.num_hidden_layers
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        return self.embed_tokens.weight.dtype
 
     def load(self, store: WeightStore) -> None:
         self.embed_tokens.load(store, "model.embed_tokens.weight")

@@ -10,6 +10,7 @@ from ..attention.registry import create_backend
 from ..distributed import ParallelContext
 from ..layers.linear import packed_linears
 from ..weights import WeightStore
+from .causal_lm import CausalLM, check_causal_lm
 from .config import ModelConfig
 from .gemma import GemmaForCausalLM
 from .llama import LlamaForCausalLM
@@ -18,6 +19,9 @@ from .olmoe import OlmoeForCausalLM
 from .phi3 import Phi3ForCausalLM
 from .sharding import check_shardable, shard_heads
 
+# model_type -> the family's model class, built as cls(cfg, ctx, backend, dtype, device) where
+# `backend` is one AttentionBackend, or a list of per-layer views when the config has
+# `layer_windows`; the instance must be a CausalLM.
 FAMILIES = {
     "llama": LlamaForCausalLM,
     "mistral": LlamaForCausalLM,
@@ -52,14 +56,14 @@ def build_model(
     attention: str,
     dtype: torch.dtype,
     device: torch.device,
-) -> LlamaForCausalLM:
+) -> CausalLM:
     check_shardable(cfg, ctx.world_size)
     if cfg.layer_windows is None:
         backend = create_backend(attention, attention_shape(cfg, ctx), dtype)
     else:  # a list: one backend view per layer (Gemma)
         backend = layer_backends(attention, attention_shape(cfg, ctx), cfg.layer_windows, dtype)
     with packed_linears(cfg.packed):  # GPTQ/AWQ: the decoder's linears keep their weights packed
-        model = FAMILIES[cfg.model_type](cfg, ctx, backend, dtype, device)
+        model = check_causal_lm(FAMILIES[cfg.model_type](cfg, ctx, backend, dtype, device))
     with torch.no_grad():
         model.load(store)
     return model.eval()

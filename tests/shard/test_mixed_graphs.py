@@ -170,7 +170,7 @@ def test_buckets_stop_at_the_first_that_covers_the_step_budget():
 class _StubModel:
     def __init__(self, backend, max_positions):
         self.config = SimpleNamespace(vocab_size=32, max_position_embeddings=max_positions)
-        self.layers = [SimpleNamespace(self_attn=SimpleNamespace(backend=backend))]
+        self.attention_backend = backend
         self.calls = 0
 
     def __call__(self, input_ids, positions, kv_cache, metadata):
