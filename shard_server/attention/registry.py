@@ -13,11 +13,6 @@ def _reference_backend(shape: AttentionShape, dtype: torch.dtype) -> AttentionBa
 
 
 def _triton_backend(shape: AttentionShape, dtype: torch.dtype) -> AttentionBackend:
-    if shape.logit_softcap is not None:
-        raise ValueError(
-            f"the triton attention backend has no attention logit soft-capping (this model caps scores at "
-            f"{shape.logit_softcap}); serve it with --attention reference"
-        )
     # Imported on demand: Triton is only needed when this backend is asked for.
     from .dense_prefill import DENSE_PREFILL_MIN_TOKENS
     from .triton_paged import TritonPagedAttention

@@ -11,7 +11,8 @@ of BLOCK_Q consecutive query tokens of one sequence and one KV head, with all th
 heads that share that KV head (GQA) stacked as rows: BLOCK_M = BLOCK_Q * GROUP_P rows. It
 streams the sequence's keys and values through its block table, BLOCK_N tokens at a time,
 with an online softmax in float32, masking causally (key position <= query position, and
-inside the sliding window if any). Decodes and prefill chunks differ only in BLOCK_Q. Keys and
+inside the sliding window if any), the scores soft-capped first when SOFTCAP is set (Gemma 2:
+cap * tanh(score / cap), after the scale). Decodes and prefill chunks differ only in BLOCK_Q. Keys and
 values are read in the pool's dtype and widened to the queries' before the dots; from an fp8
 pool under bf16 queries the dots run in fp16 (FP16_DOTS), which both fp8 formats and the
 probabilities widen to exactly, and in one instruction per pair rather than several (queries
@@ -193,6 +194,18 @@ def _tile_rows(tile, kv_head, tile_seq_ptr, tile_first_ptr, query_starts_ptr, qu
     return seq, first, q_len, row0, q_tok, head, row_ok
 
 
+@triton.jit
+def _soft_capped_log2(dots, scale_log2, CAP: tl.constexpr):
+    """log2(e) * CAP * tanh(s / CAP) of the scores s = dots * scale, from scale_log2 = scale * log2(e).
+
+    tanh(x) = 1 - 2 / (e^(2x) + 1): finite for every x (e^(2x) overflowing to inf gives 1,
+    underflowing to 0 gives -1), where (e^x - e^-x) / (e^x + e^-x) is inf / inf past |x| ~ 88;
+    and Triton's interpreter, which the CPU tests use, runs no libdevice tanh. One exp2 and one
+    division more per score than without a cap."""
+    tanh = 1.0 - 2.0 / (tl.exp2(dots * scale_log2 * (2.0 / CAP)) + 1.0)
+    return tanh * (CAP * 1.4426950408889634)
+
+
 def _paged_attention(
     q_ptr,  # [T, H, D]
     k_cache_ptr,  # [slots, KV_HEADS, D]
@@ -228,6 +241,7 @@ def _paged_attention(
     FP16_DOTS: tl.constexpr,  # an fp8 pool under bf16 queries: the dots run in fp16
     V_LOAD: tl.constexpr,  # "plain"; fp8 values to fp16 dots: "words" / "words_ptx" (`_fp8_words_as_fp16`)
     PDL: tl.constexpr,
+    SOFTCAP: tl.constexpr,  # scores become SOFTCAP * tanh(scores / SOFTCAP) (Gemma 2); 0.0: none
 ):
     wait_for_previous_kernel(PDL)
     kv_head = tl.program_id(1)
@@ -276,7 +290,11 @@ def _paged_attention(
         allowed = key_ok[None, :] & (keys[None, :] <= q_pos[:, None])
         if WINDOW > 0:
             allowed = allowed & (keys[None, :] > q_pos[:, None] - WINDOW)
-        scores = tl.where(allowed, scores * scale_log2, float("-inf"))
+        # A constexpr branch: a kernel without a cap compiles exactly as it did before caps.
+        if SOFTCAP > 0:
+            scores = tl.where(allowed, _soft_capped_log2(scores, scale_log2, SOFTCAP), float("-inf"))
+        else:
+            scores = tl.where(allowed, scores * scale_log2, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(scores, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet
         p = tl.exp2(scores - m_safe[:, None])

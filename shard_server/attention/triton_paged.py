@@ -115,7 +115,8 @@ class TritonPagedAttention(AttentionBackend):
         if shape.num_heads % shape.num_kv_heads:
             raise ValueError(f"{shape.num_heads} query heads do not split over {shape.num_kv_heads} KV heads")
         super().__init__(shape)
-        self.dense = DensePrefill(shape, dense_min_tokens)
+        # Torch's SDPA has no hook for soft-capping: capped scores stay on the paged kernel.
+        self.dense = DensePrefill(shape, None if shape.logit_softcap is not None else dense_min_tokens)
         self.group = shape.num_heads // shape.num_kv_heads
         self.group_p = _next_power_of_two(self.group)
         self.head_dim_p = max(16, _next_power_of_two(shape.head_dim))
@@ -390,7 +391,7 @@ class TritonPagedAttention(AttentionBackend):
             BLOCK_Q=config.block_q, BLOCK_N=config.block_n, PAGE=k_cache.shape[1],
             HEAD_DIM=shape.head_dim, HEAD_DIM_P=self.head_dim_p,
             IEEE=q.dtype == torch.float32, WINDOW=shape.sliding_window or 0, SPLITS=splits,
-            FP16_DOTS=fp16_dots, V_LOAD=value_load,
+            FP16_DOTS=fp16_dots, V_LOAD=value_load, SOFTCAP=shape.logit_softcap or 0.0,
             num_warps=config.num_warps, num_stages=config.num_stages, **launch_args(q),
         )  # fmt: skip
         if splits > 1:

@@ -14,8 +14,7 @@ import torch
 import transformers
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-from shard_server.attention.base import AttentionShape, StepLayout
-from shard_server.attention.registry import create_backend
+from shard_server.attention.base import StepLayout
 from shard_server.layers.rotary import RotaryEmbedding, inverse_frequencies, long_inverse_frequencies
 from shard_server.models.config import ModelConfig, UnsupportedModelError
 
@@ -199,10 +198,34 @@ def test_unsupported_configs_are_refused_by_name(raw, message):
         ModelConfig.from_dict({**COMMON, **raw})
 
 
-def test_triton_backend_refuses_soft_capping():
-    shape = AttentionShape(num_heads=4, num_kv_heads=2, head_dim=16, scale=0.25, logit_softcap=50.0)
-    with pytest.raises(ValueError, match="soft-capping .* --attention reference"):
-        create_backend("triton", shape, torch.bfloat16)
+def test_gemma2_through_the_triton_backend_matches_transformers(dense_dirs):
+    """Gemma 2's soft-capped attention in the triton kernels (Triton's interpreter on CPU): the
+    prefill logits and the greedy tokens of the runner, all prompts in flight together."""
+    directory, reference = dense_dirs["gemma2"]
+    runner = load_runner(directory, block_size=4, num_blocks=256, attention="triton")
+    assert {layer.self_attn.backend.name for layer in runner.model.layers} == {"triton"}
+    assert runner.model.attention_backend.shape.logit_softcap == 4.0
+    n = 37  # beyond the sliding window
+    ids = torch.randint(0, reference.config.vocab_size, (n,), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        expected = reference(ids[None]).logits[0]
+    table = list(range(40, 50))
+    metadata = runner.backend.build_metadata(StepLayout([n], [n], [table], 4), torch.device("cpu"))
+    with torch.inference_mode():
+        logits = runner.model.compute_logits(runner.model(ids, torch.arange(n), runner.kv_cache, metadata))
+    torch.testing.assert_close(logits, expected, atol=LOGITS_ATOL, rtol=1e-4)
+    prompts = _prompts(reference.config.vocab_size)
+    wanted = []
+    for prompt in prompts:
+        with torch.no_grad():
+            wanted.append(reference.generate(
+                torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0, eos_token_id=None,
+            )[0, len(prompt) :].tolist())  # fmt: skip
+    runner.clear()
+    got = generate_together(StepDriver(runner), prompts, NEW_TOKENS, chunk=6)
+    for i in range(PROMPTS):
+        assert got[i] == wanted[i], f"prompt {i}"
 
 
 # -- rope scaling types against transformers ---------------------------------------------

@@ -22,7 +22,7 @@ FLOATS = {"scale_log2", "eps"}  # every other scalar argument is an integer
 METADATA = {name: "*i32" for name in ("slots_ptr", "tile_seq_ptr", "tile_first_ptr", "query_starts_ptr",
                                       "query_lens_ptr", "context_lens_ptr", "block_tables_ptr")}  # fmt: skip
 LLAMA_8B = dict(KV_HEADS=8, GROUP=4, GROUP_P=4, PAGE=16, HEAD_DIM=128, HEAD_DIM_P=128, IEEE=False, WINDOW=0,
-                FP16_DOTS=False, V_LOAD="plain")
+                FP16_DOTS=False, V_LOAD="plain", SOFTCAP=0.0)
 SPLIT = dict(METADATA, out_ptr="*fp32", partial_ml_ptr="*fp32")
 FP8_POOL = {"k_cache_ptr": "*fp8e4nv", "v_cache_ptr": "*fp8e4nv"}  # --kv-cache-dtype fp8_e4m3fn
 SKINNY = dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=256)
@@ -63,6 +63,11 @@ CASES = {
                                dict(LLAMA_8B, BLOCK_Q=4, BLOCK_N=64, SPLITS=16), SPLIT),  # fmt: skip
     "prefill_attention": ("shard_server.attention.triton_kernels", "paged_attention_kernel",
                           dict(LLAMA_8B, BLOCK_Q=32, BLOCK_N=64, SPLITS=1), METADATA),  # fmt: skip
+    # Gemma 2's attention logit soft-capping (50.0 in its configs), in decode and prefill tiles.
+    "split_decode_attention_softcap": ("shard_server.attention.triton_kernels", "paged_attention_kernel",
+                                       dict(LLAMA_8B, BLOCK_Q=4, BLOCK_N=64, SPLITS=16, SOFTCAP=50.0), SPLIT),  # fmt: skip
+    "prefill_attention_softcap": ("shard_server.attention.triton_kernels", "paged_attention_kernel",
+                                  dict(LLAMA_8B, BLOCK_Q=32, BLOCK_N=64, SPLITS=1, SOFTCAP=50.0), METADATA),  # fmt: skip
     "combine_splits": (
         "shard_server.attention.triton_kernels",
         "combine_splits_kernel",
