@@ -195,3 +195,33 @@ def test_malformed_tools_are_400_and_the_server_keeps_serving(client, extra):
     assert raised.value.body["message"]
     ok = client.chat.completions.create(model="m", messages=ASK, max_tokens=1)
     assert ok.choices[0].finish_reason == "length"
+
+
+def test_deprecated_functions_answer_with_function_call(client):
+    """OpenAI's deprecated `functions`/`function_call`, as older SDK code sends them: one
+    call, as `message.function_call`, valid for its function; streamed, the pieces of
+    `delta.function_call` add up to it."""
+    functions = [WEATHER["function"]]
+    request = {"model": "m", "messages": ASK, "functions": functions,
+               "function_call": {"name": "get_weather"}, "max_tokens": MAX_TOKENS, "temperature": 0}
+    choice = client.chat.completions.create(**request).choices[0]
+    assert choice.finish_reason == "function_call"
+    assert not choice.message.tool_calls
+    call = choice.message.function_call
+    assert call.name == "get_weather"
+    assert_valid(call.arguments, PARAMETERS["get_weather"], "get_weather")
+    name, arguments, finish = "", "", None
+    for chunk in client.chat.completions.create(**request, stream=True):
+        delta = chunk.choices[0].delta if chunk.choices else None
+        if delta is not None and delta.function_call is not None:
+            name += delta.function_call.name or ""
+            arguments += delta.function_call.arguments or ""
+        if chunk.choices and chunk.choices[0].finish_reason:
+            finish = chunk.choices[0].finish_reason
+    assert (name, arguments, finish) == (call.name, call.arguments, "function_call")
+    # The answer fed back as legacy history renders and answers in text.
+    history = ASK + [{"role": "assistant", "content": None,
+                      "function_call": {"name": call.name, "arguments": call.arguments}},
+                     {"role": "function", "name": call.name, "content": "sunny, 21 C"}]
+    answer = client.chat.completions.create(**{**request, "messages": history, "function_call": "none"})
+    assert answer.choices[0].message.content and answer.choices[0].message.function_call is None

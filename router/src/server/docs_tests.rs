@@ -43,7 +43,7 @@ async fn the_document_carries_the_running_limits_and_the_refused_values() {
     let role = &schemas["ChatRole"]["enum"];
     assert_eq!(
         role,
-        &serde_json::json!(["system", "developer", "user", "assistant", "tool"])
+        &serde_json::json!(["system", "developer", "user", "assistant", "tool", "function"])
     );
     let chat = &schemas["ChatCompletionRequest"]["properties"];
     assert_eq!(chat["top_k"]["minimum"], -1);

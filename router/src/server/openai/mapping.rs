@@ -286,8 +286,6 @@ fn refuse_unsupported_chat_fields(request: &ChatCompletionRequest) -> Result<(),
         ));
     }
     let refused = [
-        ("functions", &request.functions),
-        ("function_call", &request.function_call),
         ("audio", &request.audio),
         ("prediction", &request.prediction),
         ("reasoning_effort", &request.reasoning_effort),

@@ -3,6 +3,7 @@
 //! errors follow OpenAI's documented shapes.
 mod choices;
 pub mod errors;
+mod legacy_functions;
 mod logprobs;
 pub mod mapping;
 mod stream;
@@ -189,8 +190,9 @@ pub async fn chat_completions(
     State(state): State<AppState>,
     body: Result<OpenAiJson<ChatCompletionRequest>, OpenAiError>,
 ) -> Result<Response, OpenAiError> {
-    let OpenAiJson(request) = super::counted(body, Route::ChatCompletions)?;
+    let OpenAiJson(mut request) = super::counted(body, Route::ChatCompletions)?;
     let route = Route::openai(true, request.stream.unwrap_or(false));
+    let legacy_functions = super::counted(legacy_functions::into_tools(&mut request), route)?;
     let context = &state.openai;
     let defaults = &context.defaults;
     let plan = mapping::tool_request(&request).and_then(|tools| {
@@ -201,6 +203,9 @@ pub async fn chat_completions(
             &defaults.tool_syntax,
         )?;
         let mut plan = mapping::chat_plan_with(&request, prompt.text.clone(), defaults, &tools)?;
+        if let Some(tools) = plan.tools.as_mut() {
+            tools.legacy_functions = legacy_functions;
+        }
         // The messages' text is tokenized as text (`--allow-special-tokens-in-content`).
         for input in &mut plan.inputs {
             let text = std::mem::replace(&mut input.prompt, Prompt::Tokens(Vec::new()));
@@ -231,7 +236,12 @@ pub async fn chat_completions(
                 Some(tools) => {
                     let kept = tool_calls::kept_tokens(&tools.syntax);
                     let text = tool_calls::answer_text(&choice.decoder, &kept);
-                    tool_calls::message(&tools.syntax, &text, reason)
+                    let (message, finish) = tool_calls::message(&tools.syntax, &text, reason);
+                    if tools.legacy_functions {
+                        legacy_functions::legacy_message(message, finish)
+                    } else {
+                        (message, finish)
+                    }
                 }
                 None => (
                     AssistantMessage {
@@ -239,6 +249,7 @@ pub async fn chat_completions(
                         content: Some(choice.decoder.text_without_stop()),
                         refusal: None,
                         tool_calls: None,
+                        function_call: None,
                     },
                     reason,
                 ),

@@ -112,7 +112,7 @@ impl Chunker {
                     delta: ChatDelta {
                         role: Some("assistant"),
                         content: Some(String::new()),
-                        tool_calls: None,
+                        ..ChatDelta::default()
                     },
                     logprobs: None,
                     finish_reason: None,
@@ -161,7 +161,7 @@ impl Chunker {
                     delta: ChatDelta {
                         role: Some("assistant"),
                         content: (!delta.text.is_empty()).then_some(delta.text),
-                        tool_calls: None,
+                        ..ChatDelta::default()
                     },
                     logprobs: wants_logprobs
                         .then(|| logprobs::chat(&self.tokenizer, &delta.tokens, top as usize)),
@@ -276,7 +276,7 @@ pub async fn respond(
                 tool_streams.push(
                     plan.tools
                         .as_ref()
-                        .map(|t| ChoiceToolStream::new(&t.syntax)),
+                        .map(|t| ChoiceToolStream::new(&t.syntax, t.legacy_functions)),
                 );
                 followers.push(follow(follower, events));
                 openings.push((index, plan.echo.then(|| prompt.valid.inputs.clone())));

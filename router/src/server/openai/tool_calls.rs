@@ -5,6 +5,7 @@
 use super::types::{
     AssistantMessage, ChatDelta, FunctionCallDelta, FunctionCallOut, ToolCallDelta, ToolCallOut,
 };
+use super::legacy_functions::{legacy_delta, legacy_finish};
 use crate::infer::SequenceDecoder;
 use crate::tools::{
     parse_tool_calls, random_ids, ParsedOutput, ToolCallStream, ToolStreamEvent, ToolSyntax,
@@ -81,6 +82,7 @@ pub fn message(
         content,
         refusal: None,
         tool_calls: (!calls.is_empty()).then_some(calls),
+        function_call: None,
     };
     (message, finish)
 }
@@ -88,6 +90,8 @@ pub fn message(
 /// One streamed choice's parser.
 pub struct ChoiceToolStream {
     stream: ToolCallStream,
+    /// Write calls as the deprecated `function_call` (the request sent `functions`).
+    legacy_functions: bool,
 }
 
 fn delta_of(event: ToolStreamEvent) -> ChatDelta {
@@ -102,7 +106,7 @@ fn delta_of(event: ToolStreamEvent) -> ChatDelta {
             return ChatDelta {
                 role: Some("assistant"),
                 content: Some(text),
-                tool_calls: None,
+                ..ChatDelta::default()
             }
         }
         ToolStreamEvent::CallStart { index, id, name } => {
@@ -112,15 +116,16 @@ fn delta_of(event: ToolStreamEvent) -> ChatDelta {
     };
     ChatDelta {
         role: Some("assistant"),
-        content: None,
         tool_calls: Some(vec![tool_calls]),
+        ..ChatDelta::default()
     }
 }
 
 impl ChoiceToolStream {
-    pub fn new(syntax: &ToolSyntax) -> Self {
+    pub fn new(syntax: &ToolSyntax, legacy_functions: bool) -> Self {
         Self {
             stream: ToolCallStream::new(syntax, random_ids(syntax.format)),
+            legacy_functions,
         }
     }
 
@@ -132,15 +137,18 @@ impl ChoiceToolStream {
         finish: Option<&'static str>,
     ) -> (Vec<ChatDelta>, Option<&'static str>) {
         let mut events = self.stream.push(text);
-        let Some(reason) = finish else {
-            return (events.into_iter().map(delta_of).collect(), None);
-        };
-        events.extend(self.stream.finish());
-        let reason = if self.stream.calls() > 0 && reason == "stop" {
-            "tool_calls"
-        } else {
-            reason
-        };
-        (events.into_iter().map(delta_of).collect(), Some(reason))
+        let finish = finish.map(|reason| {
+            events.extend(self.stream.finish());
+            if self.stream.calls() > 0 && reason == "stop" {
+                "tool_calls"
+            } else {
+                reason
+            }
+        });
+        let deltas = events.into_iter().map(delta_of);
+        if self.legacy_functions {
+            return (deltas.map(legacy_delta).collect(), legacy_finish(finish));
+        }
+        (deltas.collect(), finish)
     }
 }

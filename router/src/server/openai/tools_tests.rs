@@ -279,3 +279,82 @@ async fn bad_tool_fields_are_400_naming_the_field() {
     let (status, _) = send("x", request(json!({"tool_choice": "none"}))).await;
     assert_eq!(status, 200);
 }
+
+/// The deprecated `functions` form of `weather()`.
+fn legacy(extra: Value) -> Value {
+    let mut body = json!({"messages": [{"role": "user", "content": "w?"}],
+        "functions": [weather()[0]["function"].clone()]});
+    body.as_object_mut()
+        .unwrap()
+        .extend(extra.as_object().unwrap().clone());
+    body
+}
+
+#[tokio::test]
+async fn legacy_functions_answer_with_function_call_streamed_and_not() {
+    let (status, body) = send(CALL, legacy(json!({"function_call": {"name": "get_weather"}}))).await;
+    assert_eq!(status, 200, "{body}");
+    let whole = parse(&body);
+    let choice = &whole["choices"][0];
+    assert_eq!(choice["finish_reason"], "function_call");
+    assert!(choice["message"].get("tool_calls").is_none(), "{choice}");
+    let call = &choice["message"]["function_call"];
+    assert_eq!(call["name"], "get_weather");
+    let args: Value = serde_json::from_str(call["arguments"].as_str().unwrap()).unwrap();
+    assert_eq!(args, json!({"city": "Paris \"Île\""}));
+
+    let (status, body) = send(
+        CALL,
+        legacy(json!({"function_call": {"name": "get_weather"}, "stream": true})),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let (mut name, mut arguments, mut finish) = (String::new(), String::new(), String::new());
+    for data in body.split("\n\n").filter_map(|e| e.strip_prefix("data: ")) {
+        let Some(choice) = (data != "[DONE]").then(|| parse(data)["choices"][0].clone()) else {
+            continue;
+        };
+        assert!(choice["delta"]["tool_calls"].is_null(), "{choice}");
+        if let Some(piece) = choice["delta"].get("function_call") {
+            name.push_str(piece["name"].as_str().unwrap_or(""));
+            arguments.push_str(piece["arguments"].as_str().unwrap());
+        }
+        if let Some(reason) = choice["finish_reason"].as_str() {
+            finish = reason.to_owned();
+        }
+    }
+    assert_eq!((name.as_str(), finish.as_str()), ("get_weather", "function_call"));
+    assert_eq!(arguments, call["arguments"].as_str().unwrap());
+}
+
+#[tokio::test]
+async fn legacy_function_history_is_rendered_as_tool_calls() {
+    // The template writes the city of the assistant's call (one byte-level token per
+    // byte), so a longer city in the legacy call gives that many more prompt tokens.
+    let prompt_tokens = |city: &str| {
+        let arguments = json!({"city": city}).to_string();
+        legacy(json!({"messages": [
+            {"role": "user", "content": "w?"},
+            {"role": "assistant", "content": null,
+             "function_call": {"name": "get_weather", "arguments": arguments}},
+            {"role": "function", "name": "get_weather", "content": "rain"},
+        ], "function_call": "none"}))
+    };
+    let mut counts = Vec::new();
+    for city in ["Oslo", "Oslo-Oslo"] {
+        let (status, body) = send("It rains.", prompt_tokens(city)).await;
+        assert_eq!(status, 200, "{body}");
+        let body = parse(&body);
+        assert_eq!(body["choices"][0]["message"]["content"], "It rains.");
+        assert_eq!(body["choices"][0]["finish_reason"], "stop");
+        counts.push(body["usage"]["prompt_tokens"].as_u64().unwrap());
+    }
+    assert_eq!(counts[1], counts[0] + 5);
+}
+
+#[tokio::test]
+async fn legacy_functions_beside_tools_are_a_400_naming_functions() {
+    let (status, body) = send(CALL, legacy(json!({"tools": weather()}))).await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(parse(&body)["error"]["param"], "functions");
+}

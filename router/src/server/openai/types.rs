@@ -101,12 +101,15 @@ pub enum ChatRole {
     User,
     Assistant,
     Tool,
+    /// Deprecated: a function's result (`functions` API), read as `tool`.
+    Function,
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ChatMessage {
-    /// `system`, `developer` (treated as `system`), `user`, `assistant` or `tool`.
+    /// `system`, `developer` (treated as `system`), `user`, `assistant`, `tool`, or the
+    /// deprecated `function` (read as `tool`).
     #[schema(value_type = ChatRole)]
     pub role: String,
     #[serde(default)]
@@ -120,6 +123,11 @@ pub struct ChatMessage {
     pub tool_call_id: Option<String>,
     #[serde(default)]
     pub refusal: Option<String>,
+    /// Deprecated (OpenAI's `functions` API): an assistant's one call; read as a one-call
+    /// `tool_calls` (`legacy_functions`).
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub function_call: Option<Value>,
 }
 
 /// Declares an OpenAI request with the fields every generation request shares (serde's
@@ -445,7 +453,8 @@ pub struct ChatCompletionRequest {
     #[serde(default)]
     #[schema(minimum = 0, maximum = 20)]
     pub top_logprobs: Option<u32>,
-    /// Function tools (at most 128); see docs/openai.md.
+    /// Function tools (at most 128); see docs/openai.md. The deprecated `functions` and
+    /// `function_call` are read as tools (`legacy_functions`).
     #[serde(default)]
     #[schema(value_type = Option<Object>)]
     pub tools: Option<Value>,
@@ -582,6 +591,9 @@ pub struct AssistantMessage {
     /// Present when the answer made calls.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tool_calls: Option<Vec<ToolCallOut>>,
+    /// Instead of `tool_calls` when the request used the deprecated `functions`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub function_call: Option<FunctionCallOut>,
 }
 
 /// One call of `message.tool_calls`.
@@ -648,6 +660,9 @@ pub struct ChatDelta {
     /// Always present, `null` without calls: TGI's Python client requires the key in every
     /// delta (OpenAI's SDK and LangChain take `null` as none).
     pub tool_calls: Option<Vec<ToolCallDelta>>,
+    /// Instead of `tool_calls` when the request used the deprecated `functions`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub function_call: Option<FunctionCallDelta>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]

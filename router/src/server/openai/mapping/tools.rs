@@ -13,6 +13,8 @@ use crate::tools::{parse_tool_request, tool_grammar, ToolRequest, ToolSyntax};
 pub struct ToolPlan {
     pub syntax: ToolSyntax,
     pub request: ToolRequest,
+    /// The request sent the deprecated `functions`: the answer says `function_call`.
+    pub legacy_functions: bool,
 }
 
 /// The checked tool fields (no tools, `tool_choice: none` when absent).
@@ -47,6 +49,7 @@ pub fn constrain(
     let plan = ToolPlan {
         syntax: syntax.clone(),
         request: tools.clone(),
+        legacy_functions: false,
     };
     Ok((Some(GrammarRequest::Lark(lark)), Some(plan)))
 }
