@@ -199,10 +199,12 @@ def test_unsupported_configs_are_refused_by_name(raw, message):
 
 
 def test_gemma2_through_the_triton_backend_matches_transformers(dense_dirs):
-    """Gemma 2's soft-capped attention in the triton kernels (Triton's interpreter on CPU): the
-    prefill logits and the greedy tokens of the runner, all prompts in flight together."""
+    """Gemma 2's soft-capped attention in the triton kernels (compiled on a GPU, Triton's
+    interpreter on CPU): the prefill logits and the greedy tokens of the runner, all prompts in
+    flight together."""
     directory, reference = dense_dirs["gemma2"]
-    runner = load_runner(directory, block_size=4, num_blocks=256, attention="triton")
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    runner = load_runner(directory, block_size=4, num_blocks=256, attention="triton", device=device)
     assert {layer.self_attn.backend.name for layer in runner.model.layers} == {"triton"}
     assert runner.model.attention_backend.shape.logit_softcap == 4.0
     n = 37  # beyond the sliding window
@@ -210,10 +212,11 @@ def test_gemma2_through_the_triton_backend_matches_transformers(dense_dirs):
     with torch.no_grad():
         expected = reference(ids[None]).logits[0]
     table = list(range(40, 50))
-    metadata = runner.backend.build_metadata(StepLayout([n], [n], [table], 4), torch.device("cpu"))
+    metadata = runner.backend.build_metadata(StepLayout([n], [n], [table], 4), device)
     with torch.inference_mode():
-        logits = runner.model.compute_logits(runner.model(ids, torch.arange(n), runner.kv_cache, metadata))
-    torch.testing.assert_close(logits, expected, atol=LOGITS_ATOL, rtol=1e-4)
+        logits = runner.model.compute_logits(runner.model(ids.to(device), torch.arange(n, device=device),
+                                                          runner.kv_cache, metadata))  # fmt: skip
+    torch.testing.assert_close(logits.cpu(), expected, atol=LOGITS_ATOL, rtol=1e-4)
     prompts = _prompts(reference.config.vocab_size)
     wanted = []
     for prompt in prompts:
