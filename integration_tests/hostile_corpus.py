@@ -598,6 +598,13 @@ GRAMMARS = [
          grammar("(a{1000}){1000}", "regex")),
     Case("regex look-around", ("POST /generate",), 422, validation("look-around", "is not supported"), grammar("(?=a)b", "regex")),
     Case("regex backreference", ("POST /generate",), 422, validation("backreferences are not supported"), grammar("\\1(a)", "regex")),
+    # Languages with no string at all: named plainly, never the engine's state dump.
+    Case("regex that allows no output", ("POST /generate",), 422, validation("invalid regex: it matches no output"),
+         grammar("[^\\s\\S]", "regex")),
+    Case("schema that only refers to itself", ("POST /generate",), 422, validation("invalid json_schema"),
+         grammar({"$defs": {"a": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"})),
+    Case("openai regex that allows no output", CHAT, 400, oai_error("it matches no output"),
+         chat_with(guided_regex="[^\\s\\S]")),
     Case("openai regex look-around", CHAT, 400, oai_error("look-around"), chat_with(guided_regex="(?=a)b")),
     Case("openai unsatisfiable response_format", CHAT, 400, oai_error(UNSATISFIABLE),
          chat_with(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"enum": []}}})),

@@ -102,6 +102,19 @@ fn choice_lark(items: &[String]) -> String {
     format!("start: {}\n", literals.join(" | "))
 }
 
+/// llguidance's message without its internal state dump (`<state>…`, the parser's tokens,
+/// timings and grammar: nothing a client can act on), and "no extension" errors said plainly.
+fn client_message(message: &str) -> String {
+    let head = message.split("<state>").next().unwrap_or_default().trim();
+    // The first mask found no token that continues the output: the grammar allows nothing.
+    if head.is_empty() || head.contains("NoExtension") {
+        return NO_OUTPUT.to_owned();
+    }
+    shorten(head.to_owned())
+}
+
+const NO_OUTPUT: &str = "it matches no output";
+
 fn shorten(message: String) -> String {
     match message.char_indices().nth(MAX_ERROR_CHARS) {
         Some((cut, _)) => format!("{}…", &message[..cut]),
@@ -163,7 +176,7 @@ impl GrammarCompiler {
         })?;
         let invalid = |message: String| GrammarError::Invalid {
             kind,
-            message: shorten(message),
+            message: client_message(&message),
         };
         let mut matcher = Matcher::new(self.factory.create_parser(grammar));
         let mask = matcher.compute_mask().map_err(|err| invalid(err.to_string()))?;
@@ -171,7 +184,7 @@ impl GrammarCompiler {
             return Err(invalid(error));
         }
         if mask.is_zero() {
-            return Err(invalid("it matches no output".into()));
+            return Err(invalid(NO_OUTPUT.into()));
         }
         Ok(pb::Grammar {
             llguidance,

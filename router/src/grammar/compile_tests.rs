@@ -202,3 +202,26 @@ fn malformed_tgi_forms_say_what_is_wrong() {
         assert!(message.contains(expected), "{value}: {message}");
     }
 }
+
+#[test]
+fn a_grammar_that_allows_nothing_says_so_without_the_engines_state_dump() {
+    // llguidance reports these from its first mask with a dump of its parser state.
+    for request in [
+        GrammarRequest::Regex("[^\\s\\S]".into()),
+        GrammarRequest::JsonSchema(json!({"$defs": {"a": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"})),
+    ] {
+        let message = invalid(request.clone());
+        assert!(!message.contains("<state>") && !message.contains("compute_time"), "{request:?}: {message}");
+        assert!(!message.contains("NoExtension"), "{request:?}: {message}");
+        assert!(!message.is_empty(), "{request:?}");
+    }
+    assert_eq!(invalid(GrammarRequest::Regex("[^\\s\\S]".into())), "it matches no output");
+}
+
+#[test]
+fn client_messages_keep_the_engines_reason_and_drop_its_state() {
+    assert_eq!(client_message("bad token\n<state>\nTokens: x</state>"), "bad token");
+    assert_eq!(client_message("NoExtensionBias\n<state>x</state>"), "it matches no output");
+    assert_eq!(client_message("<state>only a dump</state>"), "it matches no output");
+    assert_eq!(client_message("unknown rule foo"), "unknown rule foo");
+}
