@@ -8,6 +8,7 @@ pub mod chat_template;
 pub mod chunked_encoding;
 pub mod config;
 pub mod errors;
+pub mod finish;
 pub mod generation_defaults;
 pub mod grammar;
 pub mod infer;

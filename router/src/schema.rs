@@ -125,24 +125,8 @@ impl GenerateParameters {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum FinishReason {
-    Length,
-    EosToken,
-    StopSequence,
-}
-
-impl FinishReason {
-    /// The name TGI's API uses for it.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Length => "length",
-            Self::EosToken => "eos_token",
-            Self::StopSequence => "stop_sequence",
-        }
-    }
-}
+/// Decided by `crate::finish`, the one place that says why a sequence ended.
+pub use crate::finish::FinishReason;
 
 /// A generated token as TGI reports it.
 #[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]

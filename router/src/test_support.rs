@@ -45,7 +45,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::pb;
-use crate::scheduler::{FinishReason, SchedulerHandle, SequenceEvent, SequenceRequest, Submission};
+use crate::scheduler::{SchedulerHandle, SequenceEvent, SequenceRequest, Submission};
 
 /// How the fake scheduler answers one submitted sequence.
 #[derive(Debug, Clone)]
@@ -127,13 +127,13 @@ async fn play(
             top_logprobs,
         }));
         generated += 1;
-        let eos = request.stop_token_ids.contains(&id);
-        if ending.is_none() && (eos || generated >= request.max_new_tokens) {
-            let reason = if eos {
-                FinishReason::EosToken
-            } else {
-                FinishReason::Length
-            };
+        let finish = crate::finish::finish_reason(crate::finish::AfterToken {
+            generated_tokens: generated,
+            max_new_tokens: request.max_new_tokens,
+            is_stop_token: request.stop_token_ids.contains(&id),
+            ends_stop_sequence: false,
+        });
+        if let (None, Some(reason)) = (&ending, finish) {
             events.send(SequenceEvent::Finished {
                 reason,
                 generated_tokens: generated,

@@ -26,11 +26,9 @@ pub struct SequenceRequest {
     pub trace: Option<opentelemetry::trace::SpanContext>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FinishReason {
-    Length,
-    EosToken,
-}
+/// The scheduler ends a sequence for `Length` or `EosToken`; stop sequences are matched
+/// on text by the decoder (`infer::sequence`). Both ask `crate::finish`.
+pub use crate::finish::FinishReason;
 
 /// What a submitted sequence hears back, in order.
 #[derive(Debug, Clone)]
@@ -52,7 +50,6 @@ pub enum SequenceEvent {
     /// past the grammar engine's limits. The client's request is at fault. Nothing follows.
     Refused(String),
 }
-
 
 /// A step failed on a shard; the message says which and why.
 #[derive(Debug, Clone, thiserror::Error)]

@@ -2,7 +2,6 @@
 //! against the protocol-checking `ShardSim`.
 use std::time::Instant;
 
-
 use super::api::{FinishReason, SequenceEvent, SequenceRequest, Submission};
 use super::state::SchedulerState;
 use super::test_harness::{chunks, expected_tokens, Harness};
@@ -182,6 +181,19 @@ fn a_dropped_stream_frees_blocks_before_the_next_step() {
     assert_eq!(h.sim.live_sequences(), 1);
     h.run_to_idle(50);
     assert_eq!(h.tokens(keep).len(), 20);
+}
+
+#[test]
+fn the_last_allowed_token_being_eos_finishes_for_length_as_the_decoder_says() {
+    // The 4th token is a stop token and max_new_tokens is 4: `crate::finish` says Length
+    // (TGI's order), here as in `infer::sequence`, where the same case is tested.
+    let mut h = Harness::new(config(4, 16, 64));
+    let mut req = request(5, 4);
+    req.stop_token_ids = vec![token_at(0, 5 + 3)];
+    let id = h.submit(req);
+    h.run_to_idle(20);
+    assert_eq!(h.tokens(id), expected_tokens(id, 5, 4));
+    assert_eq!(h.finished(id), Some((FinishReason::Length, 4)));
 }
 
 #[test]
@@ -366,7 +378,11 @@ fn a_stream_too_far_behind_its_reader_is_dropped_and_the_batch_goes_on() {
     let b = h.submit(request(4, 10));
     let mut unread = h.streams.remove(&slow).unwrap();
     h.run_to_idle(40);
-    assert_eq!(h.tokens(b), expected_tokens(b, 4, 10), "the reader that keeps up is served whole");
+    assert_eq!(
+        h.tokens(b),
+        expected_tokens(b, 4, 10),
+        "the reader that keeps up is served whole"
+    );
     let mut seen = Vec::new();
     while let Ok(event) = unread.try_recv() {
         seen.push(event);
@@ -374,5 +390,8 @@ fn a_stream_too_far_behind_its_reader_is_dropped_and_the_batch_goes_on() {
     // Started and two tokens made the backlog of 3; then the error, then nothing.
     assert_eq!(seen.len(), 4, "{seen:?}");
     assert!(matches!(seen.last(), Some(SequenceEvent::Error(m)) if m.contains("too slowly")));
-    assert!(h.state.is_idle(), "its blocks went back and the shards released it");
+    assert!(
+        h.state.is_idle(),
+        "its blocks went back and the shards released it"
+    );
 }
