@@ -9,6 +9,7 @@ use super::api::SequenceEvent;
 use super::budget::{blocks_for, max_running, StepBudget};
 use super::prefix::{self, CacheHit};
 use super::state::{Delivery, InFlightStep, ScheduledWork, SchedulerState};
+use crate::metrics::names;
 use crate::pb;
 
 /// A step ready to send, with the events it caused (`Started`) and its shape.
@@ -235,8 +236,7 @@ impl SchedulerState {
             if !sequence.started {
                 sequence.started = true;
                 let queue_time = now.saturating_duration_since(sequence.submitted_at);
-                metrics::histogram!("textgen_queue_duration_seconds")
-                    .record(queue_time.as_secs_f64());
+                metrics::histogram!(names::QUEUE_DURATION).record(queue_time.as_secs_f64());
                 step.events.push(Delivery::new(
                     sequence.id,
                     SequenceEvent::Started { queue_time },

@@ -10,6 +10,7 @@ use super::events::EventSender;
 use super::queue::WaitingQueue;
 use super::sequence::Sequence;
 use crate::kv::{BlockAllocator, RadixCache};
+use crate::metrics::names;
 
 /// An event addressed to one sequence's stream.
 #[derive(Debug)]
@@ -198,7 +199,7 @@ impl SchedulerState {
         self.release_on_shards(&sequence);
         sequence.reset_for_recompute(self.allocator.empty());
         self.waiting.push_front(sequence);
-        metrics::counter!("textgen_preemptions_total").increment(1);
+        metrics::counter!(names::PREEMPTIONS_TOTAL).increment(1);
         tracing::debug!(sequence = id, "preempted for recompute");
     }
 
@@ -228,7 +229,9 @@ impl SchedulerState {
         for Delivery { id, event } in deliveries {
             let terminal = matches!(
                 event,
-                SequenceEvent::Finished { .. } | SequenceEvent::Error(_) | SequenceEvent::Refused(_)
+                SequenceEvent::Finished { .. }
+                    | SequenceEvent::Error(_)
+                    | SequenceEvent::Refused(_)
             );
             if let Some(sender) = self.subscribers.get(&id) {
                 // A closed stream is cleaned up by `drop_cancelled` before the next step.
