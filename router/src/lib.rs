@@ -15,6 +15,7 @@ pub mod infer;
 pub mod kv;
 pub mod metrics;
 pub mod model_files;
+pub mod sampling_rules;
 pub mod scheduler;
 pub mod schema;
 pub mod server;
