@@ -45,7 +45,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::pb;
-use crate::scheduler::{SchedulerHandle, SequenceEvent, SequenceRequest, Submission};
+use crate::scheduler::{
+    FailureKind, GenerationFailure, SchedulerHandle, SequenceEvent, SequenceRequest, Submission,
+};
 
 /// How the fake scheduler answers one submitted sequence.
 #[derive(Debug, Clone)]
@@ -143,7 +145,11 @@ async fn play(
     }
     match ending {
         Some(Some(message)) => {
-            events.send(SequenceEvent::Error(message));
+            events.send(SequenceEvent::Error(GenerationFailure::new(
+                Some(0),
+                FailureKind::ShardReported,
+                message,
+            )));
         }
         Some(None) => {}
         None => {

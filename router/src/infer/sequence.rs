@@ -7,7 +7,7 @@ use std::time::Duration;
 use crate::errors::InferError;
 use crate::finish::{finish_reason, AfterToken, FinishReason};
 use crate::pb;
-use crate::scheduler::SequenceEvent;
+use crate::scheduler::{GenerationFailure, SequenceEvent};
 use crate::schema::{PrefillToken, Token};
 use crate::stop_sequences::StopMatcher;
 use crate::tokenizer::{IncrementalDecoder, TextTokenizer};
@@ -125,7 +125,7 @@ impl SequenceDecoder {
         let piece = self
             .detokenizer
             .push(&self.tokenizer, sampled.id)
-            .map_err(|err| InferError::Generation(err.to_string()))?;
+            .map_err(|err| InferError::Generation(GenerationFailure::router(err.to_string())))?;
         let special = self.tokenizer.is_special(sampled.id);
         let stop_token = self.spec.stop_token_ids.contains(&sampled.id);
         // vLLM: the stop token ending the sequence is not detokenized unless asked for.

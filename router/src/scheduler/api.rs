@@ -44,17 +44,18 @@ pub enum SequenceEvent {
         reason: FinishReason,
         generated_tokens: u32,
     },
-    /// The sequence cannot continue (a shard failed). Nothing follows.
-    Error(String),
+    /// The sequence cannot continue (a shard failed, or the router cannot run it). Nothing
+    /// follows.
+    Error(GenerationFailure),
     /// The shard refused this sequence on its own account: its parameters, or its grammar
     /// past the grammar engine's limits. The client's request is at fault. Nothing follows.
     Refused(String),
 }
 
-/// A step failed on a shard; the message says which and why.
-#[derive(Debug, Clone, thiserror::Error)]
-#[error("{0}")]
-pub struct StepError(pub String);
+pub use super::failure::{FailureKind, GenerationFailure};
+
+/// A step failed on a shard: which rank, what kind of fault, what a client may read.
+pub type StepError = GenerationFailure;
 
 /// Runs one step on every shard and returns rank 0's answer.
 /// Implemented over gRPC by `shards.rs`, and by fakes in tests.

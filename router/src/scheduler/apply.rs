@@ -2,7 +2,7 @@
 //! finish sequences, and finished sequences give their blocks back at once.
 use std::collections::HashMap;
 
-use super::api::SequenceEvent;
+use super::api::{GenerationFailure, SequenceEvent};
 use super::state::{Delivery, ScheduledWork, SchedulerState};
 use crate::finish::{finish_reason, AfterToken};
 use crate::pb;
@@ -20,7 +20,7 @@ impl SchedulerState {
                 "shard answered step {} while step {} was in flight",
                 response.step_id, step.step_id
             );
-            return self.fail_all(&message);
+            return self.fail_all(&GenerationFailure::protocol(message));
         }
         let mut outputs: HashMap<u64, pb::SequenceOutput> = response
             .outputs
@@ -125,6 +125,9 @@ impl SchedulerState {
         if let Some(sequence) = self.running.remove(&id) {
             self.release_on_shards(&sequence);
         }
-        deliveries.push(Delivery::new(id, SequenceEvent::Error(message)));
+        deliveries.push(Delivery::new(
+            id,
+            SequenceEvent::Error(GenerationFailure::protocol(message)),
+        ));
     }
 }

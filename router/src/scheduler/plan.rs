@@ -5,7 +5,7 @@
 use std::time::Instant;
 
 use super::admission::admission_order;
-use super::api::SequenceEvent;
+use super::api::{GenerationFailure, SequenceEvent};
 use super::budget::{blocks_for, max_running, StepBudget};
 use super::prefix::{self, CacheHit};
 use super::state::{Delivery, InFlightStep, ScheduledWork, SchedulerState};
@@ -299,7 +299,7 @@ impl SchedulerState {
             let message = "the request does not fit the KV cache".to_string();
             self.deliver(vec![Delivery::new(
                 sequence.id,
-                SequenceEvent::Error(message),
+                SequenceEvent::Error(GenerationFailure::router(message)),
             )]);
         }
     }

@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::Instant;
 
-use super::api::{SchedulerConfig, SequenceEvent, Submission};
+use super::api::{GenerationFailure, SchedulerConfig, SequenceEvent, Submission};
 use super::budget::blocks_for;
 use super::events::EventSender;
 use super::queue::WaitingQueue;
@@ -123,7 +123,7 @@ impl SchedulerState {
         let Submission { request, events } = submission;
         if let Err(message) = self.check_fits(request.input_ids.len(), request.max_new_tokens) {
             // The receiver may be gone already; then there is nobody to tell.
-            events.send(SequenceEvent::Error(message));
+            events.send(SequenceEvent::Error(GenerationFailure::router(message)));
             return None;
         }
         let id = self.next_sequence_id;
@@ -205,7 +205,7 @@ impl SchedulerState {
 
     /// A step failed: every running sequence gets the error and is dropped. Waiting
     /// sequences never reached the shards and keep their place.
-    pub fn fail_all(&mut self, message: &str) -> Vec<Delivery> {
+    pub fn fail_all(&mut self, failure: &GenerationFailure) -> Vec<Delivery> {
         self.in_flight.clear();
         // The failed step may have written into cached blocks' neighbours, and a shard
         // that failed may come back empty: trust no cached KV.
@@ -216,7 +216,7 @@ impl SchedulerState {
         let mut deliveries = Vec::with_capacity(running.len());
         for (id, sequence) in running {
             self.release_on_shards(&sequence);
-            deliveries.push(Delivery::new(id, SequenceEvent::Error(message.to_string())));
+            deliveries.push(Delivery::new(id, SequenceEvent::Error(failure.clone())));
         }
         deliveries
     }
@@ -238,10 +238,10 @@ impl SchedulerState {
                 sender.send(event);
                 if !terminal && sender.backlog() >= limit {
                     tracing::warn!(sequence = id, limit, "the client reads too slowly; dropped");
-                    sender.send(SequenceEvent::Error(format!(
+                    sender.send(SequenceEvent::Error(GenerationFailure::router(format!(
                         "the client read its stream too slowly: {limit} events were waiting \
                          (--max-stream-backlog)"
-                    )));
+                    ))));
                     self.behind.push(id);
                     self.subscribers.remove(&id);
                     continue;
