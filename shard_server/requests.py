@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from .sampling_rules import RULES, field_value
+
 
 class InvalidStepError(ValueError):
     """A step asked for something impossible; reported to the router as INVALID_ARGUMENT."""
@@ -26,8 +28,8 @@ class SequenceRefused(InvalidStepError):
 class SamplingParams:
     """Validated sampling parameters.
 
-    proto3 cannot tell an unset float from 0, so 0 means "unset" (1.0) for the multiplicative
-    parameters temperature, top_p, typical_p and repetition_penalty.
+    Each sampling field obeys its one rule (`sampling_rules.py`, the router's too); the
+    multiplicative ones are proto3 `optional`, so unset (1.0) and a refused 0 differ.
     """
 
     do_sample: bool = False
@@ -49,15 +51,15 @@ class SamplingParams:
 
     @classmethod
     def from_proto(cls, msg) -> SamplingParams:
+        ruled = {}
+        for name in RULES:
+            value, refusal = field_value(msg, name)
+            if refusal is not None:
+                raise SequenceRefused(refusal)
+            ruled[name] = int(value) if name == "top_k" else float(value)
         params = cls(
             do_sample=bool(msg.do_sample),
-            temperature=_unset_is_one(msg.temperature),
-            top_k=int(msg.top_k),
-            top_p=_unset_is_one(msg.top_p),
-            typical_p=_unset_is_one(msg.typical_p),
-            repetition_penalty=_unset_is_one(msg.repetition_penalty),
-            frequency_penalty=float(msg.frequency_penalty),
-            presence_penalty=float(msg.presence_penalty),
+            **ruled,
             seed=int(msg.seed),
             logit_bias=tuple((int(b.token_id), float(b.bias)) for b in msg.logit_bias),
             watermark=bool(msg.watermark),
@@ -65,25 +67,13 @@ class SamplingParams:
             watermark_delta=float(msg.watermark_delta),
             min_new_tokens=int(msg.min_new_tokens),
             stop_token_ids=tuple(int(t) for t in msg.stop_token_ids) if msg.min_new_tokens else (),
-            min_p=float(msg.min_p),
         )
         params.validate()
         return params
 
     def validate(self) -> None:
+        """What the per-field rules (`sampling_rules.py`) leave: fields that go together."""
         checks = [
-            (math.isfinite(self.temperature) and self.temperature > 0, "temperature must be finite and > 0", self.temperature),
-            (0 < self.top_p <= 1, "top_p must be in (0, 1]", self.top_p),
-            (0 < self.typical_p <= 1, "typical_p must be in (0, 1]", self.typical_p),
-            (0 <= self.min_p <= 1, "min_p must be in [0, 1]", self.min_p),
-            (
-                math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0,
-                "repetition_penalty must be finite and > 0",
-                self.repetition_penalty,
-            ),
-            (math.isfinite(self.frequency_penalty), "frequency_penalty must be finite", self.frequency_penalty),
-            (math.isfinite(self.presence_penalty), "presence_penalty must be finite", self.presence_penalty),
-            (self.top_k >= 0, "top_k must be >= 0", self.top_k),
             (all(math.isfinite(bias) for _, bias in self.logit_bias), "logit_bias values must be finite", None),
             (not self.min_new_tokens or self.stop_token_ids, "min_new_tokens needs stop_token_ids", None),
             (
@@ -121,10 +111,6 @@ class SamplingParams:
         for token_id in self.stop_token_ids:
             if token_id >= vocab_size:
                 raise SequenceRefused(f"stop token {token_id} is outside the vocabulary ({vocab_size})")
-
-
-def _unset_is_one(value: float) -> float:
-    return 1.0 if value == 0 else float(value)
 
 
 @dataclass

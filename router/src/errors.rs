@@ -5,6 +5,7 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 
+use crate::scheduler::{FailureKind, GenerationFailure};
 use crate::schema::ErrorBody;
 use crate::validation::ValidationError;
 
@@ -15,8 +16,9 @@ pub enum InferError {
     Validation(#[from] ValidationError),
     #[error("Model is overloaded")]
     Overloaded,
+    /// A shard or the router failed the sequence; the rank and kind travel with the text.
     #[error("Request failed during generation: {0}")]
-    Generation(String),
+    Generation(GenerationFailure),
     /// The shard refused the request's own parameters or grammar mid-generation: a client
     /// error, like validation, that could not be known before the first steps.
     #[error("Request refused during generation: {0}")]
@@ -25,6 +27,20 @@ pub enum InferError {
     SchedulerStopped,
     #[error("Incomplete generation")]
     IncompleteGeneration,
+}
+
+/// TGI answers every failure during generation with 424, whatever broke; the match is
+/// exhaustive so that a new kind of fault is a decision here.
+fn generation_status(kind: FailureKind) -> StatusCode {
+    match kind {
+        FailureKind::Transport
+        | FailureKind::Timeout
+        | FailureKind::Stopped
+        | FailureKind::ShardReported
+        | FailureKind::Protocol
+        | FailureKind::Unusable
+        | FailureKind::Router => StatusCode::FAILED_DEPENDENCY,
+    }
 }
 
 /// Everything an HTTP handler of the native API can answer with besides success.
@@ -48,7 +64,8 @@ impl InferError {
         match self {
             Self::Validation(_) | Self::Refused(_) => StatusCode::UNPROCESSABLE_ENTITY,
             Self::Overloaded => StatusCode::TOO_MANY_REQUESTS,
-            Self::Generation(_) | Self::SchedulerStopped => StatusCode::FAILED_DEPENDENCY,
+            Self::Generation(failure) => generation_status(failure.kind),
+            Self::SchedulerStopped => StatusCode::FAILED_DEPENDENCY,
             Self::IncompleteGeneration => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -189,6 +206,32 @@ mod tests {
         assert_eq!(failed.status(), StatusCode::FAILED_DEPENDENCY);
         assert_eq!(failed.error_type(), "generation");
         assert_eq!(InferError::IncompleteGeneration.status().as_u16(), 500);
+    }
+
+    #[test]
+    fn a_ranks_step_failure_keeps_its_rank_and_kind_up_to_the_http_mapping() {
+        let shard = crate::shards::ShardError::Call {
+            rank: 1,
+            call: "Step",
+            status: tonic::Status::internal("RuntimeError: CUDA error: an illegal memory access"),
+        };
+        let err = InferError::Generation(shard.failure());
+        let InferError::Generation(failure) = &err else {
+            unreachable!()
+        };
+        assert_eq!(
+            (failure.rank, failure.kind),
+            (Some(1), FailureKind::ShardReported)
+        );
+        assert_eq!(err.status(), StatusCode::FAILED_DEPENDENCY);
+        let body = err.body();
+        assert_eq!(
+            (body.error.as_str(), body.error_type.as_str()),
+            (
+                "Request failed during generation: shard 1: Step failed (Internal)",
+                "generation"
+            )
+        );
     }
 
     #[test]

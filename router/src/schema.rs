@@ -43,9 +43,9 @@ impl From<CompatGenerateRequest> for GenerateRequest {
     }
 }
 
-/// TGI's `parameters`. Unknown fields are rejected (422) instead of ignored; fields TGI has
-/// but textgen does not implement (`grammar`, `adapter_id`, `watermark`) are accepted only
-/// at their neutral value and rejected by validation otherwise.
+/// TGI's `parameters`. Unknown fields are rejected (422) instead of ignored; the one field
+/// TGI has but textgen does not implement (`adapter_id`) is accepted only at its neutral
+/// value and rejected by validation otherwise.
 #[derive(Debug, Clone, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct GenerateParameters {
@@ -93,6 +93,8 @@ pub struct GenerateParameters {
     #[serde(default)]
     #[schema(minimum = 1, maximum = 1024)]
     pub truncate: Option<usize>,
+    /// Green-list watermark (Kirchenbauer et al.), with `--watermark-gamma` and
+    /// `--watermark-delta`; the shard applies it (`shard_server/watermark.py`).
     #[serde(default)]
     pub watermark: bool,
     #[serde(default)]
@@ -125,24 +127,8 @@ impl GenerateParameters {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum FinishReason {
-    Length,
-    EosToken,
-    StopSequence,
-}
-
-impl FinishReason {
-    /// The name TGI's API uses for it.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Length => "length",
-            Self::EosToken => "eos_token",
-            Self::StopSequence => "stop_sequence",
-        }
-    }
-}
+/// Decided by `crate::finish`, the one place that says why a sequence ended.
+pub use crate::finish::FinishReason;
 
 /// A generated token as TGI reports it.
 #[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]

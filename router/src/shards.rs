@@ -450,10 +450,10 @@ impl StepExecutor for ShardSet {
         // The log gets the whole error (`latch`, the step loop); the failed requests get
         // only its public message.
         async move {
-            let answers = sent.map_err(|err| StepError(err.public_message()))?;
+            let answers = sent.map_err(|err| err.failure())?;
             set.finish_step(step_id, computes, answers)
                 .await
-                .map_err(|err| StepError(err.public_message()))
+                .map_err(|err| err.failure())
         }
     }
 }

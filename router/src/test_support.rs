@@ -45,7 +45,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::pb;
-use crate::scheduler::{FinishReason, SchedulerHandle, SequenceEvent, SequenceRequest, Submission};
+use crate::scheduler::{
+    FailureKind, GenerationFailure, SchedulerHandle, SequenceEvent, SequenceRequest, Submission,
+};
 
 /// How the fake scheduler answers one submitted sequence.
 #[derive(Debug, Clone)]
@@ -127,13 +129,13 @@ async fn play(
             top_logprobs,
         }));
         generated += 1;
-        let eos = request.stop_token_ids.contains(&id);
-        if ending.is_none() && (eos || generated >= request.max_new_tokens) {
-            let reason = if eos {
-                FinishReason::EosToken
-            } else {
-                FinishReason::Length
-            };
+        let finish = crate::finish::finish_reason(crate::finish::AfterToken {
+            generated_tokens: generated,
+            max_new_tokens: request.max_new_tokens,
+            is_stop_token: request.stop_token_ids.contains(&id),
+            ends_stop_sequence: false,
+        });
+        if let (None, Some(reason)) = (&ending, finish) {
             events.send(SequenceEvent::Finished {
                 reason,
                 generated_tokens: generated,
@@ -143,7 +145,11 @@ async fn play(
     }
     match ending {
         Some(Some(message)) => {
-            events.send(SequenceEvent::Error(message));
+            events.send(SequenceEvent::Error(GenerationFailure::new(
+                Some(0),
+                FailureKind::ShardReported,
+                message,
+            )));
         }
         Some(None) => {}
         None => {

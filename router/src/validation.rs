@@ -6,6 +6,7 @@ use tokio::sync::Semaphore;
 
 use crate::grammar::{GrammarCompiler, GrammarError, GrammarRequest};
 use crate::pb;
+use crate::sampling_rules as rules;
 use crate::schema::{GenerateParameters, GenerateRequest};
 use crate::tokenizer::{TextTokenizer, TokenizerError};
 
@@ -236,27 +237,28 @@ pub fn check_parameters_with(
     // Each rule holds in f32, the precision the shard computes in: JSON's 1e308 parses
     // into an f32 as infinity, which is not a temperature.
     let temperature = p.temperature.unwrap_or(1.0);
-    if !(temperature > 0.0 && temperature.is_finite()) {
+    if !rules::TEMPERATURE.allows(temperature) {
         return Err(ValidationError::Temperature);
     }
-    let repetition_penalty = p.repetition_penalty.unwrap_or(1.0);
-    if !(repetition_penalty > 0.0 && repetition_penalty.is_finite()) {
+    if p.repetition_penalty
+        .is_some_and(|r| !rules::REPETITION_PENALTY.allows(r))
+    {
         return Err(ValidationError::RepetitionPenalty);
     }
     let frequency_penalty = p.frequency_penalty.unwrap_or(0.0);
-    if !(-2.0..=2.0).contains(&frequency_penalty) {
+    if !rules::FREQUENCY_PENALTY.allows(frequency_penalty) {
         return Err(ValidationError::FrequencyPenalty);
     }
     let top_p = p.top_p.unwrap_or(1.0);
-    if p.top_p.is_some() && !(top_p > 0.0 && top_p < 1.0) {
+    if p.top_p.is_some() && !rules::TOP_P.allows(top_p) {
         return Err(ValidationError::TopP);
     }
     let typical_p = p.typical_p.unwrap_or(1.0);
-    if p.typical_p.is_some() && !(typical_p > 0.0 && typical_p < 1.0) {
+    if p.typical_p.is_some() && !rules::TYPICAL_P.allows(typical_p) {
         return Err(ValidationError::TypicalP);
     }
     let top_k = match p.top_k {
-        Some(k) if k <= 0 => return Err(ValidationError::TopK),
+        Some(k) if !rules::TOP_K.allows(k as f32) => return Err(ValidationError::TopK),
         Some(k) => k as u32,
         None => 0,
     };
@@ -288,11 +290,11 @@ pub fn check_parameters_with(
         return Err(ValidationError::TopNTokens(max_top_n_tokens, top_n_tokens));
     }
     let presence_penalty = extras.presence_penalty.unwrap_or(0.0);
-    if !(-2.0..=2.0).contains(&presence_penalty) {
+    if !rules::PRESENCE_PENALTY.allows(presence_penalty) {
         return Err(ValidationError::PresencePenalty);
     }
     let min_p = extras.min_p.unwrap_or(0.0);
-    if !(0.0..=1.0).contains(&min_p) {
+    if !rules::MIN_P.allows(min_p) {
         return Err(ValidationError::MinP);
     }
     let logit_bias = check_logit_bias(&extras.logit_bias, limits.vocab_size)?;
@@ -307,11 +309,12 @@ pub fn check_parameters_with(
     }
     let sampling = pb::SamplingParameters {
         do_sample,
-        temperature,
+        // proto3 `optional`: unset is the neutral 1.0, never a value the shard refuses.
+        temperature: p.temperature,
         top_k,
-        top_p,
-        typical_p,
-        repetition_penalty,
+        top_p: p.top_p,
+        typical_p: p.typical_p,
+        repetition_penalty: p.repetition_penalty,
         frequency_penalty,
         presence_penalty,
         seed: p.seed.unwrap_or(0),

@@ -31,8 +31,9 @@ fn check_streaming(json: &str) -> Result<CheckedParameters, ValidationError> {
 fn defaults_are_greedy_and_neutral() {
     let p = check("{}").unwrap();
     assert!(!p.sampling.do_sample);
-    assert_eq!(p.sampling.temperature, 1.0);
-    assert_eq!(p.sampling.top_p, 1.0);
+    // Unset on the wire (proto3 `optional`): the shard takes 1.0 and checks nothing.
+    assert_eq!(p.sampling.temperature, None);
+    assert_eq!(p.sampling.top_p, None);
     assert_eq!(p.sampling.top_k, 0);
     assert_eq!(p.best_of, 1);
     assert!(!p.return_full_text);

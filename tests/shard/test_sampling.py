@@ -233,12 +233,12 @@ def test_invalid_parameters_are_rejected(field, value):
     do_sample=st.booleans(),
     temperature=st.floats(1e-30, 1e4),
     top_k=st.integers(0, 2**31),
-    top_p=st.floats(1e-9, 1.0),
-    typical_p=st.floats(1e-9, 1.0),
+    top_p=st.floats(1e-9, 1.0, exclude_max=True),
+    typical_p=st.floats(1e-9, 1.0, exclude_max=True),
     min_p=st.floats(0.0, 1.0),
     repetition_penalty=st.floats(1e-6, 1e6),
-    frequency_penalty=st.floats(-1e6, 1e6),
-    presence_penalty=st.floats(-1e6, 1e6),
+    frequency_penalty=st.floats(-2.0, 2.0),
+    presence_penalty=st.floats(-2.0, 2.0),
     seed=st.integers(0, 2**64 - 1),
 )
 def test_extreme_valid_parameters_always_yield_a_token(**fields):

@@ -13,7 +13,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::errors::InferError;
 use crate::metrics::{Outcome, RequestMeter};
-use crate::scheduler::{SchedulerHandle, SequenceRequest, SequenceStream};
+use crate::scheduler::{GenerationFailure, SchedulerHandle, SequenceRequest, SequenceStream};
 use crate::schema::{Details, GenerateRequest, GenerateResponse, StreamResponse};
 pub use crate::telemetry::request_span::RequestShape;
 use crate::tokenizer::TextTokenizer;
@@ -357,7 +357,7 @@ impl Infer {
                 .map(Ok)
         })
         .await
-        .map_err(|err| InferError::Generation(err.to_string()))?
+        .map_err(|err| InferError::Generation(GenerationFailure::router(err.to_string())))?
         .map_err(|err| ValidationError::Tokenizer(err.0))?;
         Ok(tokenized?)
     }

@@ -5,9 +5,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::errors::InferError;
+use crate::finish::{finish_reason, AfterToken, FinishReason};
 use crate::pb;
-use crate::scheduler::{FinishReason as SchedulerFinish, SequenceEvent};
-use crate::schema::{FinishReason, PrefillToken, Token};
+use crate::scheduler::{GenerationFailure, SequenceEvent};
+use crate::schema::{PrefillToken, Token};
 use crate::stop_sequences::StopMatcher;
 use crate::tokenizer::{IncrementalDecoder, TextTokenizer};
 
@@ -112,10 +113,6 @@ impl SequenceDecoder {
             }
             SequenceEvent::Token(token) => self.on_token(token).map(Progress::Token),
             SequenceEvent::Finished { reason, .. } => {
-                let reason = match reason {
-                    SchedulerFinish::Length => FinishReason::Length,
-                    SchedulerFinish::EosToken => FinishReason::EosToken,
-                };
                 self.record.finish = Some(reason);
                 Ok(Progress::Finished(reason))
             }
@@ -128,7 +125,7 @@ impl SequenceDecoder {
         let piece = self
             .detokenizer
             .push(&self.tokenizer, sampled.id)
-            .map_err(|err| InferError::Generation(err.to_string()))?;
+            .map_err(|err| InferError::Generation(GenerationFailure::router(err.to_string())))?;
         let special = self.tokenizer.is_special(sampled.id);
         let stop_token = self.spec.stop_token_ids.contains(&sampled.id);
         // vLLM: the stop token ending the sequence is not detokenized unless asked for.
@@ -163,19 +160,16 @@ impl SequenceDecoder {
         if !top_tokens.is_empty() {
             self.record.top_tokens.push(top_tokens.clone());
         }
-        // TGI's order: length, then EOS, then stop sequences.
-        let generated = self.record.generated_ids.len() as u32;
-        let finish = if generated >= self.spec.max_new_tokens {
-            Some(FinishReason::Length)
-        } else if stop_token {
-            Some(FinishReason::EosToken)
-        } else if let Some(found) = stop {
+        let finish = finish_reason(AfterToken {
+            generated_tokens: self.record.generated_ids.len() as u32,
+            max_new_tokens: self.spec.max_new_tokens,
+            is_stop_token: stop_token,
+            ends_stop_sequence: stop.is_some(),
+        });
+        if let (Some(FinishReason::StopSequence), Some(found)) = (finish, stop) {
             self.record.stop_cut_text = Some(self.stops.text()[..found.end].to_owned());
             self.record.matched_stop = Some(found.sequence);
-            Some(FinishReason::StopSequence)
-        } else {
-            None
-        };
+        }
         self.record.finish = finish;
         Ok(TokenUpdate {
             token,
@@ -312,7 +306,7 @@ mod tests {
         assert_eq!(d.generated_text(), "hi");
         // The scheduler's own Finished event is then ignored.
         let finished = SequenceEvent::Finished {
-            reason: SchedulerFinish::EosToken,
+            reason: FinishReason::EosToken,
             generated_tokens: 3,
         };
         assert!(matches!(d.on_event(finished).unwrap(), Progress::Pending));
@@ -401,6 +395,19 @@ mod tests {
     }
 
     #[test]
+    fn the_last_allowed_token_being_eos_finishes_for_length_as_the_scheduler_says() {
+        // The scheduler's side of this case is tested in scheduler/tests_plan.rs.
+        let (mut d, t) = decoder(3, &[]);
+        feed_text(&mut d, &t, "hi");
+        let eos = t.token_to_id("<eos>").unwrap();
+        let Progress::Token(update) = d.on_event(token(eos)).unwrap() else {
+            panic!()
+        };
+        assert_eq!(update.finish, Some(FinishReason::Length));
+        assert_eq!(d.generated_text(), "hi", "the EOS still leaves no text");
+    }
+
+    #[test]
     fn length_finishes_at_max_new_tokens() {
         let (mut d, t) = decoder(2, &[]);
         let updates = feed_text(&mut d, &t, "abc");
@@ -439,7 +446,9 @@ mod tests {
     fn shard_refusal_is_the_clients_error() {
         let (mut d, _) = decoder(5, &[]);
         let err = d
-            .on_event(SequenceEvent::Refused("grammar dead end: row too large".into()))
+            .on_event(SequenceEvent::Refused(
+                "grammar dead end: row too large".into(),
+            ))
             .unwrap_err();
         assert_eq!(err.status(), axum::http::StatusCode::UNPROCESSABLE_ENTITY);
         assert_eq!(err.error_type(), "validation");

@@ -241,7 +241,9 @@ async fn stream_errors_arrive_as_items() {
     let (infer, _) = infer_with(4, |_| Script::FailAfter(vec![70], "boom".into()));
     let items = collect_stream(&infer, r#"{"inputs":"x"}"#).await;
     assert!(items[0].is_ok());
-    assert!(matches!(items.last().unwrap(), Err(InferError::Generation(m)) if m == "boom"));
+    assert!(
+        matches!(items.last().unwrap(), Err(InferError::Generation(m)) if m.message == "boom" && m.rank == Some(0))
+    );
 }
 
 #[tokio::test]

@@ -96,3 +96,44 @@ fn names_follow_prometheus_conventions() {
         );
     }
 }
+
+/// Recording sites outside `names.rs`: a `counter!`/`gauge!`/`histogram!` call whose name
+/// is a string literal. Tests that read an exposition may spell names out.
+fn literal_metric_names(dir: &std::path::Path, found: &mut Vec<String>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            literal_metric_names(&path, found);
+            continue;
+        }
+        if path.extension().is_none_or(|ext| ext != "rs") || path.ends_with("metrics/names.rs") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).unwrap();
+        for macro_name in ["counter!(", "gauge!(", "histogram!("] {
+            for (at, _) in text.match_indices(macro_name) {
+                let rest = text[at + macro_name.len()..].trim_start();
+                if rest.starts_with("\"textgen_") {
+                    found.push(format!(
+                        "{}: {macro_name}{}",
+                        path.display(),
+                        rest.chars().take(48).collect::<String>()
+                    ));
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn every_recorded_metric_name_comes_from_names_rs() {
+    let mut found = Vec::new();
+    literal_metric_names(
+        &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src"),
+        &mut found,
+    );
+    assert!(
+        found.is_empty(),
+        "use the constants of metrics/names.rs: {found:#?}"
+    );
+}

@@ -26,11 +26,9 @@ pub struct SequenceRequest {
     pub trace: Option<opentelemetry::trace::SpanContext>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FinishReason {
-    Length,
-    EosToken,
-}
+/// The scheduler ends a sequence for `Length` or `EosToken`; stop sequences are matched
+/// on text by the decoder (`infer::sequence`). Both ask `crate::finish`.
+pub use crate::finish::FinishReason;
 
 /// What a submitted sequence hears back, in order.
 #[derive(Debug, Clone)]
@@ -46,18 +44,18 @@ pub enum SequenceEvent {
         reason: FinishReason,
         generated_tokens: u32,
     },
-    /// The sequence cannot continue (a shard failed). Nothing follows.
-    Error(String),
+    /// The sequence cannot continue (a shard failed, or the router cannot run it). Nothing
+    /// follows.
+    Error(GenerationFailure),
     /// The shard refused this sequence on its own account: its parameters, or its grammar
     /// past the grammar engine's limits. The client's request is at fault. Nothing follows.
     Refused(String),
 }
 
+pub use super::failure::{FailureKind, GenerationFailure};
 
-/// A step failed on a shard; the message says which and why.
-#[derive(Debug, Clone, thiserror::Error)]
-#[error("{0}")]
-pub struct StepError(pub String);
+/// A step failed on a shard: which rank, what kind of fault, what a client may read.
+pub type StepError = GenerationFailure;
 
 /// Runs one step on every shard and returns rank 0's answer.
 /// Implemented over gRPC by `shards.rs`, and by fakes in tests.

@@ -2,8 +2,9 @@
 //! finish sequences, and finished sequences give their blocks back at once.
 use std::collections::HashMap;
 
-use super::api::{FinishReason, SequenceEvent};
+use super::api::{GenerationFailure, SequenceEvent};
 use super::state::{Delivery, ScheduledWork, SchedulerState};
+use crate::finish::{finish_reason, AfterToken};
 use crate::pb;
 
 impl SchedulerState {
@@ -19,7 +20,7 @@ impl SchedulerState {
                 "shard answered step {} while step {} was in flight",
                 response.step_id, step.step_id
             );
-            return self.fail_all(&message);
+            return self.fail_all(&GenerationFailure::protocol(message));
         }
         let mut outputs: HashMap<u64, pb::SequenceOutput> = response
             .outputs
@@ -78,14 +79,13 @@ impl SchedulerState {
         }
         sequence.first_token_sent = true;
         sequence.generated.push(token.id);
-        let finish = if sequence.request.stop_token_ids.contains(&token.id) {
-            Some(FinishReason::EosToken)
-        } else if sequence.generated.len() as u32 >= sequence.request.max_new_tokens {
-            Some(FinishReason::Length)
-        } else {
-            None
-        };
         let generated_tokens = sequence.generated.len() as u32;
+        let finish = finish_reason(AfterToken {
+            generated_tokens,
+            max_new_tokens: sequence.request.max_new_tokens,
+            is_stop_token: sequence.request.stop_token_ids.contains(&token.id),
+            ends_stop_sequence: false,
+        });
         deliveries.push(Delivery::new(id, SequenceEvent::Token(token)));
         if let Some(reason) = finish {
             self.finish(id);
@@ -125,6 +125,9 @@ impl SchedulerState {
         if let Some(sequence) = self.running.remove(&id) {
             self.release_on_shards(&sequence);
         }
-        deliveries.push(Delivery::new(id, SequenceEvent::Error(message)));
+        deliveries.push(Delivery::new(
+            id,
+            SequenceEvent::Error(GenerationFailure::protocol(message)),
+        ));
     }
 }

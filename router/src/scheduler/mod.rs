@@ -9,6 +9,7 @@
 pub mod admission;
 mod api;
 mod events;
+mod failure;
 mod apply;
 pub mod budget;
 mod plan;

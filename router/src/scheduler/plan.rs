@@ -5,10 +5,11 @@
 use std::time::Instant;
 
 use super::admission::admission_order;
-use super::api::SequenceEvent;
+use super::api::{GenerationFailure, SequenceEvent};
 use super::budget::{blocks_for, max_running, StepBudget};
 use super::prefix::{self, CacheHit};
 use super::state::{Delivery, InFlightStep, ScheduledWork, SchedulerState};
+use crate::metrics::names;
 use crate::pb;
 
 /// A step ready to send, with the events it caused (`Started`) and its shape.
@@ -235,8 +236,7 @@ impl SchedulerState {
             if !sequence.started {
                 sequence.started = true;
                 let queue_time = now.saturating_duration_since(sequence.submitted_at);
-                metrics::histogram!("textgen_queue_duration_seconds")
-                    .record(queue_time.as_secs_f64());
+                metrics::histogram!(names::QUEUE_DURATION).record(queue_time.as_secs_f64());
                 step.events.push(Delivery::new(
                     sequence.id,
                     SequenceEvent::Started { queue_time },
@@ -299,7 +299,7 @@ impl SchedulerState {
             let message = "the request does not fit the KV cache".to_string();
             self.deliver(vec![Delivery::new(
                 sequence.id,
-                SequenceEvent::Error(message),
+                SequenceEvent::Error(GenerationFailure::router(message)),
             )]);
         }
     }

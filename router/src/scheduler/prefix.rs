@@ -9,6 +9,7 @@ use super::admission::Candidate;
 use super::sequence::Sequence;
 use super::state::SchedulerState;
 use crate::kv::{PrefixMatch, RadixCache};
+use crate::metrics::names;
 
 /// Whether a sequence may start from cached KV. Prompt logprobs need every prompt
 /// position computed, so `decoder_input_details` bypasses the cache (until its first
@@ -53,9 +54,9 @@ pub(super) struct CacheHit {
 
 /// Counts an admission's lookup: tokens queried and tokens served from the cache.
 pub(super) fn record_lookup(queried: usize, hit: &CacheHit) {
-    metrics::counter!("textgen_prefix_cache_queries_tokens_total").increment(queried as u64);
-    metrics::counter!("textgen_prefix_cache_hits_tokens_total").increment(hit.tokens as u64);
-    metrics::counter!("textgen_prefix_cache_hits_generated_tokens_total")
+    metrics::counter!(names::PREFIX_CACHE_QUERIES_TOKENS_TOTAL).increment(queried as u64);
+    metrics::counter!(names::PREFIX_CACHE_HITS_TOKENS_TOTAL).increment(hit.tokens as u64);
+    metrics::counter!(names::PREFIX_CACHE_HITS_GENERATED_TOKENS_TOTAL)
         .increment(hit.generated_tokens as u64);
 }
 
@@ -105,7 +106,7 @@ impl SchedulerState {
             if let Some(cache) = self.prefix_cache.as_mut() {
                 let evicted = cache.evict((blocks - free) as usize);
                 if evicted > 0 {
-                    metrics::counter!("textgen_prefix_cache_evicted_blocks_total")
+                    metrics::counter!(names::PREFIX_CACHE_EVICTED_BLOCKS_TOTAL)
                         .increment(evicted as u64);
                 }
             }

@@ -4,12 +4,13 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::Instant;
 
-use super::api::{SchedulerConfig, SequenceEvent, Submission};
+use super::api::{GenerationFailure, SchedulerConfig, SequenceEvent, Submission};
 use super::budget::blocks_for;
 use super::events::EventSender;
 use super::queue::WaitingQueue;
 use super::sequence::Sequence;
 use crate::kv::{BlockAllocator, RadixCache};
+use crate::metrics::names;
 
 /// An event addressed to one sequence's stream.
 #[derive(Debug)]
@@ -122,7 +123,7 @@ impl SchedulerState {
         let Submission { request, events } = submission;
         if let Err(message) = self.check_fits(request.input_ids.len(), request.max_new_tokens) {
             // The receiver may be gone already; then there is nobody to tell.
-            events.send(SequenceEvent::Error(message));
+            events.send(SequenceEvent::Error(GenerationFailure::router(message)));
             return None;
         }
         let id = self.next_sequence_id;
@@ -198,13 +199,13 @@ impl SchedulerState {
         self.release_on_shards(&sequence);
         sequence.reset_for_recompute(self.allocator.empty());
         self.waiting.push_front(sequence);
-        metrics::counter!("textgen_preemptions_total").increment(1);
+        metrics::counter!(names::PREEMPTIONS_TOTAL).increment(1);
         tracing::debug!(sequence = id, "preempted for recompute");
     }
 
     /// A step failed: every running sequence gets the error and is dropped. Waiting
     /// sequences never reached the shards and keep their place.
-    pub fn fail_all(&mut self, message: &str) -> Vec<Delivery> {
+    pub fn fail_all(&mut self, failure: &GenerationFailure) -> Vec<Delivery> {
         self.in_flight.clear();
         // The failed step may have written into cached blocks' neighbours, and a shard
         // that failed may come back empty: trust no cached KV.
@@ -215,7 +216,7 @@ impl SchedulerState {
         let mut deliveries = Vec::with_capacity(running.len());
         for (id, sequence) in running {
             self.release_on_shards(&sequence);
-            deliveries.push(Delivery::new(id, SequenceEvent::Error(message.to_string())));
+            deliveries.push(Delivery::new(id, SequenceEvent::Error(failure.clone())));
         }
         deliveries
     }
@@ -228,17 +229,19 @@ impl SchedulerState {
         for Delivery { id, event } in deliveries {
             let terminal = matches!(
                 event,
-                SequenceEvent::Finished { .. } | SequenceEvent::Error(_) | SequenceEvent::Refused(_)
+                SequenceEvent::Finished { .. }
+                    | SequenceEvent::Error(_)
+                    | SequenceEvent::Refused(_)
             );
             if let Some(sender) = self.subscribers.get(&id) {
                 // A closed stream is cleaned up by `drop_cancelled` before the next step.
                 sender.send(event);
                 if !terminal && sender.backlog() >= limit {
                     tracing::warn!(sequence = id, limit, "the client reads too slowly; dropped");
-                    sender.send(SequenceEvent::Error(format!(
+                    sender.send(SequenceEvent::Error(GenerationFailure::router(format!(
                         "the client read its stream too slowly: {limit} events were waiting \
                          (--max-stream-backlog)"
-                    )));
+                    ))));
                     self.behind.push(id);
                     self.subscribers.remove(&id);
                     continue;

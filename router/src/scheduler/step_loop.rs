@@ -8,7 +8,7 @@ use std::time::Instant;
 use tokio::sync::mpsc::error::TryRecvError;
 use tokio::sync::mpsc::UnboundedReceiver;
 
-use super::api::{SequenceEvent, StepError, StepExecutor, Submission};
+use super::api::{GenerationFailure, SequenceEvent, StepError, StepExecutor, Submission};
 use super::plan::PlannedStep;
 use super::state::SchedulerState;
 use crate::metrics::names::{
@@ -90,7 +90,7 @@ pub async fn run<E: StepExecutor>(
         let result = step.answer.await;
         let answered_at = Instant::now();
         if let Some(trace) = step.trace {
-            trace.end(result.as_ref().map_err(|error| error.0.as_str()));
+            trace.end(result.as_ref().map_err(|error| error.message.as_str()));
         }
         if step.computes {
             let ran_for = answered_at.saturating_duration_since(step.sent_at.max(last_answer));
@@ -103,10 +103,10 @@ pub async fn run<E: StepExecutor>(
         let deliveries = match result {
             Ok(response) => state.apply(response),
             Err(error) => {
-                tracing::error!(%error, "step failed; failing every running sequence");
+                tracing::error!(%error, rank = ?error.rank, kind = ?error.kind, "step failed; failing every running sequence");
                 // Later steps were planned on top of this one: they are void too.
                 in_flight.clear();
-                state.fail_all(&error.to_string())
+                state.fail_all(&error)
             }
         };
         state.deliver(deliveries);
@@ -174,7 +174,9 @@ pub async fn refuse_all(message: String, mut submissions: UnboundedReceiver<Subm
     while let Some(submission) = submissions.recv().await {
         submission
             .events
-            .send(SequenceEvent::Error(message.clone()));
+            .send(SequenceEvent::Error(GenerationFailure::router(
+                message.clone(),
+            )));
     }
 }
 

@@ -45,10 +45,11 @@ impl StepExecutor for FakeExecutor {
             let mut sim = self.sim.lock().unwrap();
             if self.fail_steps.contains(&request.step_id) {
                 sim.lose_step();
-                Err(StepError(format!(
-                    "shard 0 failed step {}",
-                    request.step_id
-                )))
+                Err(StepError::new(
+                    Some(0),
+                    super::FailureKind::ShardReported,
+                    format!("shard 0 failed step {}", request.step_id),
+                ))
             } else {
                 Ok(sim.step(&request))
             }
@@ -159,7 +160,8 @@ async fn client(
                 assert!(stream.recv().await.is_none(), "nothing follows Finished");
                 return Outcome::Completed(tokens);
             }
-            SequenceEvent::Error(message) | SequenceEvent::Refused(message) => return Outcome::Failed(message),
+            SequenceEvent::Error(failure) => return Outcome::Failed(failure.message),
+            SequenceEvent::Refused(message) => return Outcome::Failed(message),
         }
     }
     panic!("stream closed without Finished or Error");
@@ -311,7 +313,7 @@ async fn an_invalid_config_answers_every_request_with_its_reason() {
     let handle = super::spawn(bad, executor);
     let mut stream = handle.submit(request(3, 3)).unwrap();
     match with_deadline(stream.recv()).await {
-        Some(SequenceEvent::Error(message)) => assert!(message.contains("no blocks"), "{message}"),
+        Some(SequenceEvent::Error(failure)) => assert!(failure.message.contains("no blocks"), "{failure}"),
         other => panic!("expected an error, got {other:?}"),
     }
 }

@@ -2,8 +2,7 @@
 //! against the protocol-checking `ShardSim`.
 use std::time::Instant;
 
-
-use super::api::{FinishReason, SequenceEvent, SequenceRequest, Submission};
+use super::api::{FailureKind, FinishReason, SequenceEvent, SequenceRequest, Submission};
 use super::state::SchedulerState;
 use super::test_harness::{chunks, expected_tokens, Harness};
 use super::test_support::{config, prompt_logprob, request, token_at, CapturedMetrics};
@@ -185,6 +184,19 @@ fn a_dropped_stream_frees_blocks_before_the_next_step() {
 }
 
 #[test]
+fn the_last_allowed_token_being_eos_finishes_for_length_as_the_decoder_says() {
+    // The 4th token is a stop token and max_new_tokens is 4: `crate::finish` says Length
+    // (TGI's order), here as in `infer::sequence`, where the same case is tested.
+    let mut h = Harness::new(config(4, 16, 64));
+    let mut req = request(5, 4);
+    req.stop_token_ids = vec![token_at(0, 5 + 3)];
+    let id = h.submit(req);
+    h.run_to_idle(20);
+    assert_eq!(h.tokens(id), expected_tokens(id, 5, 4));
+    assert_eq!(h.finished(id), Some((FinishReason::Length, 4)));
+}
+
+#[test]
 fn eos_finishes_early_with_the_eos_token_last() {
     let mut h = Harness::new(config(4, 16, 64));
     let mut req = request(5, 50);
@@ -232,11 +244,11 @@ fn a_failed_step_errors_running_sequences_and_serving_continues() {
     assert!(used > 0);
     let planned = h.state.plan_step(Instant::now()).unwrap();
     h.sim.lose_step();
-    let deliveries = h.state.fail_all("shard 1 is gone");
+    let deliveries = h.state.fail_all(&"shard 1 is gone".into());
     h.state.deliver(deliveries);
     drop(planned);
     h.collect();
-    assert!(matches!(h.events(a).last(), Some(SequenceEvent::Error(m)) if m == "shard 1 is gone"));
+    assert!(matches!(h.events(a).last(), Some(SequenceEvent::Error(m)) if m.message == "shard 1 is gone"));
     assert_eq!(h.state.allocator.used(), 0);
     assert_eq!(h.state.running_len(), 0);
     let b = h.submit(request(4, 3));
@@ -256,7 +268,7 @@ fn a_response_for_the_wrong_step_fails_the_batch() {
     let deliveries = h.state.apply(response);
     h.state.deliver(deliveries);
     h.collect();
-    assert!(matches!(h.events(a).last(), Some(SequenceEvent::Error(m)) if m.contains("step 7")));
+    assert!(matches!(h.events(a).last(), Some(SequenceEvent::Error(m)) if m.message.contains("step 7") && m.kind == FailureKind::Protocol));
     assert_eq!(h.state.allocator.used(), 0);
 }
 
@@ -297,7 +309,7 @@ fn a_missing_token_fails_only_that_sequence() {
     let deliveries = h.state.apply(response);
     h.state.deliver(deliveries);
     h.collect();
-    assert!(matches!(h.events(a).last(), Some(SequenceEvent::Error(m)) if m.contains("no token")));
+    assert!(matches!(h.events(a).last(), Some(SequenceEvent::Error(m)) if m.message.contains("no token")));
     h.run_to_idle(10);
     assert_eq!(h.tokens(b), expected_tokens(b, 4, 3));
 }
@@ -311,7 +323,7 @@ fn requests_that_can_never_run_are_refused_at_submission() {
             .submit(Submission { request, events }, Instant::now())
             .is_none());
         match stream.try_recv() {
-            Ok(SequenceEvent::Error(message)) => message,
+            Ok(SequenceEvent::Error(failure)) => failure.message,
             other => panic!("expected an error, got {other:?}"),
         }
     };
@@ -366,13 +378,20 @@ fn a_stream_too_far_behind_its_reader_is_dropped_and_the_batch_goes_on() {
     let b = h.submit(request(4, 10));
     let mut unread = h.streams.remove(&slow).unwrap();
     h.run_to_idle(40);
-    assert_eq!(h.tokens(b), expected_tokens(b, 4, 10), "the reader that keeps up is served whole");
+    assert_eq!(
+        h.tokens(b),
+        expected_tokens(b, 4, 10),
+        "the reader that keeps up is served whole"
+    );
     let mut seen = Vec::new();
     while let Ok(event) = unread.try_recv() {
         seen.push(event);
     }
     // Started and two tokens made the backlog of 3; then the error, then nothing.
     assert_eq!(seen.len(), 4, "{seen:?}");
-    assert!(matches!(seen.last(), Some(SequenceEvent::Error(m)) if m.contains("too slowly")));
-    assert!(h.state.is_idle(), "its blocks went back and the shards released it");
+    assert!(matches!(seen.last(), Some(SequenceEvent::Error(m)) if m.message.contains("too slowly")));
+    assert!(
+        h.state.is_idle(),
+        "its blocks went back and the shards released it"
+    );
 }

@@ -220,7 +220,7 @@ fn a_failed_step_empties_the_cache() {
     h.submit(prompt((100..112).collect(), 4));
     let _planned = h.state.plan_step(Instant::now()).unwrap();
     h.sim.lose_step();
-    let deliveries = h.state.fail_all("shard gone");
+    let deliveries = h.state.fail_all(&"shard gone".into());
     h.state.deliver(deliveries);
     assert_eq!(h.state.cached_blocks(), 0);
     assert_eq!(h.state.allocator().used(), 0);

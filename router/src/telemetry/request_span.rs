@@ -93,14 +93,11 @@ impl RequestTrace {
         span.record("gen_ai.usage.input_tokens", i64::from(shape.input_tokens));
         span.record("gen_ai.request.max_tokens", i64::from(shape.max_new_tokens));
         // 1.0 is the neutral value of both: report them when they change sampling.
-        if shape.sampling.temperature != 1.0 {
-            span.record(
-                "gen_ai.request.temperature",
-                f64::from(shape.sampling.temperature),
-            );
+        if let Some(temperature) = shape.sampling.temperature.filter(|&t| t != 1.0) {
+            span.record("gen_ai.request.temperature", f64::from(temperature));
         }
-        if shape.sampling.top_p != 1.0 {
-            span.record("gen_ai.request.top_p", f64::from(shape.sampling.top_p));
+        if let Some(top_p) = shape.sampling.top_p.filter(|&p| p != 1.0) {
+            span.record("gen_ai.request.top_p", f64::from(top_p));
         }
         if let Some(seed) = shape.seed {
             // OTel integers are i64; a seed above i64::MAX keeps its bits.
