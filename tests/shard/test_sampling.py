@@ -231,14 +231,16 @@ def test_invalid_parameters_are_rejected(field, value):
 @settings(max_examples=60, deadline=None)
 @given(
     do_sample=st.booleans(),
-    temperature=st.floats(1e-30, 1e4),
+    # width=32 (bounds exact in f32): the values a float proto field can hold; 0.99999999 is 1.0 there, which the
+    # one rule refuses for top_p and typical_p (as the router does, in f32 too).
+    temperature=st.floats(2.0**-100, 1e4, width=32),
     top_k=st.integers(0, 2**31),
-    top_p=st.floats(1e-9, 1.0, exclude_max=True),
-    typical_p=st.floats(1e-9, 1.0, exclude_max=True),
-    min_p=st.floats(0.0, 1.0),
-    repetition_penalty=st.floats(1e-6, 1e6),
-    frequency_penalty=st.floats(-2.0, 2.0),
-    presence_penalty=st.floats(-2.0, 2.0),
+    top_p=st.floats(2.0**-30, 1.0, exclude_max=True, width=32),
+    typical_p=st.floats(2.0**-30, 1.0, exclude_max=True, width=32),
+    min_p=st.floats(0.0, 1.0, width=32),
+    repetition_penalty=st.floats(2.0**-20, 2.0**20, width=32),
+    frequency_penalty=st.floats(-2.0, 2.0, width=32),
+    presence_penalty=st.floats(-2.0, 2.0, width=32),
     seed=st.integers(0, 2**64 - 1),
 )
 def test_extreme_valid_parameters_always_yield_a_token(**fields):
