@@ -112,7 +112,8 @@ def compare_backends(runner: ModelRunner, shape, text_vocab: int, prompts: int =
 
 def parity_runner(model_dir, graph_sizes=(1, 2, 4, 8), memory_fraction: float = 0.4,
                   quantize: str | None = None, dtype: torch.dtype = torch.bfloat16,
-                  kv_dtype: torch.dtype | None = None) -> tuple[ModelRunner, object]:  # fmt: skip
+                  kv_dtype: torch.dtype | None = None, mixed_buckets: tuple[int, ...] | None = None,
+                  ) -> tuple[ModelRunner, object]:  # fmt: skip
     from shard_server.distributed import ParallelContext
     from shard_server.kv_cache import KVSpec
     from shard_server.models.config import ModelConfig
@@ -126,5 +127,8 @@ def parity_runner(model_dir, graph_sizes=(1, 2, 4, 8), memory_fraction: float = 
         model = build_model(cfg, store, ctx, "triton", dtype, device)
     spec = KVSpec(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, 16, kv_dtype or dtype)
     runner = ModelRunner(model, spec, device)
-    warmup(runner, 4096, max(graph_sizes), PoolSizing(0, memory_fraction, tuple(graph_sizes)))
+    sizing = PoolSizing(0, memory_fraction, tuple(graph_sizes))
+    if mixed_buckets is not None:
+        sizing = replace(sizing, mixed_token_buckets=mixed_buckets)
+    warmup(runner, 4096, max(graph_sizes), sizing)
     return runner, attention_shape(cfg, ctx)

@@ -41,7 +41,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import peer_load  # noqa: E402
+from bench import peer_load, step_log  # noqa: E402
 from bench.gpu_http_load import clients_for  # noqa: E402
 from bench.gpu_vs_transformers import MIX, TEXT_VOCAB, cpu_split, phase_model, start_server  # noqa: E402
 
@@ -157,7 +157,10 @@ def run_engine(args, engine: str, plan: dict[str, list[peer_load.Request]], resu
         warm = [peer_load.Request(r.prompt, 8) for r in peer_load.fixed(MIX[::16], TEXT_VOCAB, seed=99)]
         peer_load.run(url, warm, 2, limit or len(warm))
         for name, requests in plan.items():
+            log_start = _log_size(args, engine)
             mine[name] = measure(url, requests, limit)
+            if log_start is not None:  # textgen's per-step records of this workload (all its runs)
+                mine[name]["steps"] = step_log.summary(step_log.read(args.out / "textgen.log", log_start))
             print(f"[{engine}] {name}: {json.dumps(brief(mine[name]))}", flush=True)
             save(args, results)
     except Exception as exc:  # keep what was measured
@@ -166,6 +169,12 @@ def run_engine(args, engine: str, plan: dict[str, list[peer_load.Request]], resu
     finally:
         stop(process)
     save(args, results)
+
+
+def _log_size(args, engine: str) -> int | None:
+    """Where textgen's log (the router's step records) stands now; None for the peer."""
+    log = args.out / "textgen.log"
+    return log.stat().st_size if engine.startswith("textgen") and log.exists() else None
 
 
 def brief(r: dict) -> dict:

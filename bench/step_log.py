@@ -16,6 +16,8 @@ FIELDS = ("step", "sequences", "decodes", "tokens", "ran_us", "device_us")
 _PATTERN = re.compile(r"".join(rf"\W+{name}\W+(\d+)" for name in FIELDS))
 # Decode-only steps are grouped by batch size: the mix's batch falls from 256 to ~77.
 BATCH_EDGES = (1, 32, 96, 192, 256, 1 << 30)
+# Steps carrying prompt tokens are grouped by their whole token count (the mixed graphs' buckets).
+TOKEN_EDGES = (1, 129, 257, 513, 1025, 2049, 1 << 30)
 
 
 @dataclass(frozen=True)
@@ -56,10 +58,18 @@ def summary(records: list[StepRecord]) -> dict:
         out["prefill_steps"]["decode_rows"] = sum(r.decodes for r in prefill)
         last = max(i for i, r in enumerate(records) if r.prefill_tokens > 0)
         out["last_prefill_at_s"] = _seconds(records[: last + 1])
-    for low, high in zip(BATCH_EDGES, BATCH_EDGES[1:]):
-        group = [r for r in decode if low <= r.sequences < high]
+        out["prefill_steps_by_tokens"] = _by(prefill, TOKEN_EDGES, "tokens", "tokens")
+    out["decode_steps"] = _by(decode, BATCH_EDGES, "sequences", "batch")
+    return out
+
+
+def _by(records: list[StepRecord], edges: tuple[int, ...], field: str, label: str) -> dict:
+    """`_group` of the records in each [low, high) range of `field`; empty ranges left out."""
+    out = {}
+    for low, high in zip(edges, edges[1:]):
+        group = [r for r in records if low <= getattr(r, field) < high]
         if group:
-            out["decode_steps"][f"batch {low}-{high - 1}" if high < 1 << 30 else f"batch {low}+"] = _group(group)
+            out[f"{label} {low}-{high - 1}" if high < 1 << 30 else f"{label} {low}+"] = _group(group)
     return out
 
 

@@ -24,7 +24,7 @@ import logging
 import torch
 
 from .cuda_graphs import DecodeGraphs
-from .mixed_graphs import MixedGraphs, buckets_for, capture_all, graphs_memory_bytes
+from .mixed_graphs import MIXED_TOKEN_BUCKETS, MixedGraphs, buckets_for, capture_all, graphs_memory_bytes
 from .pb import generate_pb2 as pb
 from .runner import ModelRunner
 
@@ -43,6 +43,7 @@ class PoolSizing:
     kv_cache_tokens: int  # CPU
     cuda_memory_fraction: float  # CUDA
     cuda_graph_sizes: tuple[int, ...] = ()  # decode batch sizes to capture; empty: no graphs
+    mixed_token_buckets: tuple[int, ...] = MIXED_TOKEN_BUCKETS  # mixed-step graphs, by token rows
 
 
 def worst_case_step(
@@ -102,7 +103,7 @@ def warmup(runner: ModelRunner, max_tokens: int, max_batch_size: int, sizing: Po
     if prepared:
         log.info("prepared %d dense prefill shapes", prepared)
     graphs, sizes = _decode_graphs(runner, sizing.cuda_graph_sizes, max_batch_size)
-    mixed, buckets = _mixed_graphs(runner, sizes, max_tokens)
+    mixed, buckets = _mixed_graphs(runner, sizes, max_tokens, sizing.mixed_token_buckets)
     graph_reserve = graphs_memory_bytes(graphs, mixed, max(sizes), buckets, runner.kv_cache) if graphs else 0
     runner.clear()
     runner.kv_cache = None
@@ -153,7 +154,7 @@ def _decode_graphs(runner: ModelRunner, wanted: tuple[int, ...], max_batch_size:
     return graphs, sizes
 
 
-def _mixed_graphs(runner: ModelRunner, sizes: list[int], max_tokens: int):
+def _mixed_graphs(runner: ModelRunner, sizes: list[int], max_tokens: int, wanted: tuple[int, ...]):
     """(MixedGraphs, token buckets) beside the decode graphs of `sizes`, or (None, []) without
     them. A mixed graph holds as many sequences as the largest decode graph, and the buckets
     stop at the first that covers a step of `max_tokens` (no step is longer)."""
@@ -162,7 +163,7 @@ def _mixed_graphs(runner: ModelRunner, sizes: list[int], max_tokens: int):
     cfg = runner.config
     mixed = MixedGraphs(runner.model, runner.backend, runner.block_size, cfg.max_position_embeddings,
                         runner.device, max_seqs=max(sizes))  # fmt: skip
-    return mixed, buckets_for(max_tokens)
+    return mixed, buckets_for(max_tokens, wanted)
 
 
 def _pool_blocks(runner: ModelRunner, sizing: PoolSizing, reserve: int) -> int:

@@ -43,6 +43,16 @@ def test_summary_splits_prefill_steps_from_decode_batches(tmp_path):
     decode = summary["decode_steps"]
     assert decode["batch 256+"]["count"] == 10 and abs(decode["batch 256+"]["mean_ms"] - 12.0) < 1e-9
     assert decode["batch 32-95"]["count"] == 5 and decode["batch 32-95"]["mean_batch"] == 77
+    assert list(summary["prefill_steps_by_tokens"]) == ["tokens 2049+"]
+
+
+def test_prompt_steps_are_grouped_by_their_whole_token_count(tmp_path):
+    # (sequences, decodes, tokens): a 300-token step falls in the 257-512 range, not by its chunk
+    lines = [PLAIN.format(i, s, d, t, 9_000, 0) for i, (s, d, t) in enumerate([(49, 48, 300), (49, 48, 512),
+                                                                               (2, 1, 100), (60, 59, 1024)])]
+    by_tokens = step_log.summary(step_log.read(write_log(tmp_path, lines)))["prefill_steps_by_tokens"]
+    assert {k: v["count"] for k, v in by_tokens.items()} == {"tokens 1-128": 1, "tokens 257-512": 2,
+                                                             "tokens 513-1024": 1}
 
 
 def test_an_empty_log_summarises_to_no_steps(tmp_path):
