@@ -98,8 +98,11 @@ def awq_config(group_size=128) -> dict:
             "modules_to_not_convert": None}  # fmt: skip
 
 
-def write_packed_checkpoint(source: Path, target: Path, quantization: dict, seed: int = 0) -> tuple[Path, Path]:
-    """Writes `target` (quantized as `quantization` declares) and `target`-oracle (dense, dequantized)."""
+def write_packed_checkpoint(
+    source: Path, target: Path, quantization: dict, seed: int = 0, oracle: bool = True
+) -> tuple[Path, Path | None]:
+    """Writes `target` (quantized as `quantization` declares) and, with `oracle`, `target`-oracle
+    (dense, dequantized); returns both directories (None for an oracle not written)."""
     method, bits, group_size = quantization["quant_method"], quantization["bits"], quantization["group_size"]
     sym = quantization.get("sym", False) if method == "gptq" else False
     v1 = method == "gptq" and quantization.get("checkpoint_format", "gptq") == "gptq"
@@ -134,12 +137,14 @@ def write_packed_checkpoint(source: Path, target: Path, quantization: dict, seed
             packed[f"{prefix}.qweight"] = pack_awq_cols(ints)
             packed[f"{prefix}.qzeros"] = pack_awq_cols(zeros)
     config = read_config(source)
-    oracle = Path(f"{target}-oracle")
-    for directory, tensors, extra in ((target, packed, {"quantization_config": quantization}), (oracle, dense, {})):
+    oracle_dir = Path(f"{target}-oracle") if oracle else None
+    for directory, tensors, extra in ((target, packed, {"quantization_config": quantization}), (oracle_dir, dense, {})):
+        if directory is None:
+            continue
         directory.mkdir(parents=True, exist_ok=True)
         save_file(tensors, str(directory / "model.safetensors"))
         (directory / "config.json").write_text(json.dumps({**config, **extra}))
-    return target, oracle
+    return target, oracle_dir
 
 
 def edit_checkpoint(directory: Path, edit=None, config_edit=None) -> None:

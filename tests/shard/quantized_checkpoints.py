@@ -155,8 +155,11 @@ def _block_fp8(prefix, tensor, block, packed: dict, scale_name="weight_scale_inv
     return (quantized.float() * scales[rows][:, cols]).float()
 
 
-def write_quantized_checkpoint(source: Path, target: Path, quantization: dict, seed: int = 0) -> tuple[Path, Path]:
-    """Writes `target` (quantized as `quantization` declares) and `target`-oracle (dense, dequantized)."""
+def write_quantized_checkpoint(
+    source: Path, target: Path, quantization: dict, seed: int = 0, oracle: bool = True
+) -> tuple[Path, Path | None]:
+    """Writes `target` (quantized as `quantization` declares) and, with `oracle`, `target`-oracle
+    (dense, dequantized); returns both directories (None for an oracle not written)."""
     packed, dense, orders, rng = {}, {}, {}, np.random.default_rng(seed)
     fmt = quantization.get("format")
     group = next(iter((quantization.get("config_groups") or {"": {}}).values()))
@@ -178,12 +181,14 @@ def write_quantized_checkpoint(source: Path, target: Path, quantization: dict, s
             raise ValueError(f"no writer for {quantization}")
         dense[name] = weight.contiguous()
     config = read_config(source)
-    oracle = Path(f"{target}-oracle")
-    for directory, tensors, extra in ((target, packed, {"quantization_config": quantization}), (oracle, dense, {})):
+    oracle_dir = Path(f"{target}-oracle") if oracle else None
+    for directory, tensors, extra in ((target, packed, {"quantization_config": quantization}), (oracle_dir, dense, {})):
+        if directory is None:
+            continue
         directory.mkdir(parents=True, exist_ok=True)
         save_file(tensors, str(directory / "model.safetensors"))
         (directory / "config.json").write_text(json.dumps({**config, **extra}))
-    return target, oracle
+    return target, oracle_dir
 
 
 def block_fp8_ct_config(block=(128, 128)) -> dict:
