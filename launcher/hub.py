@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Mapping
 
 from .demo_model import DEMO_MODEL_ID, ensure_demo_model
+from .model_check import INDEX_NAME, ModelFilesError, check_model_files
 
 logger = logging.getLogger(__name__)
 
@@ -43,10 +44,14 @@ class HubAccess:
 def _check_model_dir(path: Path, model_id: str) -> Path:
     if not (path / "config.json").is_file():
         raise ModelResolutionError(f"model {model_id!r} ({path}) has no config.json")
-    if not any(path.glob("*.safetensors")):
+    if not any(path.glob("*.safetensors")) and not (path / INDEX_NAME).exists():
         raise ModelResolutionError(
             f"model {model_id!r} ({path}) has no *.safetensors weights; textgen loads only "
             "safetensors (convert .bin/.pt checkpoints first)")
+    try:
+        check_model_files(path)  # headers and JSON only: milliseconds, before any spawn
+    except ModelFilesError as exc:
+        raise ModelResolutionError(str(exc)) from None
     return path
 
 

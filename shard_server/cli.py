@@ -27,7 +27,7 @@ from .distributed import init_parallel
 from .grammar import GrammarEngine
 from .kernels.fp8_matmul import require_fp8_support
 from .kv_cache import KV_CACHE_DTYPES, KVSpec
-from .models.config import ModelConfig
+from .models.config import ModelConfig, UnsupportedModelError
 from .models.quantization import QUANTIZE_FLAGS
 from .models.registry import build_model
 from .models.sharding import check_shardable, shard_heads
@@ -36,7 +36,7 @@ from .runner import ModelRunner
 from .service import ShardIdentity, ShardService, step_worker
 from .telemetry import TraceSettings, TraceSettingsError, build_tracer
 from .warmup import PoolSizing
-from .weights import WeightStore, read_config
+from .weights import WeightsError, WeightStore, read_config
 
 log = logging.getLogger("shard_server")
 
@@ -184,7 +184,11 @@ def load_service(
     device = config.torch_device()
     dtype = config.torch_dtype(device)
     torch.set_num_threads(len(os.sched_getaffinity(0)))
-    model_config = ModelConfig.from_dict(read_config(config.model_path)).with_quantize(config.quantize)
+    try:
+        model_config = ModelConfig.from_dict(read_config(config.model_path))
+    except UnsupportedModelError as exc:  # name the file the reason is in
+        raise UnsupportedModelError(f"{Path(config.model_path) / 'config.json'}: {exc}") from None
+    model_config = model_config.with_quantize(config.quantize)
     check_shardable(model_config, config.world_size)  # fail before the rendezvous, naming the numbers
     if model_config.quantize == "fp8":
         require_fp8_support(device)
@@ -257,6 +261,9 @@ def main(argv: list[str] | None = None) -> int:
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     try:
         asyncio.run(serve(config, trace))
+    except (WeightsError, UnsupportedModelError) as exc:  # the model's files: the reason, no traceback
+        log.error("cannot load the model: %s", exc)
+        return 1
     except Exception:
         log.exception("shard failed")
         return 1

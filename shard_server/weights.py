@@ -25,6 +25,13 @@ class WeightsError(RuntimeError):
     pass
 
 
+def _open(path: Path):
+    try:
+        return safe_open(str(path), "pt")
+    except Exception as exc:  # SafetensorError, OSError: a truncated or corrupt file, named
+        raise WeightsError(f"{path}: cannot be read as safetensors ({exc})") from None
+
+
 class WeightStore:
     """Maps tensor names to the safetensors file that holds them."""
 
@@ -34,7 +41,7 @@ class WeightStore:
         if not files:
             raise WeightsError(f"no *.safetensors files in {self.model_dir}")
         self._stack = ExitStack()
-        self._handles = [self._stack.enter_context(safe_open(str(f), "pt")) for f in files]
+        self._handles = [self._stack.enter_context(_open(f)) for f in files]
         self._where: dict[str, int] = {}
         self.bytes_read = 0  # total bytes materialised by get/get_rows/get_cols
         self.largest_read = 0  # the biggest single tensor (slice) materialised
@@ -107,6 +114,8 @@ def read_config(model_dir: Path) -> dict:
         config = json.loads(path.read_text())
     except FileNotFoundError:
         raise WeightsError(f"missing {path}") from None
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
+        raise WeightsError(f"{path}: not valid JSON ({exc})") from None
     for name, method in _QUANT_FILES:
         if not config.get("quantization_config") and (Path(model_dir) / name).is_file():
             config["quantization_config"] = {"quant_method": method, **json.loads((Path(model_dir) / name).read_text())}

@@ -15,14 +15,11 @@ import time
 import urllib.request
 from pathlib import Path
 
-from fake_stack import REPO_ROOT, RUN_LAUNCHER, free_port
+from fake_stack import REPO_ROOT, RUN_LAUNCHER, free_port, write_fake_model
 
 
 def _model_dir(path: Path) -> Path:
-    path.mkdir()
-    (path / "config.json").write_text("{}")
-    (path / "model.safetensors").write_bytes(b"")
-    return path
+    return write_fake_model(path)
 
 
 def _serve_from_environment(tmp_path: Path, env: dict[str, str], *argv: str):

@@ -3,6 +3,7 @@
 import json
 
 import pytest
+from fake_stack import EMPTY_SAFETENSORS
 
 from launcher import hub
 from launcher.cli import main
@@ -17,7 +18,7 @@ def _model_dir(path, weights=True):
     (path / "config.json").write_text(json.dumps({"model_type": "llama"}))
     (path / "tokenizer.json").write_text("{}")
     if weights:
-        (path / "model.safetensors").write_bytes(b"")
+        (path / "model.safetensors").write_bytes(EMPTY_SAFETENSORS)
     return path
 
 

@@ -11,16 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from fake_stack import REPO_ROOT, RUN_LAUNCHER, free_port
+from fake_stack import REPO_ROOT, RUN_LAUNCHER, free_port, write_fake_model
 
 
 @pytest.fixture
 def model_dir(tmp_path):
-    model = tmp_path / "model"
-    model.mkdir()
-    (model / "config.json").write_text("{}")
-    (model / "model.safetensors").write_bytes(b"")
-    return model
+    return write_fake_model(tmp_path / "model")
 
 
 class Launcher:
