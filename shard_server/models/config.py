@@ -12,8 +12,19 @@ from .quantization import PackedScheme, checkpoint_quantization, packed_scheme, 
 __all__ = ["LLAMA_FAMILY", "ModelConfig", "RopeScaling", "UnsupportedModelError"]
 
 LLAMA_FAMILY = ("llama", "mistral", "qwen2", "qwen3")
-DENSE_FAMILIES = ("gemma2", "gemma3_text", "phi3")  # their own model files (gemma.py, phi3.py)
+DENSE_FAMILIES = ("gemma2", "gemma3_text", "gemma3", "phi3")  # their own model files (gemma.py, phi3.py)
 GEMMA_FAMILY = ("gemma2", "gemma3_text")
+
+# What transformers' Gemma3TextConfig fills in for a field a config leaves out: the Hub's
+# gemma-3-4b/12b/27b-it files name only a few fields of their `text_config` (no vocab_size, no
+# heads for the 4b, no head_dim, no query_pre_attn_scalar, ...). Rope bases and the window
+# pattern have their defaults where they are read (_gemma_fields).
+GEMMA3_TEXT_DEFAULTS = dict(
+    vocab_size=262_208, hidden_size=2304, intermediate_size=9216, num_hidden_layers=26,
+    num_attention_heads=8, num_key_value_heads=4, head_dim=256, hidden_activation="gelu_pytorch_tanh",
+    max_position_embeddings=131_072, rms_norm_eps=1e-6, tie_word_embeddings=True, attention_bias=False,
+    query_pre_attn_scalar=256, sliding_window=4096, final_logit_softcapping=None, attn_logit_softcapping=None,
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -68,6 +79,10 @@ class ModelConfig:
             raise UnsupportedModelError(
                 f"model_type {model_type!r} is not supported (supported: {', '.join(LLAMA_FAMILY + DENSE_FAMILIES + MOE_FAMILY)})"
             )
+        if model_type == "gemma3":  # the multimodal checkpoint: its language model, served as text
+            return replace(cls.from_dict(_gemma3_text_config(raw)), model_type="gemma3")
+        if model_type == "gemma3_text":
+            raw = {**GEMMA3_TEXT_DEFAULTS, **raw}
         if model_type not in GEMMA_FAMILY and raw.get("hidden_act", "silu") != "silu":
             raise UnsupportedModelError(f"hidden_act {raw['hidden_act']!r} is not supported")
         heads = int(raw["num_attention_heads"])
@@ -99,6 +114,19 @@ class ModelConfig:
         """The config served under `--quantize flag`: fp8 quantizes an unquantized checkpoint; a
         quantized checkpoint is served as it declares, and a flag that disagrees is refused."""
         return replace(self, quantize=served_quantization(self.quantize, flag))
+
+
+def _gemma3_text_config(raw: dict) -> dict:
+    """A `gemma3` (Gemma3ForConditionalGeneration) config.json's language model as a `gemma3_text`
+    config: its `text_config`, with the outer file's tying and quantization."""
+    text = dict(raw.get("text_config") or {})
+    if text.get("model_type", "gemma3_text") != "gemma3_text":
+        raise UnsupportedModelError(f"gemma3 text_config model_type {text['model_type']!r} is not supported (gemma3_text)")
+    # transformers ties the LM head by the outer config's flag (Gemma3Config: True by default).
+    text.update(model_type="gemma3_text", tie_word_embeddings=bool(raw.get("tie_word_embeddings", True)))
+    if raw.get("quantization_config") and not text.get("quantization_config"):
+        text["quantization_config"] = raw["quantization_config"]
+    return text
 
 
 def _rope_param(raw: dict, key: str, default):

@@ -1,4 +1,5 @@
-"""Gemma 2 and Gemma 3 (text-only, `gemma3_text`) decoders.
+"""Gemma 2 and Gemma 3 decoders: `gemma3_text` checkpoints, and the language model of the
+multimodal `gemma3` ones (Gemma3ForConditionalGeneration: gemma-3-4b/12b/27b-it), served as text.
 
 Differences from Llama, as transformers computes them:
 - embeddings scaled by sqrt(hidden_size) (the factor rounded to the model dtype);
@@ -14,6 +15,12 @@ Differences from Llama, as transformers computes them:
 - Gemma 3: (1 + w) RMSNorm on q and k per head, and sliding layers rotate with their own base
   (rope_local_base_freq), global layers with rope_theta and the config's rope scaling;
 - tied embeddings (an untied checkpoint loads lm_head.weight).
+
+A `gemma3` checkpoint holds its language model under one of two prefixes (GEMMA3_LAYOUTS): the
+Hub's google/gemma-3-*-it files and transformers' save_pretrained (5.x too) write
+`language_model.model.*`; other files hold transformers' module names, `model.language_model.*`
+(transformers reads both). Only those tensors are read:
+the vision tower and the projector are never loaded.
 """
 
 from __future__ import annotations
@@ -28,9 +35,27 @@ from ..kv_cache import KVCache
 from ..layers.embedding import LMHead, VocabParallelEmbedding
 from ..layers.norm import RMSNorm
 from ..layers.rotary import RotaryEmbedding
-from ..weights import WeightStore
+from ..weights import WeightsError, WeightStore
 from .config import ModelConfig, RopeScaling
 from .llama import LlamaAttention, LlamaMLP
+
+
+# A `gemma3` checkpoint's language model: (decoder prefix, untied LM head name), per layout.
+GEMMA3_LAYOUTS = (
+    ("language_model.model", "language_model.lm_head.weight"),
+    ("model.language_model", "lm_head.weight"),
+)
+
+
+def tensor_names(cfg: ModelConfig, store: WeightStore) -> tuple[str, str]:
+    """Where this checkpoint keeps the decoder ("model", or a `gemma3` layout's prefix) and the LM head."""
+    if cfg.model_type != "gemma3":
+        return "model", "lm_head.weight"
+    for prefix, head in GEMMA3_LAYOUTS:
+        if f"{prefix}.embed_tokens.weight" in store:
+            return prefix, head
+    wanted = " or ".join(f"{prefix}.embed_tokens.weight" for prefix, _ in GEMMA3_LAYOUTS)
+    raise WeightsError(f"gemma3 checkpoint has no language model: neither {wanted} is in it")
 
 
 class GemmaRMSNorm(RMSNorm):
@@ -120,12 +145,13 @@ class GemmaForCausalLM(nn.Module):
         return self.embed_tokens.weight.dtype
 
     def load(self, store: WeightStore) -> None:
-        self.embed_tokens.load(store, "model.embed_tokens.weight")
+        prefix, head = tensor_names(self.config, store)
+        self.embed_tokens.load(store, f"{prefix}.embed_tokens.weight")
         for i, layer in enumerate(self.layers):
-            layer.load(store, f"model.layers.{i}")
-        self.norm.load(store, "model.norm.weight")
+            layer.load(store, f"{prefix}.layers.{i}")
+        self.norm.load(store, f"{prefix}.norm.weight")
         if not self.config.tie_word_embeddings:
-            self.lm_head.load(store, "lm_head.weight")
+            self.lm_head.load(store, head)
 
     def forward(self, input_ids, positions, kv_cache: KVCache, metadata) -> torch.Tensor:
         """Final-norm hidden states [T, hidden] of every token of the step."""

@@ -29,6 +29,7 @@ FAMILIES = {
     "qwen3": LlamaForCausalLM,
     "gemma2": GemmaForCausalLM,
     "gemma3_text": GemmaForCausalLM,
+    "gemma3": GemmaForCausalLM,  # the multimodal checkpoint's language model (text only)
     "phi3": Phi3ForCausalLM,
     "mixtral": MoeForCausalLM,
     "qwen2_moe": MoeForCausalLM,

@@ -1,4 +1,5 @@
-"""Gemma 2, Gemma 3 (text) and Phi-3 against transformers on the same safetensors weights, and
+"""Gemma 2, Gemma 3 (text-only checkpoints, and the multimodal ones' language model) and Phi-3
+against transformers on the same safetensors weights, and
 the rope scaling types against transformers' rope init functions.
 
 Tolerance: fp32 on CPU, the same maths in a different op order (fused projections, paged
@@ -49,7 +50,7 @@ def test_prefill_logits_match_transformers(family, dense_dirs):
     directory, reference = dense_dirs[family]
     model = load_model(directory)
     n = 37  # beyond every sliding window
-    ids = torch.randint(0, reference.config.vocab_size, (n,), generator=torch.Generator().manual_seed(1))
+    ids = torch.randint(0, reference.config.get_text_config().vocab_size, (n,), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         expected = reference(ids[None]).logits[0]
     runner = load_runner(directory, block_size=4, num_blocks=32)
@@ -96,7 +97,7 @@ def test_greedy_tokens_match_transformers(family, dense_dirs):
     steps, batched decodes), within Phi-3's short-factor range: transformers' generate re-prefills
     a sequence that crosses it, see test_longrope_past_the_boundary_matches_a_cached_transformers_step."""
     directory, reference = dense_dirs[family]
-    prompts = _prompts(reference.config.vocab_size)
+    prompts = _prompts(reference.config.get_text_config().vocab_size)
     expected = []
     for prompt in prompts:
         with torch.no_grad():
@@ -179,10 +180,69 @@ def test_gemma3_hub_style_config():
     assert (cfg.rope_theta, cfg.local_rope_theta) == (1e6, 1e4)
 
 
+def test_gemma3_text_defaults_are_transformers():
+    """What a gemma3 text_config (or a gemma3_text config.json) leaves out is what transformers fills in."""
+    from shard_server.models.config import GEMMA3_TEXT_DEFAULTS
+
+    defaults = transformers.Gemma3TextConfig()
+    assert {key: getattr(defaults, key) for key in GEMMA3_TEXT_DEFAULTS} == GEMMA3_TEXT_DEFAULTS
+
+
+def test_gemma3_hub_config_reads_like_transformers():
+    """google/gemma-3-4b-it's and -27b-it's config.json (vision_config cut short): their sparse
+    text_config, the rest left to the defaults, read as transformers reads it."""
+    hub_4b = dict(hidden_size=2560, intermediate_size=10240, model_type="gemma3_text", num_hidden_layers=34,
+                  rope_scaling={"factor": 8.0, "rope_type": "linear"}, sliding_window=1024)  # fmt: skip
+    hub_27b = dict(head_dim=128, hidden_size=5376, intermediate_size=21504, model_type="gemma3_text",
+                   num_attention_heads=32, num_hidden_layers=62, num_key_value_heads=16, query_pre_attn_scalar=168,
+                   rope_scaling={"factor": 8.0, "rope_type": "linear"}, sliding_window=1024)  # fmt: skip
+    for text in (hub_4b, hub_27b):
+        raw = {"architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3", "text_config": text,
+               "vision_config": {"model_type": "siglip_vision_model"}, "eos_token_id": [1, 106]}  # fmt: skip
+        cfg = ModelConfig.from_dict(raw)
+        hf = transformers.Gemma3Config(text_config=dict(text), vision_config=raw["vision_config"]).text_config
+        assert cfg.model_type == "gemma3" and cfg.qk_norm and cfg.tie_word_embeddings
+        for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                    "num_key_value_heads", "head_dim", "rms_norm_eps", "max_position_embeddings"):  # fmt: skip
+            assert getattr(cfg, key) == getattr(hf, key), key
+        assert cfg.layer_windows == tuple(1024 if t == "sliding_attention" else None for t in hf.layer_types)
+        assert cfg.attention_scale == pytest.approx(hf.query_pre_attn_scalar**-0.5)
+        assert cfg.rope_theta == hf.rope_parameters["full_attention"]["rope_theta"] == 1e6
+        assert cfg.local_rope_theta == hf.rope_parameters["sliding_attention"]["rope_theta"] == 1e4
+        assert (cfg.rope_scaling.kind, cfg.rope_scaling.factor) == ("linear", 8.0)
+        assert cfg.local_rope_scaling.kind == "default"
+        assert cfg.attn_logit_softcap is None and cfg.final_logit_softcap is None
+
+
+@pytest.mark.parametrize("family", ["gemma3", "gemma3_module_names"])
+def test_gemma3_reads_only_its_language_model(family, dense_dirs):
+    """Both layouts: the vision tower and the projector are in the checkpoint and never read."""
+    from shard_server.distributed import ParallelContext
+    from shard_server.models.registry import build_model
+    from shard_server.weights import WeightStore, read_config
+
+    directory, _ = dense_dirs[family]
+    prefix = "language_model.model." if family == "gemma3" else "model.language_model."
+    with WeightStore(directory) as store:
+        names = store.names()
+        assert any("vision_tower" in n for n in names) and any("multi_modal_projector" in n for n in names)
+        text = [n for n in names if n.startswith(prefix)]
+        assert len(text) == 3 * 13 + 2  # 13 tensors a layer, the embeddings and the final norm; no lm_head
+        text_bytes = 0
+        for name in text:
+            dtype, shape = store.header(name)
+            assert dtype == "F32"
+            text_bytes += 4 * math.prod(shape)
+        build_model(ModelConfig.from_dict(read_config(directory)), store, ParallelContext(), "reference",
+                    torch.float32, torch.device("cpu"))  # fmt: skip
+        assert store.bytes_read == text_bytes
+
+
 @pytest.mark.parametrize(
     "raw, message",
     [
-        (dict(model_type="gemma3"), "model_type 'gemma3' is not supported (supported: llama"),
+        (dict(model_type="paligemma"), "model_type 'paligemma' is not supported (supported: llama"),
+        (dict(model_type="gemma3", text_config={"model_type": "gemma2"}), "text_config model_type 'gemma2'"),
         (dict(model_type="phi3", rope_scaling={"type": "ntk-by-parts", "factor": 2.0}),
          "rope scaling 'ntk-by-parts' is not supported (supported: default, linear, llama3, dynamic, yarn, longrope)"),
         (dict(model_type="llama", rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
@@ -208,7 +268,7 @@ def test_gemma2_through_the_triton_backend_matches_transformers(dense_dirs):
     assert {layer.self_attn.backend.name for layer in runner.model.layers} == {"triton"}
     assert runner.model.attention_backend.shape.logit_softcap == 4.0
     n = 37  # beyond the sliding window
-    ids = torch.randint(0, reference.config.vocab_size, (n,), generator=torch.Generator().manual_seed(1))
+    ids = torch.randint(0, reference.config.get_text_config().vocab_size, (n,), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         expected = reference(ids[None]).logits[0]
     table = list(range(40, 50))
@@ -217,7 +277,7 @@ def test_gemma2_through_the_triton_backend_matches_transformers(dense_dirs):
         logits = runner.model.compute_logits(runner.model(ids.to(device), torch.arange(n, device=device),
                                                           runner.kv_cache, metadata))  # fmt: skip
     torch.testing.assert_close(logits.cpu(), expected, atol=LOGITS_ATOL, rtol=1e-4)
-    prompts = _prompts(reference.config.vocab_size)
+    prompts = _prompts(reference.config.get_text_config().vocab_size)
     wanted = []
     for prompt in prompts:
         with torch.no_grad():

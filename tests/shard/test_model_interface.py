@@ -29,6 +29,7 @@ CHECKPOINTS = {
     "qwen3": (make_tiny_model, "qwen3"),
     "gemma2": (make_tiny_dense_model, "gemma2"),
     "gemma3_text": (make_tiny_dense_model, "gemma3_text"),
+    "gemma3": (make_tiny_dense_model, "gemma3"),
     "phi3": (make_tiny_dense_model, "phi3_window"),
     **{family: (make_tiny_moe_model, family) for family in MOE_FAMILIES},
 }

@@ -134,6 +134,24 @@ def _longrope_factors(count: int, top: float, seed: int) -> list[float]:
     return (1.0 + torch.rand(count, generator=generator) * (top - 1.0)).tolist()
 
 
+def _gemma3_multimodal_config(**text) -> transformers.Gemma3Config:
+    """gemma-3-4b/12b/27b-it's shape: Gemma3ForConditionalGeneration, the text model in
+    `text_config`, beside a (tiny) SigLIP vision tower and its projector."""
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=32,
+                  patch_size=8)  # fmt: skip
+    return transformers.Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4)
+
+
+_GEMMA3_TEXT = dict(
+    num_hidden_layers=3, head_dim=16, query_pre_attn_scalar=16, sliding_window=8,
+    layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+    rope_parameters={
+        "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1_000_000.0},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+    },
+    pad_token_id=0, eos_token_id=None, bos_token_id=None,
+)  # fmt: skip
+
 DENSE_FAMILIES = {
     "gemma2": (
         transformers.Gemma2Config,
@@ -142,17 +160,12 @@ DENSE_FAMILIES = {
              attn_logit_softcapping=4.0, final_logit_softcapping=6.0, rope_theta=10000.0,
              pad_token_id=0, eos_token_id=None, bos_token_id=None),
     ),  # fmt: skip
-    "gemma3_text": (
-        transformers.Gemma3TextConfig,
-        transformers.Gemma3ForCausalLM,
-        dict(num_hidden_layers=3, head_dim=16, query_pre_attn_scalar=16, sliding_window=8,
-             layer_types=["sliding_attention", "full_attention", "sliding_attention"],
-             rope_parameters={
-                 "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1_000_000.0},
-                 "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
-             },
-             pad_token_id=0, eos_token_id=None, bos_token_id=None),
-    ),  # fmt: skip
+    "gemma3_text": (transformers.Gemma3TextConfig, transformers.Gemma3ForCausalLM, _GEMMA3_TEXT),
+    # The multimodal checkpoint as save_pretrained writes it (and the Hub holds it):
+    # language_model.model.*, vision_tower.*, multi_modal_projector.*; tied LM head.
+    "gemma3": (_gemma3_multimodal_config, transformers.Gemma3ForConditionalGeneration, _GEMMA3_TEXT),
+    # The same under transformers' module names: model.language_model.*, model.vision_tower.*, ...
+    "gemma3_module_names": (_gemma3_multimodal_config, transformers.Gemma3ForConditionalGeneration, _GEMMA3_TEXT),
     "phi3": (
         transformers.Phi3Config,
         transformers.Phi3ForCausalLM,
@@ -189,4 +202,24 @@ def make_tiny_dense_model(family: str, directory: Path, seed: int = 0):
                 param.normal_(0, 0.15)
     model.eval()
     model.save_pretrained(directory)
+    if family == "gemma3_module_names":
+        _rename_to_module_names(Path(directory))
     return model
+
+
+def _rename_to_module_names(directory: Path) -> None:
+    """Rewrites a saved Gemma3ForConditionalGeneration's tensors under transformers' module
+    names (model.language_model.*, model.vision_tower.*, model.multi_modal_projector.*)."""
+    from safetensors.torch import load_file, save_file
+
+    path = directory / "model.safetensors"
+    tensors = load_file(path)
+
+    def name(old: str) -> str:
+        if old.startswith("language_model.model."):
+            return "model.language_model." + old.removeprefix("language_model.model.")
+        if old.startswith("language_model.lm_head."):
+            return old.removeprefix("language_model.")
+        return "model." + old
+
+    save_file({name(k): v for k, v in tensors.items()}, path, metadata={"format": "pt"})
