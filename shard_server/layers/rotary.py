@@ -10,6 +10,13 @@ base frequencies up to max_position_embeddings, and no position here goes beyond
 there, cos/sin times the attention factor). transformers picks longrope's factors once per forward
 pass by its longest position; here each position takes its own, which is the same whenever a
 sequence stays on one side of the boundary.
+
+Partial rotary (`rotary_dim` < head_dim, Phi-4-mini's partial_rotary_factor 0.75): the tables
+are rotary_dim wide, built with rotary_dim as the rotation's dimension (as transformers does);
+only each head's first rotary_dim dims rotate, in halves of rotary_dim / 2 (transformers' Phi-3
+rotate_half over q[..., :rotary_dim]), the rest pass through. On a GPU the in-place rotary kernel
+rotates them, then the triton backend stores k/v with its plain store kernel: its fused
+rotary + store kernel takes only full rotary.
 """
 
 from __future__ import annotations
@@ -93,6 +100,7 @@ class RotaryEmbedding:
         dtype: torch.dtype,
         device: torch.device,
     ):
+        """head_dim: the rotation's dimension, the tables' width (rotary_dim under partial rotary)."""
         inv_freq = inverse_frequencies(head_dim, theta, scaling)
         positions = torch.arange(max_positions, dtype=torch.float32)
         freqs = torch.outer(positions, inv_freq)
@@ -107,6 +115,7 @@ class RotaryEmbedding:
         self.cos = cos.to(dtype=dtype, device=device)
         self.sin = sin.to(dtype=dtype, device=device)
         self.max_positions = max_positions
+        self.dim = head_dim
 
     def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin of shape [T, 1, head_dim], broadcastable over heads."""
@@ -126,13 +135,18 @@ class RotaryStep:
     _gathered: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def fusable(self, q: torch.Tensor) -> bool:
-        """Whether a Triton kernel may rotate this step (q: [T, heads, head_dim], as k)."""
+        """Whether the triton backend's fused rotary + KV store kernel may rotate this step
+        (q: [T, heads, head_dim], as k): full rotary over a power-of-two head_dim."""
         dim = q.shape[-1]
-        return use_fused(q) and dim & (dim - 1) == 0
+        return use_fused(q) and dim & (dim - 1) == 0 and self.rotary.dim == dim
+
+    def _rotates_in_place(self, q: torch.Tensor, k: torch.Tensor) -> bool:
+        """Whether the in-place rotary kernel takes q and k: any even rotary width."""
+        return use_fused(q) and self.rotary.dim % 2 == 0 and q.stride(2) == 1 and k.stride(2) == 1
 
     def apply(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """q: [T, heads, head_dim], k: [T, kv_heads, head_dim]; may rotate them in place."""
-        if self.fusable(q) and q.stride(2) == 1 and k.stride(2) == 1:
+        if self._rotates_in_place(q, k):
             fused_rotary_(q, k, self.positions, self.rotary.cos, self.rotary.sin)
             return q, k
         if self._gathered is None:
@@ -147,5 +161,9 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [T, heads, head_dim]."""
-    return x * cos + _rotate_half(x) * sin
+    """x: [T, heads, head_dim]; cos/sin [T, 1, width]: the first `width` dims rotate, the rest pass."""
+    width = cos.shape[-1]
+    if width == x.shape[-1]:
+        return x * cos + _rotate_half(x) * sin
+    head = x[..., :width]
+    return torch.cat((head * cos + _rotate_half(head) * sin, x[..., width:]), dim=-1)

@@ -71,6 +71,7 @@ class ModelConfig:
     local_rope_theta: float | None = None  # Gemma 3's sliding layers rotate with their own base
     local_rope_scaling: RopeScaling | None = None
     moe: MoeConfig | None = None  # Mixture-of-Experts families (moe_config.py); None: dense
+    rotary_dim: int | None = None  # partial rotary (Phi-4-mini): each head's first dims that rotate; None: head_dim
 
     @classmethod
     def from_dict(cls, raw: dict) -> ModelConfig:
@@ -108,7 +109,7 @@ class ModelConfig:
             quantize=checkpoint_quantization(raw),
             packed=packed_scheme(raw),
         )
-        return replace(config, moe=moe_config(raw), **_gemma_fields(raw))
+        return replace(config, moe=moe_config(raw), rotary_dim=_rotary_dim(raw, config.head_dim), **_gemma_fields(raw))
 
     def with_quantize(self, flag: str | None) -> ModelConfig:
         """The config served under `--quantize flag`: fp8 quantizes an unquantized checkpoint; a
@@ -155,6 +156,32 @@ def _sliding_window(raw: dict) -> int | None:
     return int(window)
 
 
+# Families whose attention rotates only the first rotary_dim dims of a head under
+# partial_rotary_factor < 1 (transformers' Phi-3 apply_rotary_pos_emb); others refuse it.
+PARTIAL_ROTARY_FAMILIES = ("phi3",)
+
+
+def _partial_rotary_factor(raw: dict, scaling: dict) -> float:
+    # The rope dict's value wins over the top-level field, as transformers reads them.
+    value = scaling.get("partial_rotary_factor", raw.get("partial_rotary_factor"))
+    return 1.0 if value is None else float(value)
+
+
+def _rotary_dim(raw: dict, head_dim: int) -> int | None:
+    """None for full rotary; under partial_rotary_factor, int(head_dim * factor) as transformers."""
+    scaling = raw.get("rope_scaling") or raw.get("rope_parameters") or {}
+    factor = _partial_rotary_factor(raw, scaling)
+    if factor == 1.0:
+        return None
+    dim = int(head_dim * factor)
+    if not 0 < dim <= head_dim or dim % 2:
+        raise UnsupportedModelError(
+            f"partial_rotary_factor {factor} is not supported: head_dim {head_dim} x {factor} = {dim} rotary dims "
+            "(an even number, at least 2, is needed)"
+        )
+    return None if dim == head_dim else dim
+
+
 ROPE_TYPES = ("default", "linear", "llama3", "dynamic", "yarn", "longrope")
 
 # The keys each rope type may carry; any other key would change the maths and is refused.
@@ -174,9 +201,12 @@ def _rope_scaling(raw: dict, scaling: dict | None = None) -> RopeScaling:
     kind = scaling.get("rope_type") or scaling.get("type") or "default"
     if raw.get("model_type") == "phi3" and kind in ("su", "yarn"):
         kind = "longrope"  # as transformers reads Phi-3's configs
-    partial = scaling.get("partial_rotary_factor", raw.get("partial_rotary_factor"))
-    if partial is not None and float(partial) != 1.0:
-        raise UnsupportedModelError(f"partial_rotary_factor {partial} is not supported (only 1.0: full rotary)")
+    partial = _partial_rotary_factor(raw, scaling)
+    if partial != 1.0 and raw.get("model_type") not in PARTIAL_ROTARY_FAMILIES:
+        raise UnsupportedModelError(
+            f"partial_rotary_factor {partial} is not supported for {raw.get('model_type')} "
+            f"(partial rotary: {', '.join(PARTIAL_ROTARY_FAMILIES)}; elsewhere only 1.0, full rotary)"
+        )
     if kind in _ROPE_KEYS:
         unknown = set(scaling) - _ROPE_KEYS[kind] - _ROPE_COMMON_KEYS
         if unknown:

@@ -133,8 +133,8 @@ class LlamaForCausalLM(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
         tied = self.embed_tokens if cfg.tie_word_embeddings else None
         self.lm_head = LMHead(cfg.vocab_size, cfg.hidden_size, ctx, dtype, device, tied_to=tied)
-        self.rotary = RotaryEmbedding(
-            cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling, dtype, device
+        self.rotary = RotaryEmbedding(  # partial rotary (phi3): the first rotary_dim dims of each head
+            cfg.rotary_dim or cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling, dtype, device
         )
         # The CausalLM interface (causal_lm.py): every layer shares the one backend and window.
         self.attention_backend = backend

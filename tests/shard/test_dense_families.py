@@ -247,7 +247,8 @@ def test_gemma3_reads_only_its_language_model(family, dense_dirs):
          "rope scaling 'ntk-by-parts' is not supported (supported: default, linear, llama3, dynamic, yarn, longrope)"),
         (dict(model_type="llama", rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
                                                 "extrapolation": 2}), "unsupported keys: extrapolation"),
-        (dict(model_type="phi3", partial_rotary_factor=0.75), "partial_rotary_factor 0.75"),
+        (dict(model_type="llama", partial_rotary_factor=0.75), "partial_rotary_factor 0.75 is not supported for llama"),
+        (dict(model_type="phi3", partial_rotary_factor=0.1), "partial_rotary_factor 0.1 is not supported: head_dim 16"),
         (dict(model_type="gemma2", hidden_activation="gelu"), "hidden_activation 'gelu'"),
         (dict(model_type="gemma2", use_bidirectional_attention=True), "use_bidirectional_attention"),
         (dict(model_type="gemma2", layer_types=["sliding_attention", "chunked_attention"]), "layer_types"),
@@ -287,6 +288,40 @@ def test_gemma2_through_the_triton_backend_matches_transformers(dense_dirs):
             )[0, len(prompt) :].tolist())  # fmt: skip
     runner.clear()
     got = generate_together(StepDriver(runner), prompts, NEW_TOKENS, chunk=6)
+    for i in range(PROMPTS):
+        assert got[i] == wanted[i], f"prompt {i}"
+
+
+def test_phi3_partial_rotary_through_the_triton_backend_matches_transformers(dense_dirs):
+    """Phi-4-mini's partial rotary (12 of 16 dims) in the triton backend with the fused kernels on
+    (compiled on a GPU, Triton's interpreter on CPU): the in-place rotary kernel, then the plain KV
+    store; prefill logits and 5 x 32 greedy tokens, all prompts in flight together."""
+    from shard_server.kernels.dispatch import fused_kernels
+
+    directory, reference = dense_dirs["phi3_partial"]
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    runner = load_runner(directory, block_size=4, num_blocks=256, attention="triton", device=device)
+    assert runner.model.config.rotary_dim == 12 and runner.model.rotary.dim == 12
+    n = 37
+    ids = torch.randint(0, reference.config.vocab_size, (n,), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        expected = reference(ids[None]).logits[0]
+    metadata = runner.backend.build_metadata(StepLayout([n], [n], [list(range(40, 50))], 4), device)
+    with fused_kernels(True, on_cpu=True), torch.inference_mode():
+        logits = runner.model.compute_logits(runner.model(ids.to(device), torch.arange(n, device=device),
+                                                          runner.kv_cache, metadata))  # fmt: skip
+    torch.testing.assert_close(logits.cpu(), expected, atol=LOGITS_ATOL, rtol=1e-4)
+    prompts = _prompts(reference.config.vocab_size)
+    wanted = []
+    for prompt in prompts:
+        with torch.no_grad():
+            wanted.append(reference.generate(
+                torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0, eos_token_id=None,
+            )[0, len(prompt) :].tolist())  # fmt: skip
+    runner.clear()
+    with fused_kernels(True, on_cpu=True):
+        got = generate_together(StepDriver(runner), prompts, NEW_TOKENS, chunk=6)
     for i in range(PROMPTS):
         assert got[i] == wanted[i], f"prompt {i}"
 

@@ -190,3 +190,37 @@ def test_masked_greedy_matches_the_torch_mask(dtype):
     want_lp = want.log_softmax(dim=1).gather(1, want_ids.unsqueeze(1)).squeeze(1)
     torch.testing.assert_close(logprobs, want_lp, atol=1e-5, rtol=1e-5)
     assert logprobs[3] == 0
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dim, width", [(16, 12), (128, 96), (96, 96)])  # partial (half 6, 48: masked), full 96
+def test_partial_rotary_in_place_matches_transformers_phi3(dtype, dim, width):
+    """Partial rotary (Phi-4-mini: 96 of 128 dims) in the in-place kernel: the first `width`
+    dims of each head rotate as transformers' Phi-3 apply_rotary_pos_emb rotates them, the
+    others are left bit for bit; a full rotary head of 96 dims (not a power of two) too."""
+    from transformers.models.phi3.modeling_phi3 import apply_rotary_pos_emb
+
+    heads, kv_heads, tokens = 6, 2, 7
+    rotary = RotaryEmbedding(width, 64, 10000.0, RopeScaling(), dtype, torch.device(DEVICE))
+    qkv = _randn(tokens, (heads + 2 * kv_heads) * dim, dtype=dtype, seed=6)
+    positions = torch.tensor([0, 3, 9, 17, 40, 41, 63], device=DEVICE)
+    q = qkv[:, : heads * dim].view(tokens, heads, dim)
+    k = qkv[:, heads * dim : (heads + kv_heads) * dim].view(tokens, kv_heads, dim)
+    before = qkv.clone()
+    cos, sin = rotary.lookup(positions)  # [T, 1, width]
+    # transformers' layout: [batch, heads, T, dim], cos/sin [batch, T, width]
+    want_q, want_k = apply_rotary_pos_emb(q.transpose(0, 1)[None], k.transpose(0, 1)[None], cos.transpose(0, 1),
+                                          sin.transpose(0, 1))  # fmt: skip
+    want_q, want_k = want_q[0].transpose(0, 1), want_k[0].transpose(0, 1)
+    torch.testing.assert_close(apply_rotary(q, cos, sin), want_q, atol=0, rtol=0)  # the torch path
+    step = rotary.for_step(positions)
+    with fused_kernels(True, on_cpu=True):
+        assert not step.fusable(q) or width == dim == 128  # the fused store takes full rotary only
+        got_q, got_k = step.apply(q, k)
+    assert got_q.data_ptr() == q.data_ptr()  # rotated in place, inside the qkv buffer
+    atol = TOLERANCE[dtype]
+    torch.testing.assert_close(got_q, want_q, atol=atol, rtol=atol)
+    torch.testing.assert_close(got_k, want_k, atol=atol, rtol=atol)
+    rows = qkv.view(tokens, heads + 2 * kv_heads, dim)
+    assert torch.equal(rows[:, :, width:], before.view_as(rows)[:, :, width:])  # pass-through dims untouched
+    assert torch.equal(rows[:, heads + kv_heads :], before.view_as(rows)[:, heads + kv_heads :])  # v untouched

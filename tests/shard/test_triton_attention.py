@@ -259,6 +259,32 @@ def test_rotary_fused_into_the_kv_store_equals_rotary_then_reference(dense_min_t
     torch.testing.assert_close(v_cache, ref_v, atol=0, rtol=0)
 
 
+def test_partial_rotary_in_the_triton_backend_equals_rotary_then_reference():
+    """Partial rotary (12 of 16 dims, Phi-4-mini's 0.75): the fused rotary + store kernel does
+    not take it; the in-place rotary kernel rotates q and k, then the plain store."""
+    from shard_server.kernels.dispatch import fused_kernels
+    from shard_server.layers.rotary import RotaryEmbedding
+    from shard_server.models.config import RopeScaling
+
+    heads, kv_heads, dim, width, block = 6, 2, 16, 12, 4
+    device = torch.device(DEVICE)
+    specs = [(1, 30), (9, 9), (1, 2), (6, 17)]
+    layout, q, k, v, k_cache, v_cache = make_step(specs, heads, kv_heads, dim, block, torch.float32, device)
+    positions = torch.tensor([p for n, c in specs for p in range(c - n, c)], device=device)
+    step = RotaryEmbedding(width, 64, 10000.0, RopeScaling(), torch.float32, device).for_step(positions)
+    shape = AttentionShape(heads, kv_heads, dim, dim**-0.5)
+    reference, triton_backend = ReferenceAttention(shape), TritonPagedAttention(shape)
+    ref_k, ref_v = k_cache.clone(), v_cache.clone()
+    with fused_kernels(False):
+        expected = reference.forward(q.clone(), k.clone(), v, ref_k, ref_v, reference.build_metadata(layout, device), step)
+    with fused_kernels(True, on_cpu=True):
+        assert not step.fusable(q)
+        got = triton_backend.forward(q, k, v, k_cache, v_cache, triton_backend.build_metadata(layout, device), step)
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=0)
+    torch.testing.assert_close(k_cache, ref_k, atol=1e-5, rtol=0)  # keys rotated over their first 12 dims
+    torch.testing.assert_close(v_cache, ref_v, atol=0, rtol=0)
+
+
 def test_refill_rejects_a_different_shape():
     backend = TritonPagedAttention(AttentionShape(4, 2, 16, 0.25))
     metadata = backend.build_metadata(StepLayout([1], [3], [[0]], 4), torch.device(DEVICE), pad_to=2, width=4)

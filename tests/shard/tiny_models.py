@@ -175,6 +175,15 @@ DENSE_FAMILIES = {
                               "long_factor": _longrope_factors(8, 6.0, 2)},
              pad_token_id=0, eos_token_id=None, bos_token_id=None),
     ),  # fmt: skip
+    "phi3_partial": (  # Phi-4-mini's rope: partial_rotary_factor 0.75 (12 of 16 dims rotate), LongRoPE
+        transformers.Phi3Config,  # factors over the rotary dims
+        transformers.Phi3ForCausalLM,
+        dict(partial_rotary_factor=0.75, original_max_position_embeddings=64,
+             rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0,
+                              "short_factor": _longrope_factors(6, 1.5, 3),
+                              "long_factor": _longrope_factors(6, 6.0, 4)},
+             pad_token_id=0, eos_token_id=None, bos_token_id=None),
+    ),  # fmt: skip
     "phi3_window": (  # Phi-3-mini-4k's shape: a sliding window, no rope scaling, 8 heads / 2 KV
         transformers.Phi3Config,
         transformers.Phi3ForCausalLM,
