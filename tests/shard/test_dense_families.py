@@ -4,6 +4,7 @@ the rope scaling types against transformers' rope init functions.
 
 Tolerance: fp32 on CPU, the same maths in a different op order (fused projections, paged
 attention, (1 + w) folded into the norm weight at load): logits within 1e-4 (atol and rtol).
+Measured on the 37-token prefill: gemma3 (both layouts) 0.0, phi3_partial 3.6e-6, logits up to ~5.
 """
 
 from __future__ import annotations
