@@ -115,7 +115,11 @@ CASES = {
     "quantize_rows_fp8": ("shard_server.kernels.fp8_matmul", "_quantize_rows_kernel",
                           dict(FP8_MAX=448.0, TINY=1e-12, BLOCK=1024), {"out_ptr": "*fp8e4nv", "scale_ptr": "*fp32"}),
     "rotary": ("shard_server.kernels.rotary", "_rotary_kernel",
-               dict(Q_HEADS=32, Q_HEADS_P=32, K_HEADS=8, K_HEADS_P=8, HALF=64), {"positions_ptr": "*i64"}),  # fmt: skip
+               dict(Q_HEADS=32, Q_HEADS_P=32, K_HEADS=8, K_HEADS_P=8, HALF=64, HALF_P=64), {"positions_ptr": "*i64"}),  # fmt: skip
+    # Phi-4-mini's partial rotary: 96 of 128 dims rotate, a masked half of 48 in 64 lanes.
+    "rotary_partial": ("shard_server.kernels.rotary", "_rotary_kernel",
+                       dict(Q_HEADS=24, Q_HEADS_P=32, K_HEADS=8, K_HEADS_P=8, HALF=48, HALF_P=64),
+                       {"positions_ptr": "*i64"}),  # fmt: skip
 }
 # Every kernel of a decode layer, launched with programmatic dependent launch (`kernels/pdl.py`).
 PDL_CASES = ["add_rmsnorm_fp8_rows", "rotary_store_kv", "store_kv", "decode_attention", "split_decode_attention",
