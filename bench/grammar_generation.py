@@ -48,6 +48,9 @@ RESULTS = Path(__file__).resolve().parent / "results"
 # the prompt must fit the context).
 MAX_PROMPT_SCHEMA_CHARS = 6000
 SYSTEM = "You write JSON documents. Answer with the JSON document only."
+# An answer cut by max_tokens "loops" when its last LOOP_WINDOW characters repeat with a period
+# of at most LOOP_LONGEST: the model is cycling, and no longer budget would finish it.
+LOOP_WINDOW, LOOP_LONGEST = 240, 120
 
 
 def pick(files: list[str], count: int, salt: str) -> list[str]:
@@ -62,6 +65,15 @@ def messages_for(schema: Any) -> list[dict]:
     else:
         user = "Write a JSON document valid under the JSON Schema you are given."
     return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}]
+
+
+def loop_period(text: str, window: int = LOOP_WINDOW, longest: int = LOOP_LONGEST) -> int | None:
+    """The shortest period p <= `longest` with which the last `window` characters repeat
+    (text[i] == text[i + p] throughout), or None: whether an unfinished answer is stuck in a loop."""
+    tail = text[-window:]
+    if len(tail) < window:
+        return None
+    return next((p for p in range(1, longest + 1) if tail[p:] == tail[:-p]), None)
 
 
 def check(text: str, schema: Any) -> tuple[str, str | None]:
@@ -88,7 +100,7 @@ async def run_one(client: httpx.AsyncClient, path: str, args) -> dict:
     except (OSError, ValueError, KeyError) as exc:
         return {**row, "outcome": "unreadable", "detail": str(exc)}
     body = {"model": args.model, "messages": messages_for(schema), "max_tokens": args.max_tokens,
-            "temperature": 0, "response_format": {"type": "json_schema", "json_schema": {
+            "temperature": args.temperature, "response_format": {"type": "json_schema", "json_schema": {
                 "name": "answer", "schema": schema, "strict": True}}}
     started = time.monotonic()
     try:
@@ -110,7 +122,8 @@ async def run_one(client: httpx.AsyncClient, path: str, args) -> dict:
     row["finish_reason"] = choice["finish_reason"]
     row["completion_tokens"] = answer["usage"]["completion_tokens"]
     if choice["finish_reason"] != "stop":
-        return {**row, "outcome": choice["finish_reason"]}
+        text = choice["message"]["content"] or ""
+        return {**row, "outcome": choice["finish_reason"], "loop_period": loop_period(text), "tail": text[-200:]}
     verdict, detail = check(choice["message"]["content"] or "", schema)
     row.update(outcome=f"stop_{verdict}", detail=detail)
     if verdict == "invalid":
@@ -162,7 +175,8 @@ def summarise(rows: list[dict], args, model: str, seconds: float) -> dict:
     return {
         "benchmark": "grammar_generation", "url": args.url, "model": model, "commit": commit,
         "corpus": str(args.corpus), "schemas": len(rows), "salt": args.salt,
-        "max_tokens": args.max_tokens, "concurrency": args.concurrency, "decoding": "greedy",
+        "max_tokens": args.max_tokens, "concurrency": args.concurrency,
+        "decoding": "greedy" if args.temperature == 0 else f"sampled, temperature {args.temperature}",
         "route": "/v1/chat/completions response_format json_schema strict",
         "client_machine": {"cpu": cpu_name(), "python": platform.python_version()},
         "wall_seconds": round(seconds, 1),
@@ -172,6 +186,7 @@ def summarise(rows: list[dict], args, model: str, seconds: float) -> dict:
         "share_stop_valid": share(counts["stop_valid"], judged),
         "stop_invalid": counts["stop_invalid"], "stop_unjudged": counts["stop_unjudged"],
         "refused_up_front": counts["refused"],
+        "length_looping": sum(r.get("loop_period") is not None for r in rows if r["outcome"] == "length"),
         "completion_tokens": {"p50": percentile(tokens, 50), "p99": percentile(tokens, 99),
                               "max": max(tokens, default=None), "total": sum(tokens)},
         "latency_seconds": {"p50": percentile(latency, 50), "p99": percentile(latency, 99)},
@@ -188,7 +203,8 @@ def markdown(summary: dict) -> str:
     lines = [
         f"# Generation validity: {summary['schemas']} corpus schemas, {summary['model']}",
         "",
-        f"Greedy, `response_format: json_schema` (strict), max_tokens {summary['max_tokens']}, "
+        f"{summary['decoding'].capitalize()}, `response_format: json_schema` (strict), "
+        f"max_tokens {summary['max_tokens']}, "
         f"{summary['concurrency']} requests at a time, against {summary['url']} (commit "
         f"{summary['commit'] or '?'}), {summary['wall_seconds']} s. Client CPU: "
         f"{summary['client_machine']['cpu']}.",
@@ -204,6 +220,8 @@ def markdown(summary: dict) -> str:
         f"| `stop` answers the validator cannot judge | {summary['stop_unjudged']} | |",
         f"| refused up front (400) | {summary['refused_up_front']} | |",
         f"| ended by `length` | {o.get('length', 0)} | |",
+        f"| of which looping (last {LOOP_WINDOW} characters repeat, period <= {LOOP_LONGEST}) | "
+        f"{summary.get('length_looping', 'n/a')} | |",
         f"| HTTP / request errors | {o.get('http_error', 0) + o.get('request_error', 0)} | 0 |",
         f"| completion tokens p50 / p99 / max | {summary['completion_tokens']['p50']} / "
         f"{summary['completion_tokens']['p99']} / {summary['completion_tokens']['max']} | |",
@@ -230,6 +248,7 @@ def main() -> None:
     parser.add_argument("--salt", default="textgen-grammar-generation-1", help="sample order")
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=512)
+    parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy (the default)")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per request")
     parser.add_argument("--model", default=None, help="default: the server's first /v1/models id")
     parser.add_argument("--name", default="cpu_demo", help="results file suffix")
