@@ -219,7 +219,10 @@ class ShardService(pb_grpc.TextGenerationShardServicer):
         def on_done(response, error) -> None:  # on the worker thread
             if record is not None:
                 record(response, error)
-            loop.call_soon_threadsafe(resolve, response, error)
+            try:
+                loop.call_soon_threadsafe(resolve, response, error)
+            except RuntimeError:  # the event loop closed (shutdown): nobody waits for this answer
+                pass
 
         return StreamedStep(request, on_done)
 

@@ -1,10 +1,12 @@
 """The shard process end to end: `python -m shard_server serve` over a real unix socket."""
 
+import asyncio
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import grpc
 import pytest
@@ -13,6 +15,7 @@ import transformers
 
 from shard_server.pb import generate_pb2 as pb
 from shard_server.pb import generate_pb2_grpc as pb_grpc
+from shard_server.service import ShardService
 
 REPO = Path(__file__).resolve().parents[2]
 BLOCK = 4
@@ -390,3 +393,19 @@ def test_sigterm_stops_cleanly(shard):
     process.send_signal(signal.SIGTERM)
     assert process.wait(timeout=30) == 0
     assert not socket.exists()
+
+
+def test_a_step_answered_after_the_event_loop_closed_is_dropped_quietly():
+    # At SIGTERM the server stops and its loop closes while the worker may still finish a
+    # step; answering it raised "Event loop is closed" and logged the pipeline as stopped.
+    service = ShardService(SimpleNamespace(device=torch.device("cpu")), identity=None, sizing=None)
+    try:
+        loop = asyncio.new_event_loop()
+        answer = loop.create_future()
+        loop.close()
+        context = SimpleNamespace(invocation_metadata=lambda: ())
+        step = service._streamed(pb.StepRequest(step_id=7), context, loop, answer)
+        step.on_done(pb.StepResponse(step_id=7), None)
+        assert not answer.done()
+    finally:
+        service.close()
