@@ -20,7 +20,7 @@ pub enum ValidationError {
     BestOfSeed,
     #[error("`best_of` != 1 is not supported when streaming tokens")]
     BestOfStream,
-    #[error("`top_n_tokens` must be >= 0 and <= {0}. Given: {1}")]
+    #[error("{}", self.message(&native_name))]
     TopNTokens(u32, u32),
     #[error("`decoder_input_details` == true is not supported when streaming tokens")]
     PrefillDetailsStream,
@@ -38,15 +38,15 @@ pub enum ValidationError {
     TypicalP,
     #[error("`min_p` must be >= 0.0 and <= 1.0")]
     MinP,
-    #[error("`truncate` must be strictly positive and less than {0}. Given: {1}")]
+    #[error("{}", self.message(&native_name))]
     Truncate(u32, usize),
-    #[error("`max_new_tokens` must be strictly positive")]
+    #[error("{}", self.message(&native_name))]
     MaxNewTokens,
-    #[error("`inputs` tokens + `max_new_tokens` must be <= {0}. Given: {1} `inputs` tokens and {2} `max_new_tokens`")]
+    #[error("{}", self.message(&native_name))]
     MaxTotalTokens(u32, u32, u32),
-    #[error("`inputs` must have less than {0} tokens. Given: {1}")]
+    #[error("{}", self.message(&native_name))]
     InputLength(u32, u32),
-    #[error("`inputs` cannot be empty")]
+    #[error("{}", self.message(&native_name))]
     EmptyInput,
     #[error("`stop` supports up to {0} stop sequences. Given: {1}")]
     StopSequence(usize, usize),
@@ -76,6 +76,71 @@ pub enum ValidationError {
     Grammar(#[from] GrammarError),
     #[error("only one output constraint per request; got `grammar` and {0}")]
     TwoConstraints(&'static str),
+}
+
+/// The native API's name of a field validation speaks of: the name itself. Other APIs
+/// name some fields differently (`/v1`: `max_tokens`, `prompt`, ...) and pass their own
+/// naming to [`ValidationError::message`] (server/openai/errors.rs).
+pub fn native_name(field: &'static str) -> &'static str {
+    field
+}
+
+impl ValidationError {
+    /// The request field at fault, by its native name (`inputs`, `max_new_tokens`, ...);
+    /// `None` when the error is about no one field (tokenizer, template).
+    pub fn field(&self) -> Option<&'static str> {
+        use ValidationError::*;
+        Some(match self {
+            BestOf(..) | BestOfSampling | BestOfSeed | BestOfStream => "best_of",
+            TopNTokens(..) => "top_n_tokens",
+            PrefillDetailsStream => "decoder_input_details",
+            Temperature => "temperature",
+            RepetitionPenalty => "repetition_penalty",
+            FrequencyPenalty => "frequency_penalty",
+            TopP => "top_p",
+            TopK => "top_k",
+            TypicalP => "typical_p",
+            MinP => "min_p",
+            Truncate(..) => "truncate",
+            MaxNewTokens => "max_new_tokens",
+            // The prompt is what leaves no room, as OpenAI names a context-length error.
+            MaxTotalTokens(..) | InputLength(..) | EmptyInput | PromptToken(..) => "inputs",
+            StopSequence(..) | EmptyStopSequence | LongStopSequence(..) => "stop",
+            StopTokenIds(..) | StopTokenId(..) => "stop_token_ids",
+            Unsupported(field) => field,
+            PresencePenalty => "presence_penalty",
+            LogitBiasToken(..) | LogitBiasValue => "logit_bias",
+            TwoConstraints(..) => "grammar",
+            Template(_) | Tokenizer(_) | Grammar(_) => return None,
+        })
+    }
+
+    /// The message, each field named by `name` (given the native name). The native API's
+    /// messages (`Display`) are `message(&native_name)`; only the variants that name a
+    /// field some API calls differently are written here, the rest are their `Display`.
+    pub fn message(&self, name: &dyn Fn(&'static str) -> &'static str) -> String {
+        use ValidationError::*;
+        let (inputs, max_new_tokens) = (name("inputs"), name("max_new_tokens"));
+        match self {
+            TopNTokens(max, given) => format!(
+                "`{}` must be >= 0 and <= {max}. Given: {given}",
+                name("top_n_tokens")
+            ),
+            Truncate(max, given) => format!(
+                "`{}` must be strictly positive and less than {max}. Given: {given}",
+                name("truncate")
+            ),
+            MaxNewTokens => format!("`{max_new_tokens}` must be strictly positive"),
+            MaxTotalTokens(max, input, new) => format!(
+                "`{inputs}` tokens + `{max_new_tokens}` must be <= {max}. Given: {input} `{inputs}` tokens and {new} `{max_new_tokens}`"
+            ),
+            InputLength(max, given) => {
+                format!("`{inputs}` must have less than {max} tokens. Given: {given}")
+            }
+            EmptyInput => format!("`{inputs}` cannot be empty"),
+            other => other.to_string(),
+        }
+    }
 }
 
 /// Longest stop sequence, in characters: matching cost grows with it and no real stop

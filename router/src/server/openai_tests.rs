@@ -333,6 +333,92 @@ async fn hostile_chat_requests_get_400_envelopes() {
     }
 }
 
+/// The shared validation's refusals name the field the `/v1` client sent (issue 27), in
+/// the message and in `param`, streamed or not.
+#[tokio::test]
+async fn validation_errors_name_the_openai_fields() {
+    let user = r#""messages":[{"role":"user","content":"hi"}]"#;
+    let cases: Vec<(&str, String, &str, &str)> = vec![
+        (
+            "/v1/chat/completions",
+            format!(r#"{{{user},"max_tokens":0}}"#),
+            "max_tokens",
+            "Input validation error: `max_tokens` must be strictly positive",
+        ),
+        (
+            "/v1/chat/completions",
+            format!(r#"{{{user},"max_tokens":0,"stream":true}}"#),
+            "max_tokens",
+            "`max_tokens` must be strictly positive",
+        ),
+        (
+            "/v1/chat/completions",
+            format!(r#"{{{user},"max_completion_tokens":0}}"#),
+            "max_completion_tokens",
+            "`max_completion_tokens` must be strictly positive",
+        ),
+        (
+            "/v1/chat/completions",
+            format!(r#"{{{user},"truncate_prompt_tokens":9223372036854775807}}"#),
+            "truncate_prompt_tokens",
+            "`truncate_prompt_tokens` must be strictly positive and less than",
+        ),
+        (
+            "/v1/completions",
+            r#"{"prompt":"hi","max_tokens":0}"#.to_owned(),
+            "max_tokens",
+            "`max_tokens` must be strictly positive",
+        ),
+        (
+            "/v1/completions",
+            r#"{"prompt":"","max_tokens":1}"#.to_owned(),
+            "prompt",
+            "Input validation error: `prompt` cannot be empty",
+        ),
+        (
+            "/v1/completions",
+            r#"{"prompt":"","stream":true}"#.to_owned(),
+            "prompt",
+            "`prompt` cannot be empty",
+        ),
+        (
+            "/v1/completions",
+            r#"{"prompt":[[1,2],[]]}"#.to_owned(),
+            "prompt",
+            "`prompt` cannot be empty",
+        ),
+        (
+            "/v1/completions",
+            r#"{"prompt":[99999]}"#.to_owned(),
+            "prompt",
+            "prompt token 99999 is outside",
+        ),
+        (
+            "/v1/completions",
+            r#"{"prompt":"hi","truncate_prompt_tokens":9223372036854775807}"#.to_owned(),
+            "truncate_prompt_tokens",
+            "`truncate_prompt_tokens` must be strictly positive",
+        ),
+        (
+            "/invocations",
+            r#"{"prompt":""}"#.to_owned(),
+            "prompt",
+            "`prompt` cannot be empty",
+        ),
+    ];
+    for (route, request, param, fragment) in cases {
+        let (status, _, body) = call(roomy_app(), post(route, &request)).await;
+        assert_eq!(status, 400, "{request}: {body}");
+        let error = &json(&body)["error"];
+        assert_eq!(error["param"], param, "{request}: {body}");
+        let message = error["message"].as_str().unwrap();
+        assert!(message.contains(fragment), "{request}: {message}");
+        for native in ["max_new_tokens", "`inputs`", "`truncate`"] {
+            assert!(!message.contains(native), "{request}: {message}");
+        }
+    }
+}
+
 #[tokio::test]
 async fn template_exceptions_reach_the_client() {
     let (status, body) = chat(r#"{"messages":[{"role":"assistant","content":"hi"}]}"#).await;

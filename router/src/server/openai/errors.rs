@@ -126,6 +126,67 @@ impl From<ValidationError> for OpenAiError {
     }
 }
 
+/// How one `/v1` request names the fields the shared (native) validation speaks of: the
+/// one place where `inputs`, `max_new_tokens`, `truncate` and `top_n_tokens` become the
+/// OpenAI fields the client sent, in the message and in `param`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FieldNames {
+    /// `messages` (chat) or `prompt` (completions).
+    pub prompt: &'static str,
+    /// `max_tokens`, or `max_completion_tokens` when a chat request used that.
+    pub max_tokens: &'static str,
+    /// `top_logprobs` (chat) or `logprobs` (completions).
+    pub top_n: &'static str,
+}
+
+impl FieldNames {
+    pub const COMPLETIONS: Self = Self {
+        prompt: "prompt",
+        max_tokens: "max_tokens",
+        top_n: "logprobs",
+    };
+
+    pub fn chat(used_max_completion_tokens: bool) -> Self {
+        Self {
+            prompt: "messages",
+            max_tokens: if used_max_completion_tokens {
+                "max_completion_tokens"
+            } else {
+                "max_tokens"
+            },
+            top_n: "top_logprobs",
+        }
+    }
+
+    /// The `/v1` name of a native field; `None` for the few no `/v1` request has.
+    fn param(&self, native: &'static str) -> Option<&'static str> {
+        match native {
+            "inputs" => Some(self.prompt),
+            "max_new_tokens" => Some(self.max_tokens),
+            "truncate" => Some("truncate_prompt_tokens"),
+            "top_n_tokens" => Some(self.top_n),
+            "typical_p" | "decoder_input_details" | "grammar" => None,
+            same => Some(same),
+        }
+    }
+
+    /// A request's error on a `/v1` route: validation names the request's own fields.
+    pub fn error(&self, err: InferError) -> OpenAiError {
+        let InferError::Validation(invalid) = err else {
+            return err.into();
+        };
+        let name = |native: &'static str| self.param(native).unwrap_or(native);
+        OpenAiError {
+            param: invalid
+                .field()
+                .and_then(|native| self.param(native))
+                .map(str::to_owned),
+            message: format!("Input validation error: {}", invalid.message(&name)),
+            ..OpenAiError::from(InferError::Validation(invalid))
+        }
+    }
+}
+
 /// A bad `tools`/`tool_choice`/`parallel_tool_calls` (or a tool schema the grammar
 /// engine refuses): 400 naming the field.
 impl From<crate::tools::ToolError> for OpenAiError {
@@ -242,6 +303,76 @@ mod tests {
         assert_eq!(
             (failed.status.as_u16(), failed.kind()),
             (500, "server_error")
+        );
+    }
+
+    #[test]
+    fn validation_names_the_openai_fields() {
+        let chat = FieldNames::chat(false);
+        let cases = [
+            (chat, ValidationError::MaxNewTokens, "max_tokens", "`max_tokens` must be strictly positive"),
+            (FieldNames::chat(true), ValidationError::MaxNewTokens, "max_completion_tokens",
+             "`max_completion_tokens` must be strictly positive"),
+            (FieldNames::COMPLETIONS, ValidationError::EmptyInput, "prompt", "`prompt` cannot be empty"),
+            (chat, ValidationError::EmptyInput, "messages", "`messages` cannot be empty"),
+            (chat, ValidationError::Truncate(8191, 9), "truncate_prompt_tokens",
+             "`truncate_prompt_tokens` must be strictly positive and less than 8191. Given: 9"),
+            (chat, ValidationError::InputLength(10, 11), "messages", "`messages` must have less than 10 tokens. Given: 11"),
+            (FieldNames::COMPLETIONS, ValidationError::MaxTotalTokens(16, 10, 7), "prompt",
+             "`prompt` tokens + `max_tokens` must be <= 16. Given: 10 `prompt` tokens and 7 `max_tokens`"),
+            (chat, ValidationError::TopNTokens(5, 6), "top_logprobs", "`top_logprobs` must be >= 0 and <= 5. Given: 6"),
+            (FieldNames::COMPLETIONS, ValidationError::TopNTokens(5, 6), "logprobs", "`logprobs` must be >= 0"),
+            (FieldNames::COMPLETIONS, ValidationError::PromptToken(9, 5), "prompt", "prompt token 9 is outside"),
+            (chat, ValidationError::Temperature, "temperature", "`temperature` must be strictly positive"),
+            (chat, ValidationError::EmptyStopSequence, "stop", "`stop` sequences must not be empty"),
+        ];
+        for (names, invalid, param, message) in cases {
+            let err = names.error(InferError::Validation(invalid.clone()));
+            assert_eq!(
+                (err.status.as_u16(), err.param.as_deref()),
+                (400, Some(param)),
+                "{invalid:?}"
+            );
+            assert!(
+                err.message
+                    .starts_with(&format!("Input validation error: {message}")),
+                "{}",
+                err.message
+            );
+        }
+        // Fields no `/v1` request has, and errors about no one field, name none.
+        let grammar = chat.error(InferError::Validation(ValidationError::TwoConstraints(
+            "regex",
+        )));
+        assert_eq!(grammar.param, None);
+        let tokenizer = chat.error(InferError::Validation(ValidationError::Tokenizer(
+            "x".into(),
+        )));
+        assert_eq!(tokenizer.param, None);
+        // Other errors are mapped as without names.
+        assert_eq!(
+            chat.error(InferError::Overloaded),
+            OpenAiError::from(InferError::Overloaded)
+        );
+    }
+
+    #[test]
+    fn native_messages_keep_the_native_names() {
+        assert_eq!(
+            ValidationError::MaxNewTokens.to_string(),
+            "`max_new_tokens` must be strictly positive"
+        );
+        assert_eq!(
+            ValidationError::EmptyInput.to_string(),
+            "`inputs` cannot be empty"
+        );
+        assert_eq!(
+            ValidationError::MaxTotalTokens(16, 10, 7).to_string(),
+            "`inputs` tokens + `max_new_tokens` must be <= 16. Given: 10 `inputs` tokens and 7 `max_new_tokens`"
+        );
+        assert_eq!(
+            ValidationError::Truncate(10, 0).to_string(),
+            "`truncate` must be strictly positive and less than 10. Given: 0"
         );
     }
 

@@ -11,7 +11,7 @@ use crate::generation_defaults::GenerationDefaults;
 use crate::schema::GenerateParameters;
 use crate::validation::{GenerationInput, Prompt, SamplingExtras, StopFloor};
 
-use super::errors::OpenAiError;
+use super::errors::{FieldNames, OpenAiError};
 use super::types::{
     ChatCompletionRequest, CompletionRequest, ExtensionFields, LogitBiasField, PromptField,
     SamplingFields, StructuredFields,
@@ -58,6 +58,8 @@ pub struct Plan {
     /// Set when the answer may hold tool calls (chat with `tools`, `tool_choice` not
     /// `none`): each choice is parsed into content and calls.
     pub tools: Option<ToolPlan>,
+    /// How this request names the fields validation speaks of, for its errors.
+    pub fields: FieldNames,
 }
 
 impl Plan {
@@ -375,6 +377,7 @@ pub fn chat_plan_with(
         logprobs: logprobs.then_some(top),
         echo: false,
         tools,
+        fields: FieldNames::chat(request.max_completion_tokens.is_some()),
     })
 }
 
@@ -450,6 +453,7 @@ pub fn completion_plan(
         logprobs,
         echo,
         tools: None,
+        fields: FieldNames::COMPLETIONS,
     })
 }
 

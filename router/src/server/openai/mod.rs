@@ -158,7 +158,7 @@ async fn run_plan(
         }
         Err(err) => {
             meter.finish(outcome_of(&err));
-            Err(err.into())
+            Err(plan.fields.error(err))
         }
     }
 }

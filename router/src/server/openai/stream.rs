@@ -287,7 +287,7 @@ pub async fn respond(
     };
     if let Err(err) = submitted.await {
         meter.finish(outcome_of(&err));
-        return Err(err.into());
+        return Err(plan.fields.error(err));
     }
     let prompt_tokens: u32 = admitted
         .iter()
