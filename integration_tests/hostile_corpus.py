@@ -157,6 +157,7 @@ COMPLETIONS = ("POST /v1/completions",)
 V1_BODIES = ("POST /v1/chat/completions", "POST /v1/completions")
 JSON = (("content-type", "application/json"),)
 USER_HI = [{"role": "user", "content": "hi"}]
+EMPTY_PROMPT = "Input validation error: `prompt` cannot be empty"
 INT64_MAX = "9223372036854775807"
 
 
@@ -235,11 +236,15 @@ CHAT_LIMITS: dict[str, dict[str, Any]] = {
                            "1e-46": ("repetition_penalty", "`repetition_penalty` must be > 0 and finite")},
     "min_tokens": {"0": OK, "-1": (None, U32), INT64_MAX: (None, U32), "-0": (None, U32)},
     "truncate_prompt_tokens": {"0": ("truncate_prompt_tokens", "`truncate_prompt_tokens` must be >= 1 (or -1). Given: 0"),
-                               "-0": (None, "expected i64")},
+                               "-0": (None, "expected i64"),
+                               # Past the extension's own rule, the shared validation refuses it, naming the /v1 field.
+                               INT64_MAX: ("truncate_prompt_tokens", "Input validation error: `truncate_prompt_tokens` must be "
+                                           "strictly positive and less than 8191. Given: 9223372036854775807")},
 }
 # With `logprobs: true`, as `top_logprobs` needs.
 CHAT_TOP_LOGPROBS = {"0": OK, "-1": (None, U32), INT64_MAX: (None, U32), "-0": (None, U32), "21": ("top_logprobs", "`top_logprobs` must be >= 0 and <= 20. Given: 21")}
-CHAT_MAX_TOKENS = {"-1": (None, U32), INT64_MAX: (None, U32), "-0": (None, U32)}
+CHAT_MAX_TOKENS = {"0": ("max_tokens", "Input validation error: `max_tokens` must be strictly positive"),
+                   "-1": (None, U32), INT64_MAX: (None, U32), "-0": (None, U32)}
 COMPLETIONS_LIMITS: dict[str, dict[str, Any]] = {
     "logprobs": {"0": OK, "-1": (None, U32), INT64_MAX: (None, U32), "-0": (None, U32), "6": ("logprobs", "`logprobs` must be >= 0 and <= 5. Given: 6")},
     "best_of": {"0": ("best_of", "`best_of` must be >= `n` and <= 16. Given: 0"), "-1": (None, U32), INT64_MAX: (None, U32), "-0": (None, U32),
@@ -326,10 +331,10 @@ HUGE_COUNTS = [
     Case("native seed 2^64", GEN, 422, validation("expected u64"), raw_json(NATIVE_BODY, ("seed", "18446744073709551616"))),
     Case("chat seed 2^63", CHAT, 400, oai_error("invalid value: integer `9223372036854775808`, expected i64"),
          raw_json(CHAT_BODY, '"seed":9223372036854775808')),
-    Case("chat logit_bias value 101", CHAT, 400, oai_error("`logit_bias` values must be >= -100 and <= 100"),
+    Case("chat logit_bias value 101", CHAT, 400, oai_error("`logit_bias` values must be >= -100 and <= 100", param="logit_bias"),
          {"model": "m", "messages": USER_HI, "max_tokens": 1, "logit_bias": {"1": 101}}),
     Case("chat logit_bias token outside vocabulary", CHAT, 400,
-         oai_error("`logit_bias` token 99999999 is outside the vocabulary (size 49152)"),
+         oai_error("`logit_bias` token 99999999 is outside the vocabulary (size 49152)", param="logit_bias"),
          {"model": "m", "messages": USER_HI, "max_tokens": 1, "logit_bias": {"99999999": 1}}),
 ]
 
@@ -349,14 +354,18 @@ PROMPTS = [
          {"model": "m", "prompt": "<|im_start|><|im_end|>", "max_tokens": 1}),
     Case("tokenize whitespace only", ("POST /tokenize",), 200, tokens(ids=[216]), {"inputs": " "}),
     Case("tokenize escaped NUL", ("POST /tokenize",), 200, tokens(texts=["\u0000"]), {"inputs": "\u0000"}),
-    Case("completions empty string", COMPLETIONS, 400, oai_error("cannot be empty"), {"model": "m", "prompt": "", "max_tokens": 1}),
+    Case("completions empty string", COMPLETIONS, 400, oai_error(EMPTY_PROMPT, param="prompt"),
+         {"model": "m", "prompt": "", "max_tokens": 1}),
+    Case("completions empty string streamed", COMPLETIONS, 400, oai_error(EMPTY_PROMPT, param="prompt"),
+         {"model": "m", "prompt": "", "max_tokens": 1, "stream": True}),
     Case("completions empty list", COMPLETIONS, 400, oai_error("`prompt` must not be empty", param="prompt"),
          {"model": "m", "prompt": [], "max_tokens": 1}),
-    Case("completions one empty token list in a batch", COMPLETIONS, 400, oai_error("cannot be empty"),
+    Case("completions one empty token list in a batch", COMPLETIONS, 400, oai_error(EMPTY_PROMPT, param="prompt"),
          {"model": "m", "prompt": [[1, 2], []], "max_tokens": 1}),
     Case("completions token id = vocabulary size", COMPLETIONS, 400,
-         oai_error("prompt token 49152 is outside the vocabulary (size 49152)"), {"model": "m", "prompt": [49152], "max_tokens": 1}),
-    Case("completions token id 2^31", COMPLETIONS, 400, oai_error("prompt token 2147483648 is outside the vocabulary"),
+         oai_error("prompt token 49152 is outside the vocabulary (size 49152)", param="prompt"),
+         {"model": "m", "prompt": [49152], "max_tokens": 1}),
+    Case("completions token id 2^31", COMPLETIONS, 400, oai_error("prompt token 2147483648 is outside the vocabulary", param="prompt"),
          {"model": "m", "prompt": [2**31], "max_tokens": 1}),
     Case("completions token id 2^32+1", COMPLETIONS, 400, oai_error("Failed to deserialize the JSON body"),
          {"model": "m", "prompt": [2**32 + 1], "max_tokens": 1}),
@@ -379,7 +388,7 @@ PROMPTS = [
          {"model": "m", "messages": [{"role": "wizard", "content": "x"}], "max_tokens": 1}),
     Case("chat image part", CHAT, 400, oai_error('content parts of type "image_url"', param="messages[0]", code="unsupported_parameter"),
          {"model": "m", "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x"}}]}], "max_tokens": 1}),
-    Case("chat prompt too long", CHAT, 400, oai_error("must have less than 8191 tokens"),
+    Case("chat prompt too long", CHAT, 400, oai_error("Input validation error: `messages` must have less than 8191 tokens", param="messages"),
          {"model": "m", "messages": [{"role": "user", "content": "hello " * 50_000}], "max_tokens": 1}),
     Case("chat_tokenize no messages", ("POST /chat_tokenize",), 422, validation("`messages` must not be empty"), {"messages": []}),
     Case("chat_tokenize messages is a string", ("POST /chat_tokenize",), 422, validation('invalid type: string "hi", expected a sequence'),
@@ -387,7 +396,24 @@ PROMPTS = [
     Case("invocations empty inputs", ("POST /invocations",), 422, validation("`inputs` cannot be empty"), {"inputs": ""}),
     Case("invocations chat without messages", ("POST /invocations",), 400, oai_error("`messages` must not be empty", param="messages"),
          {"messages": []}),
-    Case("invocations empty prompt", ("POST /invocations",), 400, oai_error("cannot be empty"), {"prompt": ""}),
+    Case("invocations empty prompt", ("POST /invocations",), 400, oai_error(EMPTY_PROMPT, param="prompt"), {"prompt": ""}),
+    # The shared validation's refusals name the /v1 field the client sent, in the message and `param`.
+    Case("completions max_tokens 0", COMPLETIONS, 400,
+         oai_error("Input validation error: `max_tokens` must be strictly positive", param="max_tokens"),
+         {"model": "m", "prompt": "hi", "max_tokens": 0}),
+    Case("chat max_completion_tokens 0", CHAT, 400,
+         oai_error("Input validation error: `max_completion_tokens` must be strictly positive", param="max_completion_tokens"),
+         {"model": "m", "messages": USER_HI, "max_completion_tokens": 0}),
+    Case("chat max_tokens 0 streamed", CHAT, 400,
+         oai_error("Input validation error: `max_tokens` must be strictly positive", param="max_tokens"),
+         {"model": "m", "messages": USER_HI, "max_tokens": 0, "stream": True}),
+    Case("completions truncate_prompt_tokens int64 max", COMPLETIONS, 400,
+         oai_error("Input validation error: `truncate_prompt_tokens` must be strictly positive and less than 8191",
+                   param="truncate_prompt_tokens"),
+         raw_json(COMPLETIONS_BODY, ("truncate_prompt_tokens", INT64_MAX))),
+    Case("completions prompt too long", COMPLETIONS, 400,
+         oai_error("Input validation error: `prompt` must have less than 8191 tokens. Given: 50001", param="prompt"),
+         {"model": "m", "prompt": "hello " * 50_000, "max_tokens": 1}),
 ]
 
 # --- 4. Chat-template and special-token injection (docs/openai.md) ------------------------
