@@ -92,6 +92,18 @@ def generate_together(driver: StepDriver, prompts: list[list[int]], new_tokens: 
     return out
 
 
+def _transformers_greedy(reference, prompts: list[list[int]]) -> list[list[int]]:
+    """The oracle: transformers' NEW_TOKENS greedy tokens after each prompt, one at a time."""
+    wanted = []
+    for prompt in prompts:
+        with torch.no_grad():
+            wanted.append(reference.generate(
+                torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0, eos_token_id=None,
+            )[0, len(prompt) :].tolist())  # fmt: skip
+    return wanted
+
+
 @pytest.mark.parametrize("family", sorted(DENSE_FAMILIES))
 def test_greedy_tokens_match_transformers(family, dense_dirs):
     """5 prompts x 32 tokens through the runner, all in flight together (chunked prefill, mixed
@@ -99,17 +111,7 @@ def test_greedy_tokens_match_transformers(family, dense_dirs):
     a sequence that crosses it, see test_longrope_past_the_boundary_matches_a_cached_transformers_step."""
     directory, reference = dense_dirs[family]
     prompts = _prompts(reference.config.get_text_config().vocab_size)
-    expected = []
-    for prompt in prompts:
-        with torch.no_grad():
-            expected.append(reference.generate(
-                torch.tensor([prompt]),
-                attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                max_new_tokens=NEW_TOKENS,
-                do_sample=False,
-                pad_token_id=0,
-                eos_token_id=None,
-            )[0, len(prompt) :].tolist())  # fmt: skip
+    expected = _transformers_greedy(reference, prompts)
     got = generate_together(StepDriver(load_runner(directory)), prompts, NEW_TOKENS, chunk=6)
     for i in range(PROMPTS):
         assert got[i] == expected[i], f"prompt {i}"
@@ -280,13 +282,7 @@ def test_gemma2_through_the_triton_backend_matches_transformers(dense_dirs):
                                                           runner.kv_cache, metadata))  # fmt: skip
     torch.testing.assert_close(logits.cpu(), expected, atol=LOGITS_ATOL, rtol=1e-4)
     prompts = _prompts(reference.config.get_text_config().vocab_size)
-    wanted = []
-    for prompt in prompts:
-        with torch.no_grad():
-            wanted.append(reference.generate(
-                torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0, eos_token_id=None,
-            )[0, len(prompt) :].tolist())  # fmt: skip
+    wanted = _transformers_greedy(reference, prompts)
     runner.clear()
     got = generate_together(StepDriver(runner), prompts, NEW_TOKENS, chunk=6)
     for i in range(PROMPTS):
@@ -313,13 +309,7 @@ def test_phi3_partial_rotary_through_the_triton_backend_matches_transformers(den
                                                           runner.kv_cache, metadata))  # fmt: skip
     torch.testing.assert_close(logits.cpu(), expected, atol=LOGITS_ATOL, rtol=1e-4)
     prompts = _prompts(reference.config.vocab_size)
-    wanted = []
-    for prompt in prompts:
-        with torch.no_grad():
-            wanted.append(reference.generate(
-                torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0, eos_token_id=None,
-            )[0, len(prompt) :].tolist())  # fmt: skip
+    wanted = _transformers_greedy(reference, prompts)
     runner.clear()
     with fused_kernels(True, on_cpu=True):
         got = generate_together(StepDriver(runner), prompts, NEW_TOKENS, chunk=6)
