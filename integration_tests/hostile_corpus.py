@@ -388,7 +388,8 @@ PROMPTS = [
          {"model": "m", "messages": [{"role": "wizard", "content": "x"}], "max_tokens": 1}),
     Case("chat image part", CHAT, 400, oai_error('content parts of type "image_url"', param="messages[0]", code="unsupported_parameter"),
          {"model": "m", "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x"}}]}], "max_tokens": 1}),
-    Case("chat prompt too long", CHAT, 400, oai_error("Input validation error: `messages` must have less than 8191 tokens", param="messages"),
+    Case("chat prompt too long", CHAT, 400, oai_error("Input validation error: `messages` must have less than 8191 tokens", param="messages",
+                                                    code="context_length_exceeded"),
          {"model": "m", "messages": [{"role": "user", "content": "hello " * 50_000}], "max_tokens": 1}),
     Case("chat_tokenize no messages", ("POST /chat_tokenize",), 422, validation("`messages` must not be empty"), {"messages": []}),
     Case("chat_tokenize messages is a string", ("POST /chat_tokenize",), 422, validation('invalid type: string "hi", expected a sequence'),
@@ -412,7 +413,8 @@ PROMPTS = [
                    param="truncate_prompt_tokens"),
          raw_json(COMPLETIONS_BODY, ("truncate_prompt_tokens", INT64_MAX))),
     Case("completions prompt too long", COMPLETIONS, 400,
-         oai_error("Input validation error: `prompt` must have less than 8191 tokens. Given: 50001", param="prompt"),
+         oai_error("Input validation error: `prompt` must have less than 8191 tokens. Given: 50001", param="prompt",
+                   code="context_length_exceeded"),
          {"model": "m", "prompt": "hello " * 50_000, "max_tokens": 1}),
 ]
 

@@ -101,6 +101,11 @@ impl OpenAiError {
 impl From<InferError> for OpenAiError {
     fn from(err: InferError) -> Self {
         let (status, code) = match &err {
+            // OpenAI's code for a prompt (plus max_tokens) past the context: clients such as
+            // LiteLLM and LangChain read it to tell a context-window error from others.
+            InferError::Validation(
+                ValidationError::InputLength(..) | ValidationError::MaxTotalTokens(..),
+            ) => (StatusCode::BAD_REQUEST, Some("context_length_exceeded")),
             InferError::Validation(_) | InferError::Refused(_) => (StatusCode::BAD_REQUEST, None),
             InferError::Overloaded => (StatusCode::TOO_MANY_REQUESTS, Some("overloaded")),
             InferError::Generation(_) | InferError::SchedulerStopped => {
@@ -354,6 +359,21 @@ mod tests {
             chat.error(InferError::Overloaded),
             OpenAiError::from(InferError::Overloaded)
         );
+    }
+
+    #[test]
+    fn context_errors_carry_openais_code() {
+        let names = FieldNames::chat(false);
+        for invalid in [
+            ValidationError::InputLength(10, 11),
+            ValidationError::MaxTotalTokens(16, 10, 7),
+        ] {
+            let err = names.error(InferError::Validation(invalid));
+            assert_eq!(err.code.as_deref(), Some("context_length_exceeded"));
+            assert_eq!(err.param.as_deref(), Some("messages"));
+        }
+        let other = names.error(InferError::Validation(ValidationError::MaxNewTokens));
+        assert_eq!(other.code, None);
     }
 
     #[test]
