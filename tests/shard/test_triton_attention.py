@@ -234,8 +234,11 @@ def test_split_kv_decodes_equal_reference(specs):
     assert splits >= 8  # the longest context spreads over several non-empty splits
 
 
-@pytest.mark.parametrize("dense_min_tokens", [DENSE_PREFILL_MIN_TOKENS, 5])
-def test_rotary_fused_into_the_kv_store_equals_rotary_then_reference(dense_min_tokens):
+# (rotary width, dense prefill threshold): full rotary takes the fused rotary + KV store
+# kernel; partial rotary (12 of 16 dims, Phi-4-mini's 0.75) does not, so the in-place rotary
+# kernel rotates q and k, then the plain store.
+@pytest.mark.parametrize("width,dense_min_tokens", [(16, DENSE_PREFILL_MIN_TOKENS), (16, 5), (12, DENSE_PREFILL_MIN_TOKENS)])
+def test_rotary_in_the_triton_backend_equals_rotary_then_reference(width, dense_min_tokens):
     from shard_server.kernels.dispatch import fused_kernels
     from shard_server.layers.rotary import RotaryEmbedding
     from shard_server.models.config import RopeScaling
@@ -245,43 +248,17 @@ def test_rotary_fused_into_the_kv_store_equals_rotary_then_reference(dense_min_t
     specs = [(1, 30), (9, 9), (1, 2), (6, 17)]
     layout, q, k, v, k_cache, v_cache = make_step(specs, heads, kv_heads, dim, block, torch.float32, device)
     positions = torch.tensor([p for n, c in specs for p in range(c - n, c)], device=device)
-    step = RotaryEmbedding(dim, 64, 10000.0, RopeScaling(), torch.float32, device).for_step(positions)
+    step = RotaryEmbedding(width, 64, 10000.0, RopeScaling(), torch.float32, device).for_step(positions)
     shape = AttentionShape(heads, kv_heads, dim, dim**-0.5)
     reference, triton_backend = ReferenceAttention(shape), TritonPagedAttention(shape, dense_min_tokens)
     ref_k, ref_v = k_cache.clone(), v_cache.clone()
     with fused_kernels(False):
         expected = reference.forward(q.clone(), k.clone(), v, ref_k, ref_v, reference.build_metadata(layout, device), step)
     with fused_kernels(True, on_cpu=True):
-        assert step.fusable(q)
+        assert step.fusable(q) == (width == dim)
         got = triton_backend.forward(q, k, v, k_cache, v_cache, triton_backend.build_metadata(layout, device), step)
     torch.testing.assert_close(got, expected, atol=1e-4, rtol=0)
-    torch.testing.assert_close(k_cache, ref_k, atol=1e-5, rtol=0)  # rotated keys, in their slots
-    torch.testing.assert_close(v_cache, ref_v, atol=0, rtol=0)
-
-
-def test_partial_rotary_in_the_triton_backend_equals_rotary_then_reference():
-    """Partial rotary (12 of 16 dims, Phi-4-mini's 0.75): the fused rotary + store kernel does
-    not take it; the in-place rotary kernel rotates q and k, then the plain store."""
-    from shard_server.kernels.dispatch import fused_kernels
-    from shard_server.layers.rotary import RotaryEmbedding
-    from shard_server.models.config import RopeScaling
-
-    heads, kv_heads, dim, width, block = 6, 2, 16, 12, 4
-    device = torch.device(DEVICE)
-    specs = [(1, 30), (9, 9), (1, 2), (6, 17)]
-    layout, q, k, v, k_cache, v_cache = make_step(specs, heads, kv_heads, dim, block, torch.float32, device)
-    positions = torch.tensor([p for n, c in specs for p in range(c - n, c)], device=device)
-    step = RotaryEmbedding(width, 64, 10000.0, RopeScaling(), torch.float32, device).for_step(positions)
-    shape = AttentionShape(heads, kv_heads, dim, dim**-0.5)
-    reference, triton_backend = ReferenceAttention(shape), TritonPagedAttention(shape)
-    ref_k, ref_v = k_cache.clone(), v_cache.clone()
-    with fused_kernels(False):
-        expected = reference.forward(q.clone(), k.clone(), v, ref_k, ref_v, reference.build_metadata(layout, device), step)
-    with fused_kernels(True, on_cpu=True):
-        assert not step.fusable(q)
-        got = triton_backend.forward(q, k, v, k_cache, v_cache, triton_backend.build_metadata(layout, device), step)
-    torch.testing.assert_close(got, expected, atol=1e-4, rtol=0)
-    torch.testing.assert_close(k_cache, ref_k, atol=1e-5, rtol=0)  # keys rotated over their first 12 dims
+    torch.testing.assert_close(k_cache, ref_k, atol=1e-5, rtol=0)  # rotated keys (their first `width` dims), in their slots
     torch.testing.assert_close(v_cache, ref_v, atol=0, rtol=0)
 
 
