@@ -19,6 +19,9 @@ An engine's admission limit is honoured by the client (textgen: /info max_concur
 vLLM has none): excess requests wait in the client and the wait counts in their TTFT.
 Writes OUT/gpu_vs_vllm.json after every workload, and a markdown table at the end.
 
+`--fp8` runs both engines' fp8 paths instead (weights and KV cache in e4m3): textgen
+`--quantize fp8 --kv-cache-dtype fp8_e4m3fn`, vLLM `--quantization fp8 --kv-cache-dtype fp8`.
+
 Choosing a default: `--textgen-variant NAME="--flag value ..."` (repeatable) also runs textgen
 with those flags, as engine `textgen[NAME]`, so a candidate default is measured beside the
 shipped one and the peer in the same run; the variants' rows are reported apart from the
@@ -46,6 +49,9 @@ from bench.gpu_http_load import clients_for  # noqa: E402
 from bench.gpu_vs_transformers import MIX, TEXT_VOCAB, cpu_split, phase_model, start_server  # noqa: E402
 
 ENGINES = ("textgen", "vllm")
+# Each engine's flags for its fp8 path (weights quantized at load, KV cache in e4m3).
+FP8_FLAGS = {"textgen": ["--quantize", "fp8", "--kv-cache-dtype", "fp8_e4m3fn"],
+             "vllm": ["--quantization", "fp8", "--kv-cache-dtype", "fp8"]}
 POISSON_S = 15.0
 REPEATS = 3  # runs of the one-request workloads
 
@@ -92,7 +98,7 @@ def wait_healthy(process: subprocess.Popen, url: str, timeout_s: float) -> float
 def start_vllm(args, port: int) -> tuple[subprocess.Popen, float]:
     command = (f"source {args.peer_env} && exec python3 -m vllm.entrypoints.openai.api_server "
                f"--model {args.model_dir} --served-model-name m --dtype bfloat16 --host 127.0.0.1 "
-               f"--port {port} --disable-uvicorn-access-log")  # fmt: skip
+               f"--port {port} --disable-uvicorn-access-log {shlex.join(args.precision_flags['vllm'])}")  # fmt: skip
     server_cpus, _ = cpu_split(args.client_cpus)
     log = open(args.out / "vllm.log", "w")
     process = subprocess.Popen(["bash", "-c", command], stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
@@ -144,7 +150,7 @@ def run_engine(args, engine: str, plan: dict[str, list[peer_load.Request]], resu
     port = 8400 if engine == "vllm" else 3400
     url = f"http://127.0.0.1:{port}"
     if engine.startswith("textgen"):
-        args.server_flag = args.variants.get(engine, [])
+        args.server_flag = [*args.precision_flags["textgen"], *args.variants.get(engine, [])]
         process, ready_s = start_server(args, port, timeout_s=900, base_flags=[])
     else:
         process, ready_s = start_vllm(args, port)
@@ -246,8 +252,10 @@ def main() -> None:
     parser.add_argument("--workloads", default=None, help="comma-separated subset (default: all)")
     parser.add_argument("--textgen-variant", action="append", default=[], metavar='NAME="FLAGS"',
                         help="also run textgen with these flags, as engine textgen[NAME] (choosing a default)")
+    parser.add_argument("--fp8", action="store_true", help="both engines' fp8 paths (FP8_FLAGS)")
     parser.add_argument("--write-model", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    args.precision_flags = FP8_FLAGS if args.fp8 else {"textgen": [], "vllm": []}
     args.server_flag = []  # start_server's extra flags: none, the defaults are measured
     args.variants = {}
     for variant in args.textgen_variant:
@@ -259,7 +267,8 @@ def main() -> None:
         (args.work / "model.json").write_text(json.dumps(phase_model(args)))
         return
     subprocess.run([sys.executable, __file__, "--write-model", *sys.argv[1:]], check=True)
-    results: dict = {"model": json.loads((args.work / "model.json").read_text()), "quick": args.quick}
+    results: dict = {"model": json.loads((args.work / "model.json").read_text()), "quick": args.quick,
+                     "precision": "fp8" if args.fp8 else "bf16", "flags": args.precision_flags}
     plan = workloads(args.quick)
     if args.workloads:
         plan = {name: plan[name] for name in args.workloads.split(",")}

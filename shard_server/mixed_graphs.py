@@ -27,11 +27,12 @@ from .attention.base import StepLayout
 from .cuda_graphs import DecodeGraphs, DecodeOutputs, decode_outputs, record_graph
 from .device_copy import copy_into
 
-# Token buckets of the mixed graphs. A step admitting a request is its running decodes (tens to
-# a couple of hundred) plus a prompt chunk: 128 and 256 cover a chunk beside a moderate batch,
-# 512 the largest decode batch (256) with a chunk of up to 256. Beyond that a step is long
-# enough that launch overhead matters less, and each bucket costs a capture at warmup.
-MIXED_TOKEN_BUCKETS = (128, 256, 512)
+# Token buckets of the mixed graphs, 64 apart. A step admitting a request is its running
+# decodes (tens to a few hundred) plus a prompt chunk. Past ~256 tokens a step is bound by the
+# GEMMs' arithmetic (~20 us per token for an 8B model on an H200), so padding to the next
+# bucket costs in proportion: with buckets 128/256/512 a 350-token step paid ~3 ms for 162 rows
+# of padding. Past 512 the device time (>10 ms) hides the eager host launches (issue 23).
+MIXED_TOKEN_BUCKETS = tuple(range(64, 513, 64))
 
 
 def buckets_for(max_tokens: int, buckets: tuple[int, ...] = MIXED_TOKEN_BUCKETS) -> list[int]:

@@ -160,9 +160,10 @@ def test_layouts_that_do_not_fit_are_refused():
 
 
 def test_buckets_stop_at_the_first_that_covers_the_step_budget():
-    assert buckets_for(64) == [128]
-    assert buckets_for(256) == [128, 256]
-    assert buckets_for(300) == [128, 256, 512]
+    assert buckets_for(64) == [64]
+    assert buckets_for(100) == [64, 128]
+    assert buckets_for(300) == [64, 128, 192, 256, 320]
+    assert buckets_for(300, (128, 256, 512)) == [128, 256, 512]
     assert buckets_for(8192) == list(MIXED_TOKEN_BUCKETS)
 
 

@@ -6,6 +6,7 @@ replay against eager steps on the same GPU.
 """
 
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -45,6 +46,16 @@ def test_parse_cuda_graph_sizes():
     for bad in ("", "a,b", "0,4", "-1"):
         with pytest.raises(ValueError):
             parse_sizes(bad)
+
+
+def test_the_launcher_and_readme_name_the_shards_graph_sizes():
+    """The shard owns the default; the launcher's --help and the README describe it."""
+    from launcher.options import OPTIONS_BY_DEST
+
+    described = OPTIONS_BY_DEST["cuda_graphs"].child_default
+    assert parse_sizes(described) == DEFAULT_SIZES
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    assert f"| `--cuda-graphs` | 1,2,4,...,{DEFAULT_SIZES[-1]} |" in readme
 
 
 @pytest.mark.parametrize("family", ["llama", "mistral_window", "qwen3"])
