@@ -325,14 +325,14 @@ def test_warmup_captures_mixed_graphs_and_their_replay_equals_eager_steps(tiny_m
         runner = make_runner(tiny_model_dirs["llama"], "triton", device)
         warmup(runner, 64, 8, PoolSizing(1024, 0.05, graphs))
         if graphs:
-            assert runner.mixed_graphs.buckets == [128] and runner.mixed_graphs.max_seqs == 8
+            assert runner.mixed_graphs.buckets == [64] and runner.mixed_graphs.max_seqs == 8
             assert runner.mixed_graphs.pool is runner.graphs.pool  # one shared pool
             original = runner.mixed_graphs.run
             runner.mixed_graphs.run = lambda *args: runs.append(args[0]) or original(*args)
         else:
             assert runner.graphs is None and runner.mixed_graphs is None
         results[graphs] = _staggered(runner, prompts, new_tokens=8, top_n=3)
-    assert runs == [128] * len(prompts)  # every step with a prompt; the decodes took decode graphs
+    assert runs == [64] * len(prompts)  # every step with a prompt; the decodes took decode graphs
     for seq, eager in results[()].items():
         replayed = results[(1, 2, 4, 8)][seq]
         assert [t for t, _, _ in replayed] == [t for t, _, _ in eager]
@@ -369,8 +369,8 @@ def test_a_mixed_graph_replay_equals_the_eager_forward_logits(tiny_model_dirs):
     def fill(static):
         static.index_copy_(0, torch.tensor([1], device=device), on_device)
 
-    assert mixed.bucket_for(layout) == 128
-    replayed = mixed.run(128, host_ids, positions, layout, fill)
+    assert mixed.bucket_for(layout) == 64
+    replayed = mixed.run(64, host_ids, positions, layout, fill)
     metadata = runner.backend.build_metadata(layout, device)
     hidden = runner.model(to_device(ids, torch.long, device), to_device(positions, torch.long, device),
                           runner.kv_cache, metadata)  # fmt: skip
@@ -391,7 +391,7 @@ def test_the_graph_reserve_counts_the_captures_with_a_warm_allocator_cache(tiny_
     runner = make_runner(tiny_model_dirs["llama"], "triton", device)
     warmup(runner, 64, 8, PoolSizing(1024, 0.05, (1, 2, 4, 8)))
     graphs, sizes = _decode_graphs(runner, (1, 2, 4, 8), 8)
-    mixed, buckets = _mixed_graphs(runner, sizes, 64)
+    mixed, buckets = _mixed_graphs(runner, sizes, 64, MIXED_TOKEN_BUCKETS)
     cached = torch.empty(256 << 20, dtype=torch.uint8, device=device)
     del cached  # left in the cache, as the warmup's worst-case step leaves its activations
     assert torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device) >= 256 << 20

@@ -53,6 +53,9 @@ from .test_tensor_parallel import PROMPT, load_rank_model, prefill_logits  # noq
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
 needs_cuda = pytest.mark.skipif(not CUDA, reason="GPU-sized case: the Triton interpreter is too slow on CPU")
+# Cases that force the kernel on CPU tensors: only Triton's interpreter runs those, and it is
+# off on a GPU host (the same checks run compiled there, on CUDA tensors, in the other cases).
+interpreter_only = pytest.mark.skipif(CUDA, reason="CPU tensors through Triton's interpreter, off on a GPU host")
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 REPO = Path(__file__).resolve().parents[2]
 
@@ -235,6 +238,7 @@ def test_group_rows_are_found_only_for_groups_in_row_order():
 # Dispatch.
 
 
+@interpreter_only
 def test_the_kernel_runs_where_fused_kernels_do_and_can_be_switched_off_alone(monkeypatch):
     calls = []
     real = int4_module.w4a16_linear
@@ -316,6 +320,7 @@ def few_programs(monkeypatch):
     monkeypatch.setattr(w4a16_module, "TILES", ((None, FEW_PROGRAMS),))
 
 
+@interpreter_only
 @pytest.mark.parametrize("name", CHECKPOINTS)
 def test_each_checkpoint_format_multiplies_the_same_through_the_kernel(checkpoints, name, few_programs):
     """GPTQ v1/v2, sym/asym, act-order, one group, 8 bits and AWQ's converted layout: each of the
@@ -327,6 +332,7 @@ def test_each_checkpoint_format_multiplies_the_same_through_the_kernel(checkpoin
         assert_matches(kernel(linear.packed, x), reference(linear.packed, x), torch.float16, label)
 
 
+@interpreter_only
 def test_a_row_parallel_slice_that_starts_mid_group_is_gathered(checkpoints, few_programs):
     """Rank 1 of 2 reads down_proj's inputs [192, 384): groups of 128 start mid-slice."""
     from shard_server.models.registry import build_model
@@ -357,6 +363,7 @@ def _prefill_and_greedy(directory) -> dict:
     return {"logits": prefill_logits(model, ParallelContext()), "greedy": greedy}
 
 
+@interpreter_only
 def test_a_tiny_int4_model_gives_the_reference_paths_greedy_tokens(checkpoints, few_programs):
     """Act-order GPTQ with q/k/v biases (Qwen2), float32 (IEEE dots), the kernel alone on CPU
     (the other fused kernels stay off, so only the packed product differs)."""
