@@ -30,8 +30,9 @@ log = logging.getLogger(__name__)
 # Up to 512, the largest batch vLLM captures too: under the default 1,024 concurrent requests a
 # burst decodes 300-1,000 sequences at once, and an eager step of that size pays ~8 ms of host
 # launches over ~4-6 ms of device time (issue 23). Past 256, steps of 64 cost little padding:
-# an 8B model's GEMMs stay bound by reading weights to about 400 rows on an H200.
-DEFAULT_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256, 320, 384, 448, 512)
+# an 8B model's GEMMs stay bound by reading weights to about 400 rows on an H200. No 448: its
+# GEMMs ran slower than 512 rows' (mixed_graphs.MIXED_TOKEN_BUCKETS says by how much).
+DEFAULT_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256, 320, 384, 512)
 
 
 def parse_sizes(text: str) -> tuple[int, ...]:

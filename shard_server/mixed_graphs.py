@@ -27,12 +27,14 @@ from .attention.base import StepLayout
 from .cuda_graphs import DecodeGraphs, DecodeOutputs, decode_outputs, record_graph
 from .device_copy import copy_into
 
-# Token buckets of the mixed graphs, 64 apart. A step admitting a request is its running
-# decodes (tens to a few hundred) plus a prompt chunk. Past ~256 tokens a step is bound by the
-# GEMMs' arithmetic (~20 us per token for an 8B model on an H200), so padding to the next
-# bucket costs in proportion: with buckets 128/256/512 a 350-token step paid ~3 ms for 162 rows
-# of padding. Past 512 the device time (>10 ms) hides the eager host launches (issue 23).
-MIXED_TOKEN_BUCKETS = tuple(range(64, 513, 64))
+# Token buckets of the mixed graphs, measured on an H200 with an 8B model
+# (bench/results/gpu_mixed_steps_h200.json). A step admitting a request is its running decodes
+# (tens to a few hundred) plus a prompt chunk. Past ~256 tokens a step is bound by the GEMMs'
+# arithmetic (~20 us per token), so padding to the next bucket costs in proportion: with
+# buckets 128/256/512 a 350-token step paid ~3 ms for its padding. No 448: a 448-token step
+# took 18.7 ms against 15.6 at 512 (the GEMMs' tiling at that row count). Past 512 an eager
+# step costs what its graph does (the device time hides the host launches).
+MIXED_TOKEN_BUCKETS = (64, 128, 192, 256, 320, 384, 512)
 
 
 def buckets_for(max_tokens: int, buckets: tuple[int, ...] = MIXED_TOKEN_BUCKETS) -> list[int]:

@@ -163,6 +163,7 @@ def test_buckets_stop_at_the_first_that_covers_the_step_budget():
     assert buckets_for(64) == [64]
     assert buckets_for(100) == [64, 128]
     assert buckets_for(300) == [64, 128, 192, 256, 320]
+    assert buckets_for(400) == [64, 128, 192, 256, 320, 384, 512]
     assert buckets_for(300, (128, 256, 512)) == [128, 256, 512]
     assert buckets_for(8192) == list(MIXED_TOKEN_BUCKETS)
 
