@@ -31,7 +31,9 @@ sys.path.insert(0, str(REPO / "integration_tests"))
 
 from server import Server  # noqa: E402
 
-CHECKS = "not_a_server_error,response_schema_conformance,status_code_conformance,content_type_conformance"
+# negative_data_rejection: a request the document calls invalid must get a 4xx, never a 2xx.
+CHECKS = ("not_a_server_error,response_schema_conformance,status_code_conformance,content_type_conformance,"
+          "negative_data_rejection")
 # The integration test's limits: fuzzed generations stay short on a CPU.
 SERVER_FLAGS = ("--max-total-tokens", "48", "--max-input-tokens", "40", "--max-batch-prefill-tokens", "256")
 
