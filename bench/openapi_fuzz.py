@@ -104,6 +104,7 @@ def main() -> None:
         "responses": sum(sum(c.values()) for c in statuses.values()), "responses_5xx": five_xx,
         "statuses_by_route": statuses, "after": after, "launcher_alive": alive,
         "summary": output[output.rfind("SUMMARY") - 40:][-3000:] if "SUMMARY" in output else output[-3000:],
+        "failures": output[output.find("FAILURES"):output.rfind("SUMMARY")][:20000] if "FAILURES" in output else "",
     }  # fmt: skip
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps({k: result[k] for k in ("exit_code", "wall_s", "cases", "responses", "responses_5xx", "after")}))

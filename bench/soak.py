@@ -34,7 +34,7 @@ import httpx
 from bench.soak_stack import StackProbe, start_stack
 
 CALIBRATE_CONCURRENCY = 8
-CALIBRATE_S = 90.0
+CALIBRATE_S = 60.0
 LOAD_SHARE = 0.8
 SAMPLE_S = 15.0
 WARMUP_S = 600.0

@@ -13,6 +13,7 @@ use serde_json::{json, Value};
 use utoipa::OpenApi;
 use utoipa_swagger_ui::{Config, SwaggerUi};
 
+use super::openai::mapping::EMPTY_ONLY_FIELDS;
 use super::{invocations, openai, ops, tgi, AppState};
 use crate::validation::MAX_STOP_SEQUENCE_CHARS;
 
@@ -88,8 +89,38 @@ pub fn document(info: &ops::Info) -> Value {
             items.insert("maxLength".into(), json!(MAX_STOP_SEQUENCE_CHARS));
         }
     }
+    for body in ["ChatCompletionRequest", "CompletionRequest"] {
+        let props = format!("/components/schemas/{body}/properties");
+        if let Some(Value::Object(props)) = doc.pointer_mut(&props) {
+            for field in EMPTY_ONLY_FIELDS {
+                props.insert(field.to_owned(), empty_only(field));
+            }
+        }
+    }
+    // TGI's seeds are u64: utoipa writes `int64`, whose range stops at 2^63 - 1.
+    if let Some(Value::Object(schemas)) = doc.pointer_mut("/components/schemas") {
+        for schema in schemas.values_mut() {
+            if let Some(Value::Object(seed)) = schema.pointer_mut("/properties/seed") {
+                if seed.get("minimum") == Some(&json!(0)) {
+                    seed.insert("format".into(), json!("uint64"));
+                    seed.insert("maximum".into(), json!(u64::MAX));
+                }
+            }
+        }
+    }
     add_transport_errors(&mut doc);
     doc
+}
+
+/// What `extensions.rs` accepts for a field it does not implement: an empty value.
+fn empty_only(field: &str) -> Value {
+    let empty = json!({"type": ["object", "array", "null"], "maxItems": 0, "maxProperties": 0,
+                       "description": "Only empty: not implemented."});
+    if field == "thinking_token_budget" {
+        return json!({"anyOf": [empty, {"const": -1}],
+                      "description": "Only empty or -1 (unlimited): not implemented."});
+    }
+    empty
 }
 
 /// The request layers' answers, on every operation: 415 for a `Content-Encoding` other

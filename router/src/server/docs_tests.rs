@@ -48,6 +48,26 @@ async fn the_document_carries_the_running_limits_and_the_refused_values() {
     let chat = &schemas["ChatCompletionRequest"]["properties"];
     assert_eq!(chat["top_k"]["minimum"], -1);
     assert_eq!(chat["min_p"]["maximum"], 1);
+    // Found by schemathesis' negative_data_rejection (bench/openapi_fuzz.py): TGI's u64 seed
+    // past int64, and an empty array where the document said object.
+    for schema in ["GenerateParameters", "Details", "StreamDetails", "BestOfSequence"] {
+        let seed = &schemas[schema]["properties"]["seed"];
+        assert_eq!(seed["maximum"], u64::MAX, "{schema}");
+        assert_eq!(seed["format"], "uint64", "{schema}");
+    }
+    for body in ["ChatCompletionRequest", "CompletionRequest"] {
+        let p = &schemas[body]["properties"];
+        assert_eq!(p["logprob_token_ids"]["type"], serde_json::json!(["object", "array", "null"]));
+        assert_eq!(p["logprob_token_ids"]["maxItems"], 0);
+        assert_eq!(p["thinking_token_budget"]["anyOf"][1]["const"], -1);
+    }
+}
+
+#[tokio::test]
+async fn a_seed_past_int64_is_served_as_tgi_serves_it() {
+    let body = r#"{"inputs":"hi","parameters":{"seed":9223372036854775808,"max_new_tokens":2,"do_sample":true}}"#;
+    let (status, _, _) = call(app(), post("/generate", body)).await;
+    assert_eq!(status, 200);
 }
 
 #[tokio::test]

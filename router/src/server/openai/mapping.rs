@@ -17,6 +17,7 @@ use super::types::{
     SamplingFields, StructuredFields,
 };
 pub use chat_prompt::{chat_prompt, render_chat, render_chat_segments, with_message_ranges};
+pub use extensions::EMPTY_ONLY_FIELDS;
 use extensions::Extensions;
 pub use tools::{tool_request, ToolPlan};
 

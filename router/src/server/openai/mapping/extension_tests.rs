@@ -256,6 +256,20 @@ fn ranges_are_checked_in_f32() {
 }
 
 #[test]
+fn the_empty_only_fields_take_empty_values_and_refuse_the_rest_by_name() {
+    // The list the OpenAPI document is written from (docs.rs) is the list enforced here.
+    for field in EMPTY_ONLY_FIELDS {
+        for empty in [json!(null), json!([]), json!({})] {
+            assert!(chat(json!({ field: empty })).is_ok(), "{field}: {empty}");
+        }
+        for filled in [json!([1]), json!({"a": 1}), json!("x"), json!(3)] {
+            assert_eq!(refused(chat(json!({ field: filled }))), (field.to_owned(), true));
+        }
+    }
+    assert!(chat(json!({"thinking_token_budget": -1})).is_ok());
+}
+
+#[test]
 fn unimplemented_values_are_refused_by_name() {
     for (body, field) in [
         (json!({"use_beam_search": true}), "use_beam_search"),

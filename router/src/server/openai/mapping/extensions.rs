@@ -28,6 +28,18 @@ pub struct Extensions {
     pub include_stop_str_in_output: bool,
 }
 
+/// vLLM's structured fields that the stack does not implement: accepted only empty (`null`,
+/// `[]`, `{}`; `thinking_token_budget` also -1, vLLM's "unlimited"), refused by name
+/// otherwise. The OpenAPI document states exactly that (server/docs.rs).
+pub const EMPTY_ONLY_FIELDS: [&str; 6] = [
+    "logits_processors",
+    "vllm_xargs",
+    "kv_transfer_params",
+    "logprob_token_ids",
+    "repetition_detection",
+    "thinking_token_budget",
+];
+
 /// Unset, `null`, `[]` and `{}` all mean "nothing asked for".
 fn holds_something(value: &Option<Value>) -> bool {
     match value {
