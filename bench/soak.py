@@ -64,7 +64,8 @@ def make_request(rng: random.Random, prefixes: list[str]) -> tuple[str, str, dic
         return "generate", "/generate", {"inputs": _text(rng, 20), "parameters": {"max_new_tokens": new}}, False
     if pick < 0.35:
         stop = [rng.choice(WORDS), "\n\n"]
-        body = {"inputs": _text(rng, 20), "parameters": {"max_new_tokens": new, "stop": stop, "do_sample": True, "seed": rng.randrange(1 << 30)}}
+        sampling = {"max_new_tokens": new, "stop": stop, "do_sample": True, "seed": rng.randrange(1 << 30)}
+        body = {"inputs": _text(rng, 20), "parameters": sampling}
         return "generate_stop", "/generate", body, False
     if pick < 0.55:
         return "generate_stream", "/generate_stream", {"inputs": _text(rng, 30), "parameters": {"max_new_tokens": new}}, True
@@ -105,7 +106,9 @@ async def _stream(client: httpx.AsyncClient, path: str, body: dict, cancel_after
             if cancel_after is not None and events >= cancel_after:
                 return "cancelled"  # leaving the block closes the connection mid-stream
             payload = line[5:].strip()
-            if payload == "[DONE]" or '"finish_reason":"' in payload.replace(" ", "") or '"details":{' in payload.replace(" ", ""):
+            compact = payload.replace(" ", "")
+            # OpenAI's last chunk names its finish_reason; TGI's last event carries details.
+            if payload == "[DONE]" or '"finish_reason":"' in compact or '"details":{' in compact:
                 finished = True
             if '"error"' in payload and not finished:
                 return "error event"

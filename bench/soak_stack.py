@@ -1,5 +1,5 @@
-"""The stack a soak runs against, and what it samples from it: the processes' RSS (from /proc)
-and the KV gauges (from /metrics)."""
+"""The stack a soak runs against, and what it samples from it: the processes' RSS and the KV
+gauges (from /metrics)."""
 
 from __future__ import annotations
 
@@ -8,55 +8,26 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "integration_tests"))
 
 from server import Server, metric, scrape_metrics  # noqa: E402
 
 
-def _children(pid: int) -> list[int]:
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid:  # the field after the state is the parent's pid
-            found.append(int(stat.parent.name))
-    return found
-
-
-def _descendants(pid: int) -> list[int]:
-    todo, seen = [pid], []
-    while todo:
-        for child in _children(todo.pop()):
-            seen.append(child)
-            todo.append(child)
-    return seen
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
-
-
-def _rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
+def _rss_mib(process: psutil.Process) -> float:
+    return process.memory_info().rss / (1 << 20)
 
 
 @dataclass
 class StackProbe:
     url: str
-    router_pid: int
-    shard_pid: int
+    router: psutil.Process
+    shard: psutil.Process
 
     def sample(self) -> dict:
         gauges = scrape_metrics(self.url)
-        return {"router_rss_mib": _rss_mib(self.router_pid), "shard_rss_mib": _rss_mib(self.shard_pid),
+        return {"router_rss_mib": _rss_mib(self.router), "shard_rss_mib": _rss_mib(self.shard),
                 "kv_blocks_used": metric(gauges, "textgen_kv_blocks_used"),
                 "prefix_cache_blocks": metric(gauges, "textgen_prefix_cache_blocks"),
                 "running": metric(gauges, "textgen_running_requests")}  # fmt: skip
@@ -89,7 +60,7 @@ class Stack:
 
 def start_stack(*flags: str) -> Stack:
     server = Server(*flags)
-    processes = {pid: _cmdline(pid) for pid in _descendants(server.process.pid)}
-    router = next(pid for pid, cmd in processes.items() if "textgen-router" in cmd)
-    shard = next(pid for pid, cmd in processes.items() if "shard_server" in cmd or "textgen-shard" in cmd)
+    children = psutil.Process(server.process.pid).children(recursive=True)
+    router = next(p for p in children if p.name() == "textgen-router")
+    shard = next(p for p in children if any(arg.endswith(("textgen-shard", "shard_server")) for arg in p.cmdline()))
     return Stack(server, StackProbe(server.url, router, shard))

@@ -176,16 +176,18 @@ fn refuse_unimplemented(f: &ExtensionFields) -> Result<(), OpenAiError> {
         .thinking_token_budget
         .as_ref()
         .is_some_and(|v| v.as_i64() == Some(-1));
-    let structured = [
-        ("logits_processors", &f.logits_processors),
-        ("vllm_xargs", &f.vllm_xargs),
-        ("kv_transfer_params", &f.kv_transfer_params),
-        ("logprob_token_ids", &f.logprob_token_ids),
-        ("repetition_detection", &f.repetition_detection),
-        ("thinking_token_budget", &f.thinking_token_budget),
+    // In EMPTY_ONLY_FIELDS' order: the names live there once.
+    let values = [
+        &f.logits_processors,
+        &f.vllm_xargs,
+        &f.kv_transfer_params,
+        &f.logprob_token_ids,
+        &f.repetition_detection,
+        &f.thinking_token_budget,
     ];
-    match structured
-        .iter()
+    match EMPTY_ONLY_FIELDS
+        .into_iter()
+        .zip(values)
         .filter(|(name, _)| !(*name == "thinking_token_budget" && unlimited))
         .find(|(_, value)| holds_something(value))
     {
