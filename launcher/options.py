@@ -185,8 +185,8 @@ OPTIONS: tuple[Option, ...] = (
             positive_number, "2.0"),
     _router("--api-key", "Bearer token required on generation routes.", non_empty,
             default="none"),
-    _router("--cors-allow-origin", "Allowed CORS origins, comma separated.", non_empty,
-            default="any origin"),
+    _router("--cors-allow-origin", "Allowed CORS origins, comma separated; none: CORS is off.", non_empty,
+            default="none"),
     # HTTP listener: the launcher probes it for readiness, so it always passes both.
     Option(("--hostname",), "Address the router listens on.", default="0.0.0.0"),
     Option(("-p", "--port"), "Port the router listens on.", port_number, default=3000),

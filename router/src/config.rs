@@ -141,7 +141,8 @@ pub struct Args {
     /// Threads that may tokenize or compile grammars at once.
     #[arg(long, env = "VALIDATION_WORKERS", default_value_t = 2)]
     pub validation_workers: usize,
-    /// Allowed CORS origins (repeatable); none means any origin.
+    /// Allowed CORS origins (repeatable or comma list); none: CORS is off, no
+    /// `Access-Control-*` header is sent.
     #[arg(long, env = "CORS_ALLOW_ORIGIN", value_delimiter = ',')]
     pub cors_allow_origin: Vec<String>,
     /// Required as `Authorization: Bearer <key>` on generation routes when set.

@@ -136,15 +136,22 @@ pub fn router(state: AppState, options: &HttpOptions) -> Router {
         ))
         .layer(middleware::from_fn(request_guards::refuse_content_encoding))
         .with_state(state);
+    // CORS is off unless the operator names origins (`--cors-allow-origin`, as TGI): a
+    // page from any site must not be able to call the server from a visitor's browser.
+    // Without the layer no `Access-Control-*` header is sent, and every `OPTIONS`, a
+    // preflight too, gets the routes' own answer (405 with `Allow`).
+    if options.cors_allow_origin.is_empty() {
+        return app;
+    }
     app.clone()
         .layer(cors(&options.cors_allow_origin))
         .layer(middleware::from_fn_with_state(app, plain_options))
 }
 
-/// Only a CORS preflight (`OPTIONS` with `Access-Control-Request-Method`) is answered by
-/// the CORS layer; any other `OPTIONS` goes to the routes, which answer 405 with an
-/// `Allow` naming the route's own methods (the CORS layer would answer 200 for every path
-/// and advertise GET on POST-only routes).
+/// With CORS on, only a CORS preflight (`OPTIONS` with `Access-Control-Request-Method`)
+/// is answered by the CORS layer; any other `OPTIONS` goes to the routes, which answer 405
+/// with an `Allow` naming the route's own methods (the CORS layer would answer 200 for
+/// every path and advertise GET on POST-only routes).
 async fn plain_options(State(routes): State<Router>, request: Request, next: Next) -> Response {
     use tower::ServiceExt;
     let preflight = request
@@ -159,17 +166,10 @@ async fn plain_options(State(routes): State<Router>, request: Request, next: Nex
     next.run(request).await
 }
 
-/// Without `--cors-allow-origin` any page may call the API, as TGI allows, but only with
-/// `Content-Type`: a page must not send an API key cross-origin unless the operator named
-/// its origin.
+/// The named origins may call with `Content-Type` and `Authorization` (an API key).
 fn cors(origins: &[String]) -> CorsLayer {
-    let layer = CorsLayer::new().allow_methods([Method::GET, Method::POST]);
-    if origins.is_empty() {
-        return layer
-            .allow_origin(AllowOrigin::any())
-            .allow_headers([header::CONTENT_TYPE]);
-    }
-    layer
+    CorsLayer::new()
+        .allow_methods([Method::GET, Method::POST])
         .allow_origin(AllowOrigin::list(
             origins.iter().filter_map(|o| HeaderValue::from_str(o).ok()),
         ))

@@ -368,37 +368,95 @@ async fn api_key_guards_generation_routes_only() {
     assert_eq!(status, StatusCode::OK);
 }
 
+fn preflight(origin: &str) -> Request<Body> {
+    Request::options("/generate")
+        .header("origin", origin)
+        .header("access-control-request-method", "POST")
+        .header(
+            "access-control-request-headers",
+            "authorization,content-type",
+        )
+        .body(Body::empty())
+        .unwrap()
+}
+
+fn from_origin(mut request: Request<Body>, origin: &str) -> Request<Body> {
+    request
+        .headers_mut()
+        .insert("origin", origin.parse().unwrap());
+    request
+}
+
+fn cors_headers(headers: &axum::http::HeaderMap) -> Vec<String> {
+    headers
+        .keys()
+        .map(|name| name.as_str().to_owned())
+        .filter(|name| name.starts_with("access-control-"))
+        .collect()
+}
+
 #[tokio::test]
-async fn cors_lets_only_named_origins_send_an_api_key() {
-    let preflight = || {
-        Request::options("/generate")
-            .header("origin", "https://page.example")
-            .header("access-control-request-method", "POST")
-            .header("access-control-request-headers", "authorization,content-type")
-            .body(Body::empty())
-            .unwrap()
+async fn cors_is_off_without_named_origins() {
+    let page = "https://page.example";
+    // A page's request is served as any other, without a header letting the page read it.
+    let (status, headers, _) = call(
+        app(),
+        from_origin(post("/generate", r#"{"inputs":"x"}"#), page),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(cors_headers(&headers), Vec::<String>::new());
+    let health = Request::get("/health").body(Body::empty()).unwrap();
+    let (status, headers, _) = call(app(), from_origin(health, page)).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(cors_headers(&headers), Vec::<String>::new());
+    // A preflight gets the route's own answer to OPTIONS, which allows nothing.
+    let (status, headers, _) = call(app(), preflight(page)).await;
+    assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
+    assert_eq!(headers["allow"], "POST");
+    assert_eq!(cors_headers(&headers), Vec::<String>::new());
+}
+
+#[tokio::test]
+async fn cors_lets_only_named_origins_call_and_send_an_api_key() {
+    let named = || {
+        app_with(
+            HttpOptions {
+                payload_limit: 1000,
+                cors_allow_origin: vec!["https://page.example".into()],
+                ..HttpOptions::default()
+            },
+            true,
+        )
     };
-    let allowed_headers = |headers: &axum::http::HeaderMap| {
-        headers
-            .get("access-control-allow-headers")
-            .map(|v| v.to_str().unwrap().to_ascii_lowercase())
-            .unwrap_or_default()
-    };
-    // By default any origin, as TGI, but no Authorization header from a page.
-    let (_, headers, _) = call(app(), preflight()).await;
-    assert_eq!(headers["access-control-allow-origin"], "*");
-    let default_headers = allowed_headers(&headers);
-    assert!(default_headers.contains("content-type") && !default_headers.contains("authorization"));
-    // An origin the operator named may send one.
-    let named = app_with(
-        HttpOptions {
-            payload_limit: 1000,
-            cors_allow_origin: vec!["https://page.example".into()],
-            ..HttpOptions::default()
-        },
-        true,
+    let (status, headers, _) = call(named(), preflight("https://page.example")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        headers["access-control-allow-origin"],
+        "https://page.example"
     );
-    let (_, headers, _) = call(named, preflight()).await;
-    assert_eq!(headers["access-control-allow-origin"], "https://page.example");
-    assert!(allowed_headers(&headers).contains("authorization"));
+    let allowed = headers["access-control-allow-headers"]
+        .to_str()
+        .unwrap()
+        .to_ascii_lowercase();
+    assert!(allowed.contains("authorization") && allowed.contains("content-type"));
+    let request = from_origin(
+        post("/generate", r#"{"inputs":"x"}"#),
+        "https://page.example",
+    );
+    let (status, headers, _) = call(named(), request).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        headers["access-control-allow-origin"],
+        "https://page.example"
+    );
+    // Another origin is not let in.
+    let (_, headers, _) = call(named(), preflight("https://other.example")).await;
+    assert!(!headers.contains_key("access-control-allow-origin"));
+    let request = from_origin(
+        post("/generate", r#"{"inputs":"x"}"#),
+        "https://other.example",
+    );
+    let (_, headers, _) = call(named(), request).await;
+    assert!(!headers.contains_key("access-control-allow-origin"));
 }
