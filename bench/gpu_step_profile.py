@@ -139,11 +139,13 @@ def main() -> None:
     parser.add_argument("model_dir", type=Path)
     parser.add_argument("out", type=Path, nargs="?")
     parser.add_argument("--grid", action="store_true", help="decode by batch x context, a mixed step, a host profile")
+    parser.add_argument("--batches", default="1,64,256", help="the grid's batch sizes (each captured exactly)")
+    parser.add_argument("--contexts", default="256,1024", help="the grid's context lengths")
     args = parser.parse_args()
     if not args.grid:
         data = profile(args.model_dir)
     else:
-        batches, contexts = (1, 64, 256), (256, 1024)
+        batches, contexts = (tuple(int(x) for x in text.split(",")) for text in (args.batches, args.contexts))
         runner, _ = parity_runner(args.model_dir, graph_sizes=batches, memory_fraction=0.85)
         data = {"decode": decode_grid(runner, batches, contexts)}
         print(json.dumps(data), flush=True)

@@ -2,7 +2,8 @@
 back from a server log and summarised: where a workload's wall time went, step by step.
 
 A record is one log line with `step=… sequences=… decodes=… tokens=… ran_us=… device_us=…`
-(plain or JSON logs: the fields are matched by name).
+and, from routers that log it, `input_wait_us=…` (plain or JSON logs: the fields are matched
+by name).
 """
 
 from __future__ import annotations
@@ -13,11 +14,17 @@ from pathlib import Path
 
 LOG_FILTER = "info,textgen_router::scheduler::step_loop=debug"
 FIELDS = ("step", "sequences", "decodes", "tokens", "ran_us", "device_us")
-_PATTERN = re.compile(r"".join(rf"\W+{name}\W+(\d+)" for name in FIELDS))
+OPTIONAL_FIELDS = ("input_wait_us",)  # 0 when an older router's record lacks them
+_PATTERN = re.compile(
+    "".join(rf"\W+{name}\W+(\d+)" for name in FIELDS) + "".join(rf"(?:\W+{name}\W+(\d+))?" for name in OPTIONAL_FIELDS)
+)
 # Decode-only steps are grouped by batch size: the mix's batch falls from 256 to ~77.
 BATCH_EDGES = (1, 32, 96, 192, 256, 1 << 30)
 # Steps carrying prompt tokens are grouped by their whole token count (the mixed graphs' buckets).
 TOKEN_EDGES = (1, 129, 257, 513, 1025, 2049, 1 << 30)
+# A device wait under this is the step's own input copies, not the host: a step "waited on
+# the host" above it.
+WAIT_FLOOR_US = 50
 
 
 @dataclass(frozen=True)
@@ -28,6 +35,8 @@ class StepRecord:
     tokens: int
     ran_us: int
     device_us: int
+    # Of device_us, the device's wait for the step's host preparation (0: fully overlapped).
+    input_wait_us: int = 0
 
     @property
     def prefill_tokens(self) -> int:
@@ -42,7 +51,7 @@ def read(path: Path, start: int = 0) -> list[StepRecord]:
     records = []
     for line in text.splitlines():
         if "step" in line and (match := _PATTERN.search(line)):
-            records.append(StepRecord(*(int(v) for v in match.groups())))
+            records.append(StepRecord(*(int(v or 0) for v in match.groups())))
     return records
 
 
@@ -74,17 +83,25 @@ def _by(records: list[StepRecord], edges: tuple[int, ...], field: str, label: st
 
 
 def _group(records: list[StepRecord]) -> dict:
-    """Count, time and mean batch of a group; its median step, and the time its steps spent
-    past 1.25x that median (hiccups: a steady decode's steps barely differ)."""
+    """Count, time and mean batch of a group; its median step (wall and device), and the time
+    its steps spent past 1.25x that median (hiccups: a steady decode's steps barely differ);
+    how long the device waited for the host to prepare the steps, and how many steps it did."""
     if not records:
         return {"count": 0}
     ran = _seconds(records)
     times = sorted(r.ran_us for r in records)
-    median = times[len(times) // 2]
+    median = _median(times)
     slow = [t for t in times if t > 1.25 * median]
     return {"count": len(records), "ran_s": ran, "mean_ms": 1e3 * ran / len(records),
             "median_ms": median / 1e3, "mean_batch": sum(r.sequences for r in records) / len(records),
-            "slow_steps": len(slow), "slow_excess_s": sum(t - median for t in slow) / 1e6}  # fmt: skip
+            "slow_steps": len(slow), "slow_excess_s": sum(t - median for t in slow) / 1e6,
+            "device_median_ms": _median([r.device_us for r in records]) / 1e3,
+            "input_wait_s": _seconds(records, "input_wait_us"),
+            "steps_waiting_on_host": sum(r.input_wait_us > WAIT_FLOOR_US for r in records)}  # fmt: skip
+
+
+def _median(values: list[int]) -> int:
+    return sorted(values)[len(values) // 2]
 
 
 def _seconds(records: list[StepRecord], field: str = "ran_us") -> float:

@@ -71,8 +71,10 @@ class LaunchedStep:
     dead_ends: dict[int, str] = field(default_factory=dict)
     mask_ns: int = 0  # host time spent filling the masks
     # On a GPU, timing events around the step's device work: `began` before its first queued
-    # work (the device reaches it once the step before is done), `done` after its copies.
+    # work (the device reaches it once the step before is done), `prepared` once the host has
+    # prepared its inputs, `done` after its copies.
     began: torch.cuda.Event | None = None
+    prepared: torch.cuda.Event | None = None
     done: torch.cuda.Event | None = None
     started_ns: int = 0
 
@@ -145,6 +147,7 @@ class ModelRunner:
         launched.started_ns = time.perf_counter_ns()
         launched.began = self._device_event()
         tensors = self._prepare(plan.work)
+        launched.prepared = self._device_event()
         needs_hidden = any(self._wants_prefill_logprobs(item) for item in plan.work)
         hidden, decoded = self._forward(tensors, needs_hidden)
         failed: set[int] = set()
@@ -194,6 +197,7 @@ class ModelRunner:
         if launched.done is not None:
             launched.done.synchronize()
             response.device_ns = int(launched.began.elapsed_time(launched.done) * 1e6)
+            response.input_wait_ns = int(launched.began.elapsed_time(launched.prepared) * 1e6)
         results_at = time.perf_counter_ns()
         # On a GPU the sampling kernels run inside this span; sample_ns is the host's share.
         response.forward_ns = results_at - launched.started_ns

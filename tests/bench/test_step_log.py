@@ -66,3 +66,14 @@ def test_hiccups_are_the_time_past_the_median_of_slow_steps(tmp_path):
     group = step_log.summary(step_log.read(write_log(tmp_path, lines)))["decode_steps"]["batch 32-95"]
     assert group["median_ms"] == 8.0
     assert group["slow_steps"] == 1 and abs(group["slow_excess_s"] - 0.005) < 1e-9
+
+
+def test_the_device_wait_on_the_host_is_read_when_logged_and_counted_past_the_floor(tmp_path):
+    waits = [0, 20, 1_200, 900]  # two steps the host kept the device waiting for
+    lines = [PLAIN.format(i, 60, 60, 60, 7_000, 6_000) + f" input_wait_us={w}" for i, w in enumerate(waits)]
+    lines.append(PLAIN.format(9, 60, 60, 60, 7_000, 6_000))  # an older router's record: no wait field
+    records = step_log.read(write_log(tmp_path, lines))
+    assert [r.input_wait_us for r in records] == [*waits, 0]
+    group = step_log.summary(records)["decode_steps"]["batch 32-95"]
+    assert group["steps_waiting_on_host"] == 2 and abs(group["input_wait_s"] - 0.00212) < 1e-9
+    assert group["device_median_ms"] == 6.0

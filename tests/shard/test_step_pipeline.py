@@ -198,3 +198,5 @@ def test_on_a_gpu_overlapped_graph_steps_give_the_tokens_of_steps_run_one_by_one
     assert tokens_of([response for _, response, _ in recorder.answers]) == expected
     computing = [response for _, response, _ in recorder.answers if response.outputs]
     assert all(0 < response.device_ns <= response.forward_ns for response in computing)
+    # The device's wait for a step's inputs is part of its device time.
+    assert all(response.input_wait_ns <= response.device_ns for response in computing)

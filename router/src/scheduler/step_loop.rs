@@ -165,6 +165,7 @@ fn log_step(shape: &StepShape, ran_for: std::time::Duration, response: Option<&p
         tokens = shape.tokens,
         ran_us = ran_for.as_micros() as u64,
         device_us = response.map_or(0, |r| r.device_ns / 1_000),
+        input_wait_us = response.map_or(0, |r| r.input_wait_ns / 1_000),
         "step"
     );
 }
