@@ -6,7 +6,8 @@ the step's wall time measured with CUDA events. Their difference is the device's
 inside the step (launch gaps). The first kernels of one step are kept in order, so the
 matmul of each projection can be read off (qkv, o, gate_up, down).
 
-Cases: batch-1 decode (graph replay) at contexts 256 and 1024, the 256-request mix's two
+Cases: batch-1 decode (graph replay) at contexts 256 and 1024, batch 64 at context 600 (the
+Poisson 32 req/s workload's decode steps), the 256-request mix's two
 decode shapes (batch 256 at context 512, batch 80 at context 1280), one 2048-token prefill
 (the TTFT case; again with the dense prefill path off), one mixed step (64 decodes plus
 8,128 prompt tokens) and one prefill step as the 256-request mix runs them (again paged only).
@@ -213,7 +214,7 @@ def main() -> None:
 
 
 def profile(model_dir: Path, out: Path, quantize, kv_dtype, wanted: set) -> None:
-    runner, _ = parity_runner(model_dir, graph_sizes=(1, 80, 256), memory_fraction=0.85, quantize=quantize,
+    runner, _ = parity_runner(model_dir, graph_sizes=(1, 64, 80, 256), memory_fraction=0.85, quantize=quantize,
                               kv_dtype=kv_dtype)  # fmt: skip
     results = {}
 
@@ -223,6 +224,7 @@ def profile(model_dir: Path, out: Path, quantize, kv_dtype, wanted: set) -> None
     cases = [
         ("decode_b1_ctx256", lambda: decode_case(runner, 1, 256)),
         ("decode_b1_ctx1024", lambda: decode_case(runner, 1, 1024)),
+        ("decode_b64_ctx600", lambda: decode_case(runner, 64, 600)),  # the Poisson 32 decodes
         ("decode_b80_ctx1280", lambda: decode_case(runner, 80, 1280)),
         ("decode_b256_ctx512", lambda: decode_case(runner, 256, 512)),
         ("prefill_2048", lambda: prefill_case(runner, [2048])),

@@ -39,9 +39,19 @@ from .dense_prefill import DENSE_PREFILL_MIN_TOKENS, DenseBatch, DensePrefill
 from .triton_kernels import kernels_for
 
 LOG2_E = 1.4426950408889634
-# Split-KV aims at about this many programs per small-tile launch (~2 per SM on an H200).
-SPLIT_TARGET_PROGRAMS = 256
-MAX_SPLITS = 16
+# Split-KV: a decode graph splits each sequence's keys into ranges (one program each, per KV
+# head), each range a share of that sequence's own context. Unsplit, a batch's longest
+# sequence ran as one program a head and set the attention's time in every layer: under the
+# Poisson workloads' lengths (a few contexts past 2,000 among ~360 on average) batch 64
+# replayed in 7.18 ms against 5.69 with every context at the mean. Aiming at 4,096 programs,
+# at most 8 ranges, took it to 6.25 ms, and batch 32 6.93 -> 5.8, 96 7.66 -> 6.72, 128
+# 8.53 -> 7.68, 256 12.08 -> 11.85 (H200, random 8B, bench/results/gpu_decode_skew_h200.json),
+# for +0.1-0.4 ms where every context is equal.
+SPLIT_TARGET_PROGRAMS = 4096
+MAX_SPLITS = 8
+# ... except a launch too small to give every SM a program: batch 1 (8 KV heads) takes 16.
+MIN_PROGRAMS = 128
+MAX_SPLITS_SMALL = 16
 # Decode launches over an fp8 pool with this many programs (tiles x KV heads x splits) take the
 # light word-read tile (`small_fp8_words`): the band where it measured faster on an H200, from
 # batch 80 (640 programs) to the batch-96 graph of the mix's batch-77 phase (768).
@@ -86,9 +96,11 @@ class TritonMetadata:
 
 def split_count(tiles: int, kv_heads: int) -> int:
     """Key ranges per decode tile: a power of two that brings tiles x heads x splits near the
-    target, at most MAX_SPLITS."""
-    splits = 1
-    while splits < MAX_SPLITS and tiles * kv_heads * splits * 2 <= SPLIT_TARGET_PROGRAMS:
+    target, at most MAX_SPLITS; up to MAX_SPLITS_SMALL while under MIN_PROGRAMS."""
+    programs, splits = tiles * kv_heads, 1
+    while splits < MAX_SPLITS and programs * splits * 2 <= SPLIT_TARGET_PROGRAMS:
+        splits *= 2
+    while splits < MAX_SPLITS_SMALL and programs * splits < MIN_PROGRAMS:
         splits *= 2
     return splits
 

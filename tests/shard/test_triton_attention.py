@@ -19,6 +19,8 @@ from shard_server.attention.reference import ReferenceAttention  # noqa: E402
 from shard_server.attention.dense_prefill import DENSE_BUCKET_TOKENS, DENSE_PREFILL_MIN_TOKENS  # noqa: E402
 from shard_server.attention.triton_paged import (  # noqa: E402
     MAX_SPLITS,
+    MAX_SPLITS_SMALL,
+    MIN_PROGRAMS,
     SPLIT_TARGET_PROGRAMS,
     TritonPagedAttention,
     split_count,
@@ -214,18 +216,20 @@ def compare_split(specs, pad_to, heads=4, kv_heads=2, dim=16, block=4, dtype=tor
     return metadata.splits
 
 
-def test_split_count_fills_the_gpu_for_small_batches_only():
-    assert split_count(1, 8) == MAX_SPLITS
-    assert split_count(4, 8) == 8  # 256 programs
-    assert split_count(32, 8) == 1
-    assert split_count(300, 8) == 1
-    for tiles in range(1, 70):
+def test_split_count_spreads_long_contexts_over_the_gpu_up_to_the_target():
+    # An 8B's 8 KV heads: batch 1 fills the SMs with 16 ranges, the measured batches take
+    # 8 up to 64, 4 at 96, 2 at 256; past the target a launch is not split.
+    assert [split_count(b, 8) for b in (1, 2, 4, 32, 64, 96, 256, 300, 512)] == [16, 8, 8, 8, 8, 4, 2, 1, 1]
+    for tiles in range(1, 600):
         for heads in (1, 2, 8):
             splits = split_count(tiles, heads)
-            assert splits & (splits - 1) == 0 and splits <= MAX_SPLITS
+            assert splits & (splits - 1) == 0 and splits <= MAX_SPLITS_SMALL
             programs = tiles * heads * splits
-            assert splits == 1 or programs <= SPLIT_TARGET_PROGRAMS
-            assert splits == MAX_SPLITS or programs * 2 > SPLIT_TARGET_PROGRAMS
+            if splits > MAX_SPLITS:  # only a launch that stays small
+                assert programs // 2 < MIN_PROGRAMS
+            else:
+                assert splits == 1 or programs <= SPLIT_TARGET_PROGRAMS
+                assert splits == MAX_SPLITS or programs * 2 > SPLIT_TARGET_PROGRAMS
 
 
 @pytest.mark.parametrize("specs", [[(1, 200)], [(1, 5), (1, 64), (1, 65), (1, 200), (1, 130)], [(1, 1), (1, 3)]])
