@@ -44,9 +44,9 @@ LOG2_E = 1.4426950408889634
 # sequence ran as one program a head and set the attention's time in every layer: under the
 # Poisson workloads' lengths (a few contexts past 2,000 among ~360 on average) batch 64
 # replayed in 7.18 ms against 5.69 with every context at the mean. Aiming at 4,096 programs,
-# at most 8 ranges, took it to 6.25 ms, and batch 32 6.93 -> 5.8, 96 7.66 -> 6.72, 128
-# 8.53 -> 7.68, 256 12.08 -> 11.85 (H200, random 8B, bench/results/gpu_decode_skew_h200.json),
-# for +0.1-0.4 ms where every context is equal.
+# at most 8 ranges: batch 64 6.17 ms, 32 6.93 -> 5.65, 96 7.66 -> 6.70, 128 8.53 -> 7.40,
+# 256 12.08 -> 11.28; fp8 batch 64 6.27 -> 5.03 (H200, random 8B,
+# bench/results/gpu_decode_skew_h200.json), for +0.1-0.6 ms where every context is equal.
 SPLIT_TARGET_PROGRAMS = 4096
 MAX_SPLITS = 8
 # ... except a launch too small to give every SM a program: batch 1 (8 KV heads) takes 16.
@@ -54,7 +54,9 @@ MIN_PROGRAMS = 128
 MAX_SPLITS_SMALL = 16
 # Decode launches over an fp8 pool with this many programs (tiles x KV heads x splits) take the
 # light word-read tile (`small_fp8_words`): the band where it measured faster on an H200, from
-# batch 80 (640 programs) to the batch-96 graph of the mix's batch-77 phase (768).
+# batch 80 (640 programs) to the batch-96 graph of the mix's batch-77 phase (768), both
+# unsplit then. Split as now, those batches launch 2,560-3,072 programs (the wide tile) and
+# the band holds batch 8 alone (512); retuning the tiles for split launches is open.
 WORDS_LIGHT_PROGRAMS = range(512, 769)
 
 
