@@ -10,6 +10,7 @@ step to the next without waiting for the host. `step` does both at once.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,6 +30,8 @@ from .pb import generate_pb2 as pb
 from .requests import InvalidStepError, SequenceTable
 from .sampling import SampledTokens, Sampler, SamplingRows, TokenMask
 from .step_plan import PoolLimits, ScheduledWork, apply_plan, plan_step
+
+log = logging.getLogger(__name__)
 
 PREFILL_LOGPROB_ROWS = 512  # logits rows materialised at once for prefill logprobs
 
@@ -144,45 +147,67 @@ class ModelRunner:
             launched.response.outputs.add(id=seq_id, error=reason)
         if not plan.work:
             return launched
+        try:
+            self._queue_work(launched, plan.work, settle if wait_for_host else None)
+        except torch.cuda.OutOfMemoryError:
+            self._out_of_memory(launched)
+        return launched
+
+    def _queue_work(self, launched: LaunchedStep, work: list[ScheduledWork], settle: Callable[[], None] | None) -> None:
+        """Queues the step's forward and sampling; `settle` (when the step's tokens need the
+        step before's on the host) is called once the forward is queued."""
         launched.started_ns = time.perf_counter_ns()
         launched.began = self._device_event()
-        tensors = self._prepare(plan.work)
+        tensors = self._prepare(work)
         launched.prepared = self._device_event()
-        needs_hidden = any(self._wants_prefill_logprobs(item) for item in plan.work)
+        needs_hidden = any(self._wants_prefill_logprobs(item) for item in work)
         hidden, decoded = self._forward(tensors, needs_hidden)
         failed: set[int] = set()
-        if wait_for_host:
+        if settle is not None:
             settle()
             # The step before may have failed a sequence this one schedules (a grammar dead
             # end): its row ran in the forward, but it draws nothing and gets no output.
-            failed = {i for i, item in enumerate(plan.work) if item.state.id in self.table.failed}
-        samplers = [i for i, item in enumerate(plan.work) if item.sample and i not in failed]
-        if decoded is not None and len(samplers) < len(plan.work):
+            failed = {i for i, item in enumerate(work) if item.state.id in self.table.failed}
+        samplers = [i for i, item in enumerate(work) if item.sample and i not in failed]
+        if decoded is not None and len(samplers) < len(work):
             index = to_device(samplers, torch.long, self.device)
             decoded = decoded.select(index) if samplers else None
         if samplers and decoded is None:
             rows = to_device(
-                [tensors.query_starts[i] + plan.work[i].num_tokens - 1 for i in samplers], torch.long, self.device
+                [tensors.query_starts[i] + work[i].num_tokens - 1 for i in samplers], torch.long, self.device
             )
             decoded = DecodeOutputs(self.model.compute_logits(hidden.index_select(0, rows)), None, None)
         launched.prefill = {
             i: self._prefill_logprobs(hidden, tensors.query_starts[i], item)
-            for i, item in enumerate(plan.work)
+            for i, item in enumerate(work)
             if self._wants_prefill_logprobs(item) and i not in failed
         }
         if samplers:
             # After the forward is queued, so that the host fills the masks while the GPU runs.
-            self._mask_constrained(launched, plan.work, samplers)
-            tokens = self._sample(decoded, [plan.work[i] for i in samplers], launched.token_mask)
+            self._mask_constrained(launched, work, samplers)
+            tokens = self._sample(decoded, [work[i] for i in samplers], launched.token_mask)
             launched.samplers = samplers
             launched.sampled = [PendingToken(tokens.ids, row) for row in range(len(samplers))]
             for i, token in zip(samplers, launched.sampled):
-                plan.work[i].state.pending.append(token)
+                work[i].state.pending.append(token)
             launched.host = self._to_host(tokens)
-        for item in plan.work:  # last: `item.end` is relative to computed_len
+        for item in work:  # last: `item.end` is relative to computed_len
             item.state.computed_len = item.end
         launched.done = self._device_event()
-        return launched
+
+    def _out_of_memory(self, launched: LaunchedStep) -> None:
+        """The device ran out of memory queueing the step: none of it is kept. Its sequences
+        are failed here (later steps skip them until released) and the answer says so, so
+        that the router recomputes them (preemption) instead of failing them or the shard."""
+        log.warning("step %d ran out of device memory: its %d sequences go back to the router",
+                    launched.response.step_id, len(launched.work))  # fmt: skip
+        for item in launched.work:
+            self._fail(item.state)
+        launched.work, launched.samplers, launched.sampled, launched.host = [], [], [], []
+        launched.began = launched.prepared = launched.done = None
+        launched.response.out_of_memory = True
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()  # what the failed allocation left cached goes back
 
     @staticmethod
     def finished(launched: LaunchedStep) -> bool:

@@ -39,6 +39,7 @@ fn generation_status(kind: FailureKind) -> StatusCode {
         | FailureKind::ShardReported
         | FailureKind::Protocol
         | FailureKind::Unusable
+        | FailureKind::OutOfMemory
         | FailureKind::Router => StatusCode::FAILED_DEPENDENCY,
     }
 }

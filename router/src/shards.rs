@@ -407,7 +407,11 @@ impl ShardSet {
                 if computes {
                     self.timings.record(&answers);
                 }
-                return answers.into_iter().next().ok_or(ShardError::NoShards);
+                // A step any rank ran out of memory on is void on every rank.
+                let out_of_memory = answers.iter().any(|answer| answer.out_of_memory);
+                let mut first = answers.into_iter().next().ok_or(ShardError::NoShards)?;
+                first.out_of_memory |= out_of_memory;
+                return Ok(first);
             }
             Err(FanOutError::Failed { rank, error }) => ShardError::Call {
                 rank,

@@ -200,3 +200,39 @@ def test_on_a_gpu_overlapped_graph_steps_give_the_tokens_of_steps_run_one_by_one
     assert all(0 < response.device_ns <= response.forward_ns for response in computing)
     # The device's wait for a step's inputs is part of its device time.
     assert all(response.input_wait_ns <= response.device_ns for response in computing)
+
+
+def test_a_step_out_of_device_memory_is_answered_as_such_and_its_sequences_recompute(tiny_model_dirs, runner):
+    """Step 3's forward runs out of device memory: it answers `out_of_memory` with no outputs,
+    step 4 (queued behind it, planned before the router heard) skips its sequences, and once
+    the router releases and re-announces them with what they generated, greedy decoding goes
+    on as if nothing happened; the shard keeps serving throughout."""
+    greedy = {seq_id: GREEDY for seq_id in PROMPTS}
+    expected = tokens_of([runner.step(step) for step in scripted_steps(greedy, decodes=4)])
+    steps = scripted_steps(greedy, decodes=3)[:4]  # prefill, decode, decode (out of memory), decode
+    pool = BlockPool(64, seed=2)
+    recompute = pb.StepRequest(step_id=5, released_ids=list(PROMPTS))
+    for seq_id, prompt in PROMPTS.items():
+        known = prompt + expected[seq_id][:2]  # what the router had: the tokens of steps 1 and 2
+        recompute.new_sequences.add(id=seq_id, input_ids=known, prompt_len=len(prompt), sampling=GREEDY)
+        recompute.sequences.add(id=seq_id, num_tokens=len(known), new_block_ids=pool.take(4), sample=True)
+    follow = [pb.StepRequest(step_id=6 + k, sequences=[pb.ScheduledSequence(id=i, num_tokens=1, sample=True)
+                                                        for i in PROMPTS]) for k in range(2)]  # fmt: skip
+    fresh = load_runner(tiny_model_dirs["llama"], block_size=4, num_blocks=64)
+    forward, calls = fresh._forward, []
+
+    def forward_once_out_of_memory(*args):
+        calls.append(1)
+        if len(calls) == 3:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (injected)")
+        return forward(*args)
+
+    fresh._forward = forward_once_out_of_memory
+    recorder = run_pipelined(fresh, [*steps, recompute, *follow])
+    answers = {step_id: (response, error) for step_id, response, error in recorder.answers}
+    assert all(error is None for _, error in answers.values())
+    assert answers[3][0].out_of_memory and not answers[3][0].outputs
+    assert not answers[4][0].out_of_memory and not answers[4][0].outputs  # skipped, not failed
+    assert not any(answers[i][0].out_of_memory for i in (1, 2, 5, 6, 7))
+    got = tokens_of([answers[i][0] for i in (1, 2, 5, 6, 7)])
+    assert got == {seq_id: tokens[:5] for seq_id, tokens in expected.items()}

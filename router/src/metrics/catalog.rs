@@ -149,6 +149,12 @@ pub const CATALOG: &[MetricSpec] = &[
         "Sequences preempted for lack of KV blocks",
     ),
     spec(
+        OUT_OF_MEMORY_STEPS_TOTAL,
+        Kind::Counter,
+        COUNT,
+        "Steps the device ran out of memory on (their sequences were recomputed)",
+    ),
+    spec(
         PREFIX_CACHE_QUERIES_TOKENS_TOTAL,
         Kind::Counter,
         COUNT,

@@ -16,6 +16,7 @@ pub const KV_BLOCKS_USED: &str = "textgen_kv_blocks_used";
 pub const KV_BLOCKS_CAPACITY: &str = "textgen_kv_blocks_capacity";
 pub const PREFIX_CACHE_BLOCKS: &str = "textgen_prefix_cache_blocks";
 pub const PREEMPTIONS_TOTAL: &str = "textgen_preemptions_total";
+pub const OUT_OF_MEMORY_STEPS_TOTAL: &str = "textgen_out_of_memory_steps_total";
 pub const PREFIX_CACHE_QUERIES_TOKENS_TOTAL: &str = "textgen_prefix_cache_queries_tokens_total";
 pub const PREFIX_CACHE_HITS_TOKENS_TOTAL: &str = "textgen_prefix_cache_hits_tokens_total";
 pub const PREFIX_CACHE_HITS_GENERATED_TOKENS_TOTAL: &str =

@@ -1,11 +1,17 @@
 //! Applying a step's response (pure): sampled tokens become events, stop conditions
-//! finish sequences, and finished sequences give their blocks back at once.
+//! finish sequences, and finished sequences give their blocks back at once. A step the
+//! device ran out of memory on sends its sequences back to be computed again.
 use std::collections::HashMap;
 
-use super::api::{GenerationFailure, SequenceEvent};
-use super::state::{Delivery, ScheduledWork, SchedulerState};
+use super::api::{FailureKind, GenerationFailure, SequenceEvent};
+use super::state::{Delivery, InFlightStep, ScheduledWork, SchedulerState};
 use crate::finish::{finish_reason, AfterToken};
+use crate::metrics::names;
 use crate::pb;
+
+/// Steps of one sequence the device may run out of memory on: each one recomputes it,
+/// the last fails it (an out-of-memory that keeps coming back is the request's size).
+pub const MAX_OUT_OF_MEMORY_STEPS: u32 = 3;
 
 impl SchedulerState {
     /// Applies rank 0's answer to the oldest step in flight and returns the events to
@@ -27,6 +33,9 @@ impl SchedulerState {
             .into_iter()
             .map(|output| (output.id, output))
             .collect();
+        if response.out_of_memory {
+            return self.recompute_out_of_memory(step, outputs);
+        }
         let mut deliveries = Vec::new();
         for work in step.scheduled {
             if work.num_tokens > 1 {
@@ -97,6 +106,51 @@ impl SchedulerState {
                 },
             ));
         }
+    }
+
+    /// The device ran out of memory on this step and kept nothing of it. Its sequences go
+    /// back to the queue to be computed again (a sequence refused on its own still ends),
+    /// until one has met this MAX_OUT_OF_MEMORY_STEPS times: then it fails, as it does not
+    /// fit what the device has free. The prefix cache is cleared: it may hold blocks this
+    /// step was to write (a prefill chunk is cached when the chunk before it is applied).
+    fn recompute_out_of_memory(
+        &mut self,
+        step: InFlightStep,
+        mut outputs: HashMap<u64, pb::SequenceOutput>,
+    ) -> Vec<Delivery> {
+        tracing::warn!(
+            step = step.step_id,
+            sequences = step.scheduled.len(),
+            "the device ran out of memory on a step; its sequences are recomputed"
+        );
+        metrics::counter!(names::OUT_OF_MEMORY_STEPS_TOTAL).increment(1);
+        if let Some(cache) = self.prefix_cache.as_mut() {
+            cache.clear();
+        }
+        let mut deliveries = Vec::new();
+        for work in step.scheduled {
+            if let Some(output) = outputs.remove(&work.id).filter(|o| !o.error.is_empty()) {
+                self.fail_one(work.id, &output.error, &mut deliveries);
+                continue;
+            }
+            let current = self.running.get(&work.id).map(|s| s.admission);
+            if current != Some(work.admission) {
+                continue; // finished, cancelled or already recomputing since
+            }
+            let mut sequence = self.running.remove(&work.id).expect("looked up above");
+            sequence.out_of_memory_steps += 1;
+            if sequence.out_of_memory_steps < MAX_OUT_OF_MEMORY_STEPS {
+                self.requeue_for_recompute(sequence);
+                continue;
+            }
+            self.release_on_shards(&sequence);
+            let message = format!(
+                "the device ran out of memory on this request's steps {MAX_OUT_OF_MEMORY_STEPS} times"
+            );
+            let failure = GenerationFailure::new(None, FailureKind::OutOfMemory, message);
+            deliveries.push(Delivery::new(work.id, SequenceEvent::Error(failure)));
+        }
+        deliveries
     }
 
     /// Drops a running sequence: its computed KV to the prefix cache, the rest of its

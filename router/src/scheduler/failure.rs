@@ -18,6 +18,8 @@ pub enum FailureKind {
     Protocol,
     /// The shards are unusable after an earlier failure, or there are none.
     Unusable,
+    /// The device ran out of memory on the sequence's steps more times than it is retried.
+    OutOfMemory,
     /// The router could not run the sequence: it cannot fit the KV pool, the scheduler
     /// cannot start, the client read too slowly, a token would not detokenize.
     Router,

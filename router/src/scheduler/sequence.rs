@@ -41,6 +41,8 @@ pub struct Sequence {
     /// Counts admissions, so an answer meant for an earlier admission (before a
     /// preemption) is never applied to a later one.
     pub admission: u32,
+    /// Steps of this sequence the device ran out of memory on (each one recomputed it).
+    pub out_of_memory_steps: u32,
 }
 
 impl Sequence {
@@ -62,6 +64,7 @@ impl Sequence {
             first_token_sent: false,
             pending_samples: 0,
             admission: 0,
+            out_of_memory_steps: 0,
         }
     }
 

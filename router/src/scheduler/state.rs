@@ -192,15 +192,21 @@ impl SchedulerState {
     /// Its computed KV goes to the prefix cache first, so that on readmission it finds
     /// its own prefix again unless the pool needed those blocks meanwhile.
     pub(super) fn preempt(&mut self, id: u64) {
-        let Some(mut sequence) = self.running.remove(&id) else {
+        let Some(sequence) = self.running.remove(&id) else {
             return;
         };
         self.cache_computed(&sequence);
+        self.requeue_for_recompute(sequence);
+        metrics::counter!(names::PREEMPTIONS_TOTAL).increment(1);
+        tracing::debug!(sequence = id, "preempted for recompute");
+    }
+
+    /// Gives a sequence taken out of `running` back to the front of the queue, blocks
+    /// freed, to be computed again from its prompt and what it generated.
+    pub(super) fn requeue_for_recompute(&mut self, mut sequence: Sequence) {
         self.release_on_shards(&sequence);
         sequence.reset_for_recompute(self.allocator.empty());
         self.waiting.push_front(sequence);
-        metrics::counter!(names::PREEMPTIONS_TOTAL).increment(1);
-        tracing::debug!(sequence = id, "preempted for recompute");
     }
 
     /// A step failed: every running sequence gets the error and is dropped. Waiting

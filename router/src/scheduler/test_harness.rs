@@ -3,7 +3,6 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::Instant;
 
-
 use super::api::{FinishReason, SchedulerConfig, SequenceEvent, SequenceRequest, Submission};
 use super::state::SchedulerState;
 use super::test_support::{cached_config, config, request, token_at, ShardSim};
@@ -171,14 +170,20 @@ pub type Submitted = (u64, u32, u32);
 
 /// The busy tiny-pool scenario: 30 requests over shared prefixes on a pool of 24 two-token
 /// blocks (with or without the prefix cache), arriving while steps run, every seventh
-/// client leaving early; `depth` steps in flight (1: one step at a time). Runs to idle.
-pub fn busy_tiny_pool(cached: bool, depth: usize) -> (Harness, Vec<Submitted>) {
+/// client leaving early; `depth` steps in flight (1: one step at a time); the device runs
+/// out of memory on the steps `out_of_memory_steps` names. Runs to idle.
+pub fn busy_tiny_pool(
+    cached: bool,
+    depth: usize,
+    out_of_memory_steps: &[u64],
+) -> (Harness, Vec<Submitted>) {
     let cfg = if cached {
         cached_config(2, 24, 9)
     } else {
         config(2, 24, 9)
     };
     let mut h = Harness::new(cfg);
+    h.sim.out_of_memory_steps.extend(out_of_memory_steps);
     let mut submitted = Vec::new();
     let mut sent = Vec::new();
     for i in 0..30u32 {

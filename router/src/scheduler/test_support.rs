@@ -1,6 +1,6 @@
 //! Test helpers: a simulated shard that checks the step protocol and answers with
 //! deterministic tokens, plus small builders.
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use super::admission::AdmissionPolicy;
 use super::api::{SchedulerConfig, SequenceRequest};
@@ -94,6 +94,10 @@ pub struct ShardSim {
     /// Sequences announced over the sim's life, by id (counts re-announcements).
     pub announcements: HashMap<u64, u32>,
     pub steps: u64,
+    /// Steps (by id) the device "runs out of memory" on, as the shard answers them: nothing
+    /// written, every sequence scheduled dropped and skipped by later steps until released.
+    pub out_of_memory_steps: HashSet<u64>,
+    failed: HashSet<u64>,
 }
 
 impl ShardSim {
@@ -108,6 +112,8 @@ impl ShardSim {
             next_step_id: 0,
             announcements: HashMap::new(),
             steps: 0,
+            out_of_memory_steps: HashSet::new(),
+            failed: HashSet::new(),
         }
     }
 
@@ -155,15 +161,8 @@ impl ShardSim {
         for id in &request.released_ids {
             // Unknown ids are tolerated: the router cannot tell whether a failed step
             // reached the shard.
-            if let Some(sequence) = self.sequences.remove(id) {
-                for block in sequence.blocks {
-                    let holders = self.block_holders.get_mut(&block).expect("held");
-                    holders.retain(|holder| holder != id);
-                    if holders.is_empty() {
-                        self.block_holders.remove(&block);
-                    }
-                }
-            }
+            self.failed.remove(id);
+            self.drop_sequence(*id);
         }
         for new in &request.new_sequences {
             assert!(
@@ -199,19 +198,54 @@ impl ShardSim {
                 },
             );
         }
+        let out_of_memory =
+            self.out_of_memory_steps.contains(&request.step_id) && !request.sequences.is_empty();
         let mut outputs = Vec::new();
         for scheduled in &request.sequences {
-            outputs.extend(self.run_sequence(scheduled));
+            if self.failed.contains(&scheduled.id) {
+                continue; // planned before the router heard
+            }
+            if out_of_memory {
+                self.fail(scheduled);
+            } else {
+                outputs.extend(self.run_sequence(scheduled));
+            }
         }
         pb::StepResponse {
             step_id: request.step_id,
             outputs,
+            out_of_memory,
             forward_ns: 1,
             sample_ns: 1,
             device_ns: 0,
             mask_ns: 0,
             input_wait_ns: 0,
         }
+    }
+
+    /// Forgets a sequence and its hold on its blocks (their KV stays, as on a shard).
+    fn drop_sequence(&mut self, id: u64) {
+        let Some(sequence) = self.sequences.remove(&id) else {
+            return;
+        };
+        for block in sequence.blocks {
+            let holders = self.block_holders.get_mut(&block).expect("held");
+            holders.retain(|holder| *holder != id);
+            if holders.is_empty() {
+                self.block_holders.remove(&block);
+            }
+        }
+    }
+
+    /// A sequence of a step that ran out of memory: dropped, nothing of the step written
+    /// (its new blocks are never held), skipped until the router releases it.
+    fn fail(&mut self, scheduled: &pb::ScheduledSequence) {
+        assert!(
+            self.sequences.contains_key(&scheduled.id),
+            "scheduled sequence is unknown"
+        );
+        self.drop_sequence(scheduled.id);
+        self.failed.insert(scheduled.id);
     }
 
     fn run_sequence(&mut self, scheduled: &pb::ScheduledSequence) -> Option<pb::SequenceOutput> {

@@ -2,9 +2,10 @@
 //! the real step loop does. The simulated shard runs each step as it is sent.
 use std::time::Instant;
 
-use super::api::FinishReason;
+use super::api::{FailureKind, FinishReason, SequenceEvent};
+use super::apply::MAX_OUT_OF_MEMORY_STEPS;
 use super::test_harness::{busy_tiny_pool, expected_tokens, Harness};
-use super::test_support::{config, request, token_at};
+use super::test_support::{cached_config, config, request, token_at, CapturedMetrics};
 
 const DEPTH: usize = 2;
 
@@ -137,7 +138,7 @@ fn a_preemption_with_a_step_in_flight_drops_the_stale_answer_and_recomputes() {
 #[test]
 fn a_busy_tiny_pool_pipelined_with_the_prefix_cache_stays_exact() {
     for cached in [true, false] {
-        let (h, submitted) = busy_tiny_pool(cached, DEPTH);
+        let (h, submitted) = busy_tiny_pool(cached, DEPTH, &[]);
         for &(id, len, new_tokens) in &submitted {
             if h.streams.contains_key(&id) {
                 assert_eq!(
@@ -156,4 +157,91 @@ fn a_busy_tiny_pool_pipelined_with_the_prefix_cache_stays_exact() {
             "shared prefixes reused iff cached"
         );
     }
+}
+
+/// The device runs out of memory on two steps: nothing of them is kept, their sequences
+/// are computed again, and every client gets exactly the tokens it would have.
+#[test]
+fn steps_out_of_device_memory_recompute_their_sequences_and_lose_nothing() {
+    let recorder = CapturedMetrics::default();
+    let (h, submitted) = metrics::with_local_recorder(&recorder, || {
+        let mut h = Harness::new(config(4, 64, 8));
+        h.sim.out_of_memory_steps.extend([3, 6]);
+        let submitted: Vec<(u64, u32, u32)> = [(3, 6), (5, 7), (20, 5), (2, 9)]
+            .iter()
+            .map(|&(prompt, new)| (h.submit(request(prompt, new)), prompt, new))
+            .collect();
+        h.run_pipelined(DEPTH, 200);
+        (h, submitted)
+    });
+    for &(id, prompt, new) in &submitted {
+        assert_eq!(
+            h.tokens(id),
+            expected_tokens(id, prompt, new),
+            "sequence {id}"
+        );
+        assert_eq!(h.finished(id), Some((FinishReason::Length, new)));
+    }
+    let recomputed = submitted
+        .iter()
+        .filter(|&&(id, _, _)| h.sim.announcements[&id] > 1)
+        .count();
+    assert!(
+        recomputed > 0,
+        "the failed steps' sequences were announced again"
+    );
+    assert_eq!(recorder.counter("textgen_out_of_memory_steps_total"), 2);
+    assert_eq!(h.state.allocator.used(), 0);
+    assert_eq!(h.sim.live_sequences(), 0);
+}
+
+#[test]
+fn a_sequence_the_device_keeps_running_out_of_memory_on_fails_with_a_clear_error() {
+    let mut h = Harness::new(config(4, 64, 8));
+    h.sim.out_of_memory_steps.extend(0..100);
+    let id = h.submit(request(3, 5));
+    h.run_pipelined(DEPTH, 100);
+    let last = h.events(id).last().expect("an event");
+    assert!(
+        matches!(last, SequenceEvent::Error(f) if f.kind == FailureKind::OutOfMemory
+            && f.message.contains("ran out of memory")),
+        "{last:?}"
+    );
+    assert_eq!(h.sim.announcements[&id], MAX_OUT_OF_MEMORY_STEPS);
+    assert_eq!(h.state.allocator.used(), 0);
+    assert_eq!(h.sim.live_sequences(), 0);
+}
+
+/// Out-of-memory steps amid sharing, eviction, preemption and cancellations: every
+/// client still gets its exact tokens, and the pool ends exact (the simulated shard checks
+/// every cached position it is handed against what was written).
+#[test]
+fn out_of_memory_steps_on_a_busy_cached_pool_leave_no_unwritten_kv_in_the_cache() {
+    let (h, submitted) = busy_tiny_pool(true, DEPTH, &[5, 17, 33]);
+    for &(id, len, new_tokens) in &submitted {
+        if h.streams.contains_key(&id) {
+            assert_eq!(
+                h.tokens(id),
+                expected_tokens(id, len, new_tokens),
+                "sequence {id}"
+            );
+            assert_eq!(h.finished(id), Some((FinishReason::Length, new_tokens)));
+        }
+    }
+    assert_eq!(h.state.allocator().used() as usize, h.state.cached_blocks());
+    assert_eq!(h.sim.live_sequences(), 0);
+}
+
+/// A 12-token prompt prefills in chunks of 4. Step 2 (the last chunk) is planned while
+/// step 1 runs, so applying step 1 caches all 12 positions before step 2 writes the last
+/// four; the device runs out of memory on step 2. Readmitted, the sequence must not find
+/// those positions in the cache (the simulated shard checks what it is handed).
+#[test]
+fn a_chunk_cached_before_its_step_ran_out_of_memory_is_not_served_from_the_cache() {
+    let mut h = Harness::new(cached_config(2, 64, 4));
+    h.sim.out_of_memory_steps.insert(2);
+    let id = h.submit(request(12, 3));
+    h.run_pipelined(DEPTH, 100);
+    assert_eq!(h.tokens(id), expected_tokens(id, 12, 3));
+    assert_eq!(h.sim.announcements[&id], 2, "recomputed once");
 }

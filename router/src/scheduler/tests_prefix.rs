@@ -192,7 +192,7 @@ fn cached_blocks_are_evicted_for_new_work_but_never_while_in_use() {
 #[test]
 fn a_busy_tiny_pool_with_sharing_and_cancellations_stays_exact() {
     let run = |cached: bool| {
-        let (h, submitted) = busy_tiny_pool(cached, 1);
+        let (h, submitted) = busy_tiny_pool(cached, 1, &[]);
         for &(id, len, new_tokens) in &submitted {
             if h.streams.contains_key(&id) {
                 assert_eq!(
