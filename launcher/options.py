@@ -125,7 +125,7 @@ OPTIONS: tuple[Option, ...] = (
            "checkpoint's own GPTQ/AWQ weights (loaded without the flag too).", choices=("fp8", "gptq", "awq", "marlin"),
            default="none"),
     _shard("--kv-cache-tokens", "KV pool size in tokens on CPU.", positive_int,
-           default="set by the shard"),
+           default="32768"),
     _shard("--cuda-memory-fraction", "Share of GPU memory the shard may use.", fraction,
            default="1.0"),
     # Router limits.
