@@ -201,6 +201,20 @@ pub fn busy_tiny_pool(
     (h, submitted)
 }
 
+/// Every client that stayed got exactly its tokens and finished at its length.
+pub fn assert_kept_streams_exact(h: &Harness, submitted: &[Submitted]) {
+    for &(id, len, new_tokens) in submitted {
+        if h.streams.contains_key(&id) {
+            assert_eq!(
+                h.tokens(id),
+                expected_tokens(id, len, new_tokens),
+                "sequence {id}"
+            );
+            assert_eq!(h.finished(id), Some((FinishReason::Length, new_tokens)));
+        }
+    }
+}
+
 pub fn expected_tokens(seed: u64, prompt_len: u32, count: u32) -> Vec<u32> {
     (0..count).map(|k| token_at(seed, prompt_len + k)).collect()
 }

@@ -4,7 +4,7 @@ use std::time::Instant;
 
 use super::api::{FailureKind, FinishReason, SequenceEvent};
 use super::apply::MAX_OUT_OF_MEMORY_STEPS;
-use super::test_harness::{busy_tiny_pool, expected_tokens, Harness};
+use super::test_harness::{assert_kept_streams_exact, busy_tiny_pool, expected_tokens, Harness};
 use super::test_support::{cached_config, config, request, token_at, CapturedMetrics};
 
 const DEPTH: usize = 2;
@@ -139,16 +139,7 @@ fn a_preemption_with_a_step_in_flight_drops_the_stale_answer_and_recomputes() {
 fn a_busy_tiny_pool_pipelined_with_the_prefix_cache_stays_exact() {
     for cached in [true, false] {
         let (h, submitted) = busy_tiny_pool(cached, DEPTH, &[]);
-        for &(id, len, new_tokens) in &submitted {
-            if h.streams.contains_key(&id) {
-                assert_eq!(
-                    h.tokens(id),
-                    expected_tokens(id, len, new_tokens),
-                    "sequence {id}"
-                );
-                assert_eq!(h.finished(id), Some((FinishReason::Length, new_tokens)));
-            }
-        }
+        assert_kept_streams_exact(&h, &submitted);
         assert_eq!(h.state.allocator().used() as usize, h.state.cached_blocks());
         assert_eq!(h.sim.live_sequences(), 0);
         assert_eq!(
@@ -218,16 +209,7 @@ fn a_sequence_the_device_keeps_running_out_of_memory_on_fails_with_a_clear_error
 #[test]
 fn out_of_memory_steps_on_a_busy_cached_pool_leave_no_unwritten_kv_in_the_cache() {
     let (h, submitted) = busy_tiny_pool(true, DEPTH, &[5, 17, 33]);
-    for &(id, len, new_tokens) in &submitted {
-        if h.streams.contains_key(&id) {
-            assert_eq!(
-                h.tokens(id),
-                expected_tokens(id, len, new_tokens),
-                "sequence {id}"
-            );
-            assert_eq!(h.finished(id), Some((FinishReason::Length, new_tokens)));
-        }
-    }
+    assert_kept_streams_exact(&h, &submitted);
     assert_eq!(h.state.allocator().used() as usize, h.state.cached_blocks());
     assert_eq!(h.sim.live_sequences(), 0);
 }

@@ -5,7 +5,9 @@ use std::time::{Duration, Instant};
 
 use super::admission::AdmissionPolicy;
 use super::api::{FinishReason, SequenceRequest};
-use super::test_harness::{busy_tiny_pool, chunks, expected_tokens, Harness};
+use super::test_harness::{
+    assert_kept_streams_exact, busy_tiny_pool, chunks, expected_tokens, Harness,
+};
 use super::test_support::{cached_config, request, CapturedMetrics};
 use crate::pb;
 
@@ -193,15 +195,7 @@ fn cached_blocks_are_evicted_for_new_work_but_never_while_in_use() {
 fn a_busy_tiny_pool_with_sharing_and_cancellations_stays_exact() {
     let run = |cached: bool| {
         let (h, submitted) = busy_tiny_pool(cached, 1, &[]);
-        for &(id, len, new_tokens) in &submitted {
-            if h.streams.contains_key(&id) {
-                assert_eq!(
-                    h.tokens(id),
-                    expected_tokens(id, len, new_tokens),
-                    "sequence {id}"
-                );
-            }
-        }
+        assert_kept_streams_exact(&h, &submitted);
         let cached_blocks = h.state.cached_blocks() as u32;
         assert_eq!(h.state.allocator().used(), cached_blocks);
         (h.sim.cached_positions, submitted.len())
