@@ -8,16 +8,22 @@ shard whose step worker holds the GIL in a long native call (a grammar compile);
 FAKE_EVENTS_FILE gets a line when SIGTERM arrives.
 """
 
-import argparse
-import json
-import os
 import signal
-import sys
 import threading
-import time
-from concurrent import futures
 
-import grpc
+# First, before the slow imports: the launcher may stop this shard the moment another rank
+# fails to load, and a SIGTERM that found no handler would end it without its stop event.
+stop = threading.Event()
+signal.signal(signal.SIGTERM, lambda *_: stop.set())
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from concurrent import futures  # noqa: E402
+
+import grpc  # noqa: E402
 
 parser = argparse.ArgumentParser()
 parser.add_argument("command")
@@ -38,8 +44,6 @@ if os.environ.get("FAKE_SHARD_CRASH_RANK") == str(args.rank):
     print("RuntimeError: weights are corrupt", file=sys.stderr, flush=True)
     sys.exit(3)
 
-stop = threading.Event()
-signal.signal(signal.SIGTERM, lambda *_: stop.set())
 stuck = threading.Event()
 
 
