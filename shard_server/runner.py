@@ -203,8 +203,7 @@ class ModelRunner:
                     launched.response.step_id, len(launched.work))  # fmt: skip
         for item in launched.work:
             self._fail(item.state)
-        launched.work, launched.samplers, launched.sampled, launched.host = [], [], [], []
-        launched.began = launched.prepared = launched.done = None
+        launched.work = []  # `complete` then answers with the response alone
         launched.response.out_of_memory = True
         if self.device.type == "cuda":
             torch.cuda.empty_cache()  # what the failed allocation left cached goes back
