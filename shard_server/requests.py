@@ -132,6 +132,8 @@ class SequenceState:
     pending: list = field(default_factory=list)
     # Constrained decoding: the sequence's matcher (grammar.SequenceGrammar), None for free text.
     grammar: object | None = None
+    # Speculative decoding: the n-gram index its drafts come from, made at its first draft.
+    ngram: object | None = None
 
     @property
     def known_len(self) -> int:

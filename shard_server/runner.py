@@ -29,6 +29,7 @@ from .models.causal_lm import CausalLM
 from .pb import generate_pb2 as pb
 from .requests import InvalidStepError, SequenceTable
 from .sampling import SampledTokens, Sampler, SamplingRows, TokenMask
+from .speculation import kept_tokens
 from .step_plan import PoolLimits, ScheduledWork, apply_plan, plan_step
 
 log = logging.getLogger(__name__)
@@ -64,9 +65,11 @@ class LaunchedStep:
 
     response: pb.StepResponse
     work: list[ScheduledWork] = field(default_factory=list)
-    samplers: list[int] = field(default_factory=list)  # indices into work that sampled
+    # The work item (index into work) of each sampled row, in order: one row per sampling
+    # item, or 1 + len(drafts) consecutive rows for a verification.
+    row_items: list[int] = field(default_factory=list)
     prefill: dict[int, list[float]] = field(default_factory=dict)
-    sampled: list[PendingToken] = field(default_factory=list)  # one per sampler, in order
+    sampled: list[PendingToken] = field(default_factory=list)  # one per sampled row, in order
     host: list[torch.Tensor] = field(default_factory=list)  # ids, logprobs[, top ids, top logprobs]
     # Constrained rows: the mask of the sampler rows that have a grammar, and those of them
     # (indices into work) whose grammar reached a dead end, with the reason.
@@ -160,7 +163,8 @@ class ModelRunner:
         launched.began = self._device_event()
         tensors = self._prepare(work)
         launched.prepared = self._device_event()
-        needs_hidden = any(self._wants_prefill_logprobs(item) for item in work)
+        # Prompt logprobs and verifications read more than each sequence's last row.
+        needs_hidden = any(self._wants_prefill_logprobs(item) or item.drafts for item in work)
         hidden, decoded = self._forward(tensors, needs_hidden)
         failed: set[int] = set()
         if settle is not None:
@@ -169,13 +173,12 @@ class ModelRunner:
             # end): its row ran in the forward, but it draws nothing and gets no output.
             failed = {i for i, item in enumerate(work) if item.state.id in self.table.failed}
         samplers = [i for i, item in enumerate(work) if item.sample and i not in failed]
+        row_items = [i for i in samplers for _ in range(1 + len(work[i].drafts))]
         if decoded is not None and len(samplers) < len(work):
             index = to_device(samplers, torch.long, self.device)
             decoded = decoded.select(index) if samplers else None
         if samplers and decoded is None:
-            rows = to_device(
-                [tensors.query_starts[i] + work[i].num_tokens - 1 for i in samplers], torch.long, self.device
-            )
+            rows = to_device(_sampled_rows(work, samplers, tensors.query_starts), torch.long, self.device)
             decoded = DecodeOutputs(self.model.compute_logits(hidden.index_select(0, rows)), None, None)
         launched.prefill = {
             i: self._prefill_logprobs(hidden, tensors.query_starts[i], item)
@@ -184,15 +187,17 @@ class ModelRunner:
         }
         if samplers:
             # After the forward is queued, so that the host fills the masks while the GPU runs.
-            self._mask_constrained(launched, work, samplers)
-            tokens = self._sample(decoded, [work[i] for i in samplers], launched.token_mask)
-            launched.samplers = samplers
-            launched.sampled = [PendingToken(tokens.ids, row) for row in range(len(samplers))]
-            for i, token in zip(samplers, launched.sampled):
-                work[i].state.pending.append(token)
+            self._mask_constrained(launched, work, row_items)
+            tokens = self._sample(decoded, work, row_items, launched.token_mask)
+            launched.row_items = row_items
+            launched.sampled = [PendingToken(tokens.ids, row) for row in range(len(row_items))]
+            for i, token in zip(row_items, launched.sampled):
+                if not work[i].drafts:  # a verification's tokens are chosen on the host
+                    work[i].state.pending.append(token)
             launched.host = self._to_host(tokens)
         for item in work:  # last: `item.end` is relative to computed_len
-            item.state.computed_len = item.end
+            # A verification's drafts count once kept (`_finish`); its input's KV is in now.
+            item.state.computed_len = item.end - len(item.drafts)
         launched.done = self._device_event()
 
     def _out_of_memory(self, launched: LaunchedStep) -> None:
@@ -281,7 +286,7 @@ class ModelRunner:
         for item in work:
             starts.append(len(ids))
             state = item.state
-            known = state.token_ids[item.start : item.end]
+            known = state.token_ids[item.start : item.end] + item.drafts
             if len(known) < item.num_tokens:
                 # A decode of the token the previous step sampled: it is still on the device.
                 on_device.append((len(ids) + len(known), state.pending[item.end - 1 - len(state.token_ids)]))
@@ -312,26 +317,32 @@ class ModelRunner:
             out.extend(logprobs.gather(1, targets.unsqueeze(1)).squeeze(1).tolist())
         return out
 
-    def _mask_constrained(self, launched: LaunchedStep, work: list[ScheduledWork], samplers: list[int]) -> None:
-        """Fills the masks of the sampler rows that have a grammar and queues them to the device."""
-        rows = [row for row, i in enumerate(samplers) if work[i].state.grammar is not None]
+    def _mask_constrained(self, launched: LaunchedStep, work: list[ScheduledWork], row_items: list[int]) -> None:
+        """Fills the masks of the sampled rows that have a grammar and queues them to the device
+        (a constrained sequence is never drafted for: one row each)."""
+        rows = [row for row, i in enumerate(row_items) if work[i].state.grammar is not None]
         if not rows:
             return
         on_gpu = self.device.type == "cuda"
         bits = self.grammars.allocate(len(rows), pinned=on_gpu)
-        dead = self.grammars.fill([work[samplers[row]].state.grammar for row in rows], bits)
+        dead = self.grammars.fill([work[row_items[row]].state.grammar for row in rows], bits)
         launched.mask_ns = self.grammars.timing.last_ns
-        launched.dead_ends = {samplers[rows[k]]: reason for k, reason in dead.items()}
-        index = None if len(rows) == len(samplers) else to_device(rows, torch.long, self.device)
-        slots = [-1] * len(samplers)
+        launched.dead_ends = {row_items[rows[k]]: reason for k, reason in dead.items()}
+        index = None if len(rows) == len(row_items) else to_device(rows, torch.long, self.device)
+        slots = [-1] * len(row_items)
         for k, row in enumerate(rows):
             slots[row] = k
         launched.token_mask = TokenMask(
             bits.to(self.device, non_blocking=True) if on_gpu else bits, index, to_device(slots, torch.int32, self.device)
         )
 
-    def _sample(self, decoded: DecodeOutputs, work: list[ScheduledWork], mask: TokenMask | None = None) -> SampledTokens:
-        states = [item.state for item in work]
+    def _sample(
+        self, decoded: DecodeOutputs, work: list[ScheduledWork], row_items: list[int], mask: TokenMask | None = None
+    ) -> SampledTokens:
+        """Chooses each sampled row's token. A verification's rows are its positions in order,
+        each chosen as a plain decode there would be (its own position's draw and counts)."""
+        states = [work[i].state for i in row_items]
+        positions = _row_positions(work, row_items)
         if all(s.plain_argmax for s in states):
             if mask is None and decoded.greedy_ids is not None:
                 return SampledTokens(decoded.greedy_ids, decoded.greedy_logprobs, None, None)
@@ -341,12 +352,12 @@ class ModelRunner:
         params = [s.sampling for s in states]
         rows = SamplingRows(
             params=params,
-            positions=[item.end for item in work],
+            positions=positions,
             all_tokens=[s.token_ids for s in states] if any(p.needs_all_tokens for p in params) else [],
             generated_tokens=[s.generated_ids for s in states]
             if any(p.needs_generated_counts for p in params)
             else [],
-            generated_counts=[item.end - s.prompt_len for item, s in zip(work, states)],
+            generated_counts=[position - s.prompt_len for position, s in zip(positions, states)],
             top_n=[s.top_n_tokens for s in states],
             previous_tokens=[s.token_ids[-1] for s in states] if any(p.watermark for p in params) else [],
             token_mask=mask,
@@ -356,7 +367,9 @@ class ModelRunner:
     def _finish(self, launched: LaunchedStep) -> None:
         """Moves each sampled token to its sequence on the host and writes the outputs."""
         response, work, prefill = launched.response, launched.work, launched.prefill
-        row_of = {i: row for row, i in enumerate(launched.samplers)}
+        row_of: dict[int, int] = {}  # each sampling item's first row
+        for row, i in enumerate(launched.row_items):
+            row_of.setdefault(i, row)
         ids = logprobs = top_ids = top_lps = None
         if launched.host:
             ids, logprobs = launched.host[0].tolist(), launched.host[1].tolist()
@@ -376,18 +389,28 @@ class ModelRunner:
                     output.error = error
                     self._fail(state)
                     continue
-                state.token_ids.append(ids[row])
-                token = output.token
-                token.id, token.logprob = ids[row], logprobs[row]
-                n = state.top_n_tokens
-                if n and top_ids is not None:
-                    alternatives = list(zip(top_ids[row][:n], top_lps[row][:n]))
-                    if state.grammar is not None:  # fewer allowed tokens than n: no forbidden filler
-                        alternatives = [(t, lp) for t, lp in alternatives if lp != float("-inf")]
-                    token.top_ids.extend(t for t, _ in alternatives)
-                    token.top_logprobs.extend(lp for _, lp in alternatives)
+                kept = kept_tokens(ids[row : row + 1 + len(item.drafts)], item.drafts)
+                state.token_ids.extend(kept)
+                if item.drafts:  # the KV of kept drafts is the sequence's; the rest is overwritten later
+                    state.computed_len += len(kept) - 1
+                    output.drafted = len(item.drafts)
+                for k in range(len(kept)):
+                    token = output.token if k == 0 else output.next_tokens.add()
+                    self._write_token(token, state, row + k, ids, logprobs, top_ids, top_lps)
             if i in prefill:
                 output.prefill_logprobs.extend(prefill[i])
+
+    @staticmethod
+    def _write_token(token, state, row: int, ids, logprobs, top_ids, top_lps) -> None:
+        """Fills one output Token from sampled row `row`, with its top-n alternatives."""
+        token.id, token.logprob = ids[row], logprobs[row]
+        n = state.top_n_tokens
+        if n and top_ids is not None:
+            alternatives = list(zip(top_ids[row][:n], top_lps[row][:n]))
+            if state.grammar is not None:  # fewer allowed tokens than n: no forbidden filler
+                alternatives = [(t, lp) for t, lp in alternatives if lp != float("-inf")]
+            token.top_ids.extend(t for t, _ in alternatives)
+            token.top_logprobs.extend(lp for _, lp in alternatives)
 
     def _fail(self, state) -> None:
         """Drops a sequence whose grammar failed, unless the router released it meanwhile."""
@@ -398,6 +421,26 @@ class ModelRunner:
 def _consume(state, token: int) -> str | None:
     """Advances a constrained sequence's grammar past its sampled token; the reason it fails."""
     return None if state.grammar is None else state.grammar.consume(token)
+
+
+def _sampled_rows(work: list[ScheduledWork], samplers: list[int], query_starts: list[int]) -> list[int]:
+    """Hidden-state rows to sample from: each sampler's last input, or every input of a
+    verification (its decode's input, then each draft)."""
+    rows: list[int] = []
+    for i in samplers:
+        last = query_starts[i] + work[i].num_tokens - 1
+        rows.extend(range(last - len(work[i].drafts), last + 1))
+    return rows
+
+
+def _row_positions(work: list[ScheduledWork], row_items: list[int]) -> list[int]:
+    """Position of the token each sampled row chooses: a verification's rows choose the tokens
+    at its positions end - len(drafts) .. end, the others the one at `end`."""
+    positions: list[int] = []
+    for row, i in enumerate(row_items):
+        first = row == 0 or row_items[row - 1] != i
+        positions.append(work[i].end - len(work[i].drafts) if first else positions[-1] + 1)
+    return positions
 
 
 def _needs_host_tokens(item: ScheduledWork) -> bool:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from .requests import InvalidStepError, SamplingParams, SequenceRefused, SequenceState, SequenceTable
 from .sampling import argmax_suffices
+from .speculation import NgramIndex
 
 
 @dataclass
@@ -19,6 +20,9 @@ class ScheduledWork:
     new_block_ids: list[int]
     num_tokens: int
     sample: bool
+    # Speculative decoding: tokens drafted after the decode's input, verified in this step
+    # (they are the last len(drafts) of its num_tokens inputs).
+    drafts: list[int] = field(default_factory=list)
 
     @property
     def start(self) -> int:
@@ -158,7 +162,28 @@ def _scheduled(msg, state: SequenceState, limits: PoolLimits) -> ScheduledWork:
             f"sequence {state.id}: {item.end} tokens need {_ceil_div(item.end, limits.block_size)} blocks, "
             f"it has {capacity // limits.block_size}"
         )
+    if msg.max_draft_tokens:
+        _add_drafts(item, msg.max_draft_tokens, capacity, limits)
     return item
+
+
+def _add_drafts(item: ScheduledWork, k: int, capacity: int, limits: PoolLimits) -> None:
+    """Drafts up to k tokens after a decode's input, to verify in the same step. A sequence
+    whose next token reads its history on the host (grammar, penalties, watermark) is not
+    drafted for: its rows would depend on each other's tokens."""
+    state = item.state
+    if item.num_tokens != 1 or not item.sample or state.pending:
+        raise InvalidStepError(
+            f"sequence {state.id}: drafts need a decode whose input token is on the host"
+        )
+    if item.end + k > min(capacity, limits.max_positions):
+        raise InvalidStepError(f"sequence {state.id}: no KV slot or position for {k} drafts")
+    if state.needs_host_tokens:
+        return
+    if state.ngram is None:
+        state.ngram = NgramIndex()
+    item.drafts = state.ngram.propose(state.token_ids, k)
+    item.num_tokens += len(item.drafts)
 
 
 def apply_plan(plan: StepPlan, table: SequenceTable) -> None:

@@ -1,0 +1,62 @@
+"""Speculative decoding on the shard: n-gram drafts, and which of them a verification keeps.
+
+A verification runs a decode's input token and k drafts through one forward, causally, and
+chooses a token at every position exactly as a plain decode would there (same processing,
+same (seed, position) draw: sampling.py). A draft is kept while it equals the token chosen
+before it; the first token that differs ends the run and is kept too. With a deterministic
+draft this is rejection sampling for a one-point proposal (accept with probability p(d),
+else draw from p without d), and it also makes the text with speculation on the same text,
+seeded draw for seeded draw, as with it off.
+
+Drafts come from prompt lookup: the longest recent n-gram equal to the sequence's last n
+tokens (NGRAM_MAX down to NGRAM_MIN) predicts that what followed it then follows now.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+NGRAM_MAX = 4
+NGRAM_MIN = 2
+
+
+@dataclass
+class NgramIndex:
+    """For each n, the latest position where each n-gram ended, over a sequence's tokens.
+
+    Extended lazily as the sequence grows, so each token is indexed once. An n-gram is indexed
+    only once a token follows it, so a lookup never matches the suffix with itself.
+    """
+
+    indexed: int = 0  # tokens[:indexed] have had their following token seen
+    last_end: list[dict[tuple[int, ...], int]] = field(
+        default_factory=lambda: [{} for _ in range(NGRAM_MAX + 1)]
+    )
+
+    def _extend(self, tokens: list[int]) -> None:
+        for end in range(self.indexed, len(tokens) - 1):
+            for n in range(NGRAM_MIN, min(NGRAM_MAX, end + 1) + 1):
+                self.last_end[n][tuple(tokens[end - n + 1 : end + 1])] = end
+        self.indexed = max(self.indexed, len(tokens) - 1)
+
+    def propose(self, tokens: list[int], k: int) -> list[int]:
+        """Up to k tokens that followed the longest earlier match of the sequence's suffix."""
+        if k <= 0 or len(tokens) < NGRAM_MIN + 1:
+            return []
+        self._extend(tokens)
+        for n in range(min(NGRAM_MAX, len(tokens) - 1), NGRAM_MIN - 1, -1):
+            end = self.last_end[n].get(tuple(tokens[-n:]))
+            if end is not None:
+                return tokens[end + 1 : end + 1 + k]
+        return []
+
+
+def kept_tokens(chosen: list[int], drafts: list[int]) -> list[int]:
+    """The tokens a verification produces: `chosen[j]` is the token chosen after the input
+    and the first j drafts. Each draft equal to the token chosen before it is kept, and the
+    first chosen token that differs from its draft (or the one after every draft) ends it."""
+    assert len(chosen) == len(drafts) + 1, "one chosen token per verified position"
+    kept = 0
+    while kept < len(drafts) and chosen[kept] == drafts[kept]:
+        kept += 1
+    return chosen[: kept + 1]

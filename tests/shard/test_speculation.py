@@ -1,0 +1,179 @@
+"""Speculative decoding on the shard: n-gram drafts, verification in one forward, and text
+that is the same, token for token, with drafts as without (greedy and seeded sampling)."""
+
+from __future__ import annotations
+
+import pytest
+
+from shard_server.pb import generate_pb2 as pb
+from shard_server.requests import InvalidStepError
+from shard_server.speculation import NgramIndex, kept_tokens
+
+from .helpers import StepDriver, load_runner
+
+GREEDY = pb.SamplingParameters()
+SEEDED = pb.SamplingParameters(do_sample=True, temperature=0.7, top_k=8, top_p=0.9, seed=11)
+PENALISED = pb.SamplingParameters(repetition_penalty=1.2)
+# Repeats, so that prompt lookup finds something from the first decode on.
+PROMPT = [5, 9, 14, 3, 22, 7, 5, 9, 14, 3, 22, 7, 5, 9]
+
+
+# -- the drafter and the acceptance rule -------------------------------------------------------
+def test_ngram_proposes_what_followed_the_longest_latest_match():
+    index = NgramIndex()
+    #          0  1  2  3  4  5  6  7  8  9
+    tokens = [1, 2, 3, 4, 9, 2, 3, 5, 1, 2, 3]
+    # Suffix 1 2 3 matched at 0..2 (4 follows); the shorter 2 3 also at 5..6 (5 follows),
+    # but the longest match wins.
+    assert index.propose(tokens, 3) == [4, 9, 2]
+    assert index.propose(tokens, 1) == [4]
+    tokens.append(7)  # suffix 3 7: never seen
+    assert index.propose(tokens, 4) == []
+    assert index.propose([8, 8], 4) == []  # too short for a 2-gram and its match
+
+
+def test_ngram_prefers_the_most_recent_match_and_never_matches_itself():
+    index = NgramIndex()
+    tokens = [4, 5, 1, 4, 5, 2, 4, 5]
+    assert index.propose(tokens, 2) == [2, 4]  # the later 4 5 (followed by 2), not the first
+    assert index.propose([4, 5], 3) == []  # the suffix itself is not an earlier match
+
+
+def test_ngram_index_grows_with_the_sequence():
+    index, tokens = NgramIndex(), [3, 1, 4, 1, 5]
+    assert index.propose(tokens, 2) == []
+    tokens += [9, 3, 1]
+    assert index.propose(tokens, 2) == [4, 1]
+    assert index.indexed == len(tokens) - 1
+
+
+@pytest.mark.parametrize(
+    ("chosen", "drafts", "kept"),
+    [
+        ([7], [], [7]),
+        ([4, 6], [5], [4]),  # first draft rejected: the target's own token ends it
+        ([5, 6, 9], [5, 6], [5, 6, 9]),  # all kept, plus the token after them
+        ([5, 8, 1], [5, 6], [5, 8]),
+    ],
+)
+def test_kept_tokens(chosen, drafts, kept):
+    assert kept_tokens(chosen, drafts) == kept
+
+
+# -- the runner -------------------------------------------------------------------------------
+@pytest.fixture()
+def runner(tiny_model_dirs):
+    return load_runner(tiny_model_dirs["llama"], block_size=4, num_blocks=128)
+
+
+def generate(runner, sampling: pb.SamplingParameters, new_tokens: int, k: int, seq_id: int = 1):
+    """Prefill, then decodes with up to k drafts each, as a router would schedule them.
+    Returns (tokens, drafted, per-step token counts)."""
+    driver = StepDriver(runner)
+    new = pb.NewSequence(id=seq_id, input_ids=PROMPT, prompt_len=len(PROMPT), sampling=sampling)
+    first = pb.ScheduledSequence(
+        id=seq_id, num_tokens=len(PROMPT), new_block_ids=driver.blocks_for(seq_id, len(PROMPT)), sample=True
+    )
+    out = [driver.step(new=[new], scheduled=[first]).outputs[0].token.id]
+    drafted, per_step = 0, []
+    while len(out) < new_tokens:
+        known = len(PROMPT) + len(out)
+        drafts = min(k, new_tokens - len(out) - 1)
+        scheduled = pb.ScheduledSequence(
+            id=seq_id, num_tokens=1, new_block_ids=driver.blocks_for(seq_id, known + drafts), sample=True,
+            max_draft_tokens=drafts,
+        )  # fmt: skip
+        (output,) = driver.step(scheduled=[scheduled]).outputs
+        tokens = [output.token.id, *(t.id for t in output.next_tokens)]
+        assert len(tokens) <= drafts + 1 and output.drafted <= drafts
+        out += tokens
+        drafted += output.drafted
+        per_step.append(len(tokens))
+    driver.step(released=[seq_id])
+    return out, drafted, per_step
+
+
+class OracleDrafts:
+    """Stands in for the n-gram index: drafts the known continuation `text`, with every
+    `wrong_every`-th draft position replaced by a wrong token (0: never)."""
+
+    def __init__(self, text: list[int], wrong_every: int):
+        self.text, self.wrong_every = text, wrong_every
+
+    def propose(self, tokens: list[int], k: int) -> list[int]:
+        drafts = self.text[len(tokens) : len(tokens) + k]
+        if self.wrong_every:
+            drafts = [t if (len(tokens) + j) % self.wrong_every else t + 1 for j, t in enumerate(drafts)]
+        return drafts
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, SEEDED], ids=["greedy", "seeded"])
+@pytest.mark.parametrize("wrong_every", [0, 3, 1], ids=["right", "some-wrong", "all-wrong"])
+def test_verified_drafts_change_nothing_but_the_step_count(runner, monkeypatch, sampling, wrong_every):
+    plain, drafted_off, _ = generate(runner, sampling, 40, k=0)
+    assert drafted_off == 0
+    oracle = OracleDrafts(PROMPT + plain, wrong_every)
+    monkeypatch.setattr("shard_server.step_plan.NgramIndex", lambda: oracle)
+    speculative, drafted, per_step = generate(runner, sampling, 40, k=4)
+    assert speculative == plain
+    assert drafted > 0
+    if wrong_every == 0:  # right drafts are all kept: 4 drafts and the token after them
+        assert per_step[:-1] == [5] * (len(per_step) - 1)
+    elif wrong_every == 1:
+        assert set(per_step) == {1}
+    else:
+        assert 1 < max(per_step) < 5
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, SEEDED], ids=["greedy", "seeded"])
+def test_prompt_lookup_drafts_change_nothing(runner, sampling):
+    plain, _, _ = generate(runner, sampling, 40, k=0)
+    speculative, drafted, _ = generate(runner, sampling, 40, k=4)
+    assert speculative == plain
+    if sampling is GREEDY:  # the greedy text repeats the prompt's 2-grams; the seeded one need not
+        assert drafted > 0, "the repeating prompt gives prompt lookup something to draft"
+
+
+def test_a_sequence_that_reads_its_history_is_not_drafted_for(runner):
+    plain, _, _ = generate(runner, PENALISED, 12, k=0)
+    speculative, drafted, per_step = generate(runner, PENALISED, 12, k=4)
+    assert speculative == plain
+    assert drafted == 0 and set(per_step) == {1}
+
+
+def test_logprobs_and_alternatives_come_with_every_kept_token(runner, monkeypatch):
+    plain, _, _ = generate(runner, GREEDY, 12, k=0)
+    monkeypatch.setattr("shard_server.step_plan.NgramIndex", lambda: OracleDrafts(PROMPT + plain, 0))
+    driver = StepDriver(runner)
+    new = pb.NewSequence(id=3, input_ids=PROMPT, prompt_len=len(PROMPT), sampling=GREEDY, top_n_tokens=2)
+    first = pb.ScheduledSequence(id=3, num_tokens=len(PROMPT), new_block_ids=driver.blocks_for(3, len(PROMPT)),
+                                 sample=True)  # fmt: skip
+    driver.step(new=[new], scheduled=[first])
+    known = runner.table.get(3).known_len
+    scheduled = pb.ScheduledSequence(
+        id=3, num_tokens=1, new_block_ids=driver.blocks_for(3, known + 4), sample=True, max_draft_tokens=4
+    )
+    (output,) = driver.step(scheduled=[scheduled]).outputs
+    assert [output.token.id, *(t.id for t in output.next_tokens)] == plain[1:6]
+    for token in [output.token, *output.next_tokens]:
+        assert token.logprob <= 0.0
+        assert len(token.top_ids) == 2 and token.top_ids[0] == token.id  # greedy: the best one
+
+
+def test_drafts_are_refused_where_the_protocol_does_not_allow_them(runner):
+    driver = StepDriver(runner)
+    new = pb.NewSequence(id=5, input_ids=PROMPT, prompt_len=len(PROMPT), sampling=GREEDY)
+    chunk = pb.ScheduledSequence(id=5, num_tokens=4, new_block_ids=driver.blocks_for(5, 8), sample=False,
+                                 max_draft_tokens=2)  # fmt: skip
+    with pytest.raises(InvalidStepError, match="drafts need a decode"):
+        driver.step(new=[new], scheduled=[chunk])
+    driver = StepDriver(runner)  # the refused step changed nothing on the shard
+    first = pb.ScheduledSequence(id=5, num_tokens=len(PROMPT), new_block_ids=driver.blocks_for(5, len(PROMPT)),
+                                 sample=True)  # fmt: skip
+    driver.step(new=[new], scheduled=[first])
+    # The blocks hold the decode's position but not the drafts' positions.
+    known = runner.table.get(5).known_len
+    short = pb.ScheduledSequence(id=5, num_tokens=1, new_block_ids=driver.blocks_for(5, known), sample=True,
+                                 max_draft_tokens=runner.block_size * 2)  # fmt: skip
+    with pytest.raises(InvalidStepError, match="no KV slot"):
+        driver.step(scheduled=[short])
