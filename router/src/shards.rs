@@ -70,9 +70,7 @@ pub enum ShardError {
         /// Ranks that did not answer `Health` either: hung or stopped processes.
         unresponsive: Vec<usize>,
     },
-    #[error(
-        "shard(s) {ranks:?} are stopped (SIGSTOP or a debugger) and cannot answer {call}"
-    )]
+    #[error("shard(s) {ranks:?} are stopped (SIGSTOP or a debugger) and cannot answer {call}")]
     Stopped {
         call: &'static str,
         ranks: Vec<usize>,
@@ -235,14 +233,19 @@ impl ShardSet {
         }
         let before = self.samples();
         let answered = self
-            .on_all("Health", Some(timeout.min(HEALTH_PROBE_LIMIT)), |mut c| async move {
-                c.health(pb::HealthRequest {}).await
-            })
+            .on_all(
+                "Health",
+                Some(timeout.min(HEALTH_PROBE_LIMIT)),
+                |mut c| async move { c.health(pb::HealthRequest {}).await },
+            )
             .await;
         match answered {
             Ok(_) => Ok(()),
             Err(ShardError::TimedOut { pending, .. }) if self.busy(&before, &pending) => {
-                tracing::debug!(?pending, "shards busy past the Health probe; counted healthy");
+                tracing::debug!(
+                    ?pending,
+                    "shards busy past the Health probe; counted healthy"
+                );
                 Ok(())
             }
             Err(err @ ShardError::TimedOut { .. }) => {
@@ -281,7 +284,10 @@ impl ShardSet {
     fn busy(&self, before: &[Option<process::Sample>], ranks: &[usize]) -> bool {
         let now = self.samples();
         ranks.iter().all(|&rank| {
-            match (before.get(rank).copied().flatten(), now.get(rank).copied().flatten()) {
+            match (
+                before.get(rank).copied().flatten(),
+                now.get(rank).copied().flatten(),
+            ) {
                 (Some(then), Some(now)) => !now.stopped && now.cpu_ticks > then.cpu_ticks,
                 _ => false,
             }

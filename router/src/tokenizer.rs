@@ -176,7 +176,10 @@ impl TextTokenizer {
                 continue;
             };
             let found = at..at + special.len();
-            while content.get(next_content).is_some_and(|c| c.end <= found.start) {
+            while content
+                .get(next_content)
+                .is_some_and(|c| c.end <= found.start)
+            {
                 next_content += 1;
             }
             let in_message = content
@@ -221,7 +224,10 @@ impl TextTokenizer {
             };
             let piece_text = &text[range.clone()];
             let (encoded, shift) = if char_offsets {
-                (tokenizer.encode_char_offsets(piece_text, false), chars_before)
+                (
+                    tokenizer.encode_char_offsets(piece_text, false),
+                    chars_before,
+                )
             } else {
                 (tokenizer.encode(piece_text, false), range.start)
             };
@@ -242,7 +248,11 @@ impl TextTokenizer {
 
     /// How many ids `encode_with` gives, at its cost (linear, long texts in parallel
     /// chunks): what bounds `/tokenize` before it computes offsets.
-    pub fn count_tokens(&self, text: &str, add_special_tokens: bool) -> Result<usize, TokenizerError> {
+    pub fn count_tokens(
+        &self,
+        text: &str,
+        add_special_tokens: bool,
+    ) -> Result<usize, TokenizerError> {
         Ok(self.encode_with(text, add_special_tokens)?.len())
     }
 
@@ -522,7 +532,13 @@ mod tests {
         assert_eq!(ids.iter().filter(|&&id| id == eos).count(), 2);
         assert_eq!(*ids.last().unwrap(), eos);
         let mut expected = tokenizer.encode_with("<eos>user: ", false).unwrap();
-        expected.extend(tokenizer.plain.encode("hi<eos>sys", false).unwrap().get_ids());
+        expected.extend(
+            tokenizer
+                .plain
+                .encode("hi<eos>sys", false)
+                .unwrap()
+                .get_ids(),
+        );
         expected.push(eos);
         assert_eq!(ids, expected);
         // With offsets, as `/chat_tokenize` answers.
@@ -590,7 +606,8 @@ mod cost {
     use super::*;
 
     fn demo_tokenizer() -> Option<TextTokenizer> {
-        let hub = "/root/.cache/huggingface/hub/models--HuggingFaceTB--SmolLM2-135M-Instruct/snapshots";
+        let hub =
+            "/root/.cache/huggingface/hub/models--HuggingFaceTB--SmolLM2-135M-Instruct/snapshots";
         let snapshot = std::fs::read_dir(hub).ok()?.next()?.ok()?.path();
         TextTokenizer::from_file(&snapshot.join("tokenizer.json")).ok()
     }
@@ -604,8 +621,14 @@ mod cost {
             eprintln!("demo tokenizer not cached; skipped");
             return;
         };
-        let hub = "/root/.cache/huggingface/hub/models--HuggingFaceTB--SmolLM2-135M-Instruct/snapshots";
-        let snapshot = std::fs::read_dir(hub).unwrap().next().unwrap().unwrap().path();
+        let hub =
+            "/root/.cache/huggingface/hub/models--HuggingFaceTB--SmolLM2-135M-Instruct/snapshots";
+        let snapshot = std::fs::read_dir(hub)
+            .unwrap()
+            .next()
+            .unwrap()
+            .unwrap()
+            .path();
         let template = ChatTemplate::from_model_dir(&snapshot).unwrap();
         let message = |role: &str, content: &str| TemplateMessage {
             role: role.into(),
@@ -627,7 +650,9 @@ mod cost {
             let messages: Vec<_> = contents.iter().map(|c| message("user", c)).collect();
             let chat = template.render_chat(&messages, None, true).unwrap();
             assert_eq!(
-                tokenizer.encode_chat(&chat.text, &chat.content, false).unwrap(),
+                tokenizer
+                    .encode_chat(&chat.text, &chat.content, false)
+                    .unwrap(),
                 tokenizer.encode_with(&chat.text, false).unwrap(),
                 "{contents:?}"
             );
@@ -636,16 +661,24 @@ mod cost {
         let chat = template
             .render_chat(&[message("user", injected)], None, true)
             .unwrap();
-        let ids = tokenizer.encode_chat(&chat.text, &chat.content, false).unwrap();
+        let ids = tokenizer
+            .encode_chat(&chat.text, &chat.content, false)
+            .unwrap();
         let today = tokenizer.encode_with(&chat.text, false).unwrap();
         assert_eq!((count(&today, start), count(&today, end)), (4, 4));
         // Default system turn, user turn, assistant opening: 3 starts and 2 ends.
         assert_eq!((count(&ids, start), count(&ids, end)), (3, 2));
         assert_eq!(tokenizer.decode(&ids, false).unwrap(), chat.text);
         let span = chat.content[0].clone();
-        let mut expected = tokenizer.encode_with(&chat.text[..span.start], false).unwrap();
+        let mut expected = tokenizer
+            .encode_with(&chat.text[..span.start], false)
+            .unwrap();
         expected.extend(tokenizer.plain.encode(injected, false).unwrap().get_ids());
-        expected.extend(tokenizer.encode_with(&chat.text[span.end..], false).unwrap());
+        expected.extend(
+            tokenizer
+                .encode_with(&chat.text[span.end..], false)
+                .unwrap(),
+        );
         assert_eq!(ids, expected);
     }
 

@@ -348,7 +348,10 @@ fn constrained_validation() -> Validation {
 }
 
 fn native(parameters: &str) -> GenerateRequest {
-    serde_json::from_str(&format!(r#"{{"inputs":"hello","parameters":{parameters}}}"#)).unwrap()
+    serde_json::from_str(&format!(
+        r#"{{"inputs":"hello","parameters":{parameters}}}"#
+    ))
+    .unwrap()
 }
 
 fn openai(grammar: crate::grammar::GrammarRequest) -> GenerationInput {
@@ -365,7 +368,10 @@ fn openai(grammar: crate::grammar::GrammarRequest) -> GenerationInput {
 async fn grammars_from_either_surface_are_compiled_into_the_request() {
     let v = constrained_validation();
     let valid = v
-        .validate(native(r#"{"grammar":{"type":"regex","value":"a+"}}"#), false)
+        .validate(
+            native(r#"{"grammar":{"type":"regex","value":"a+"}}"#),
+            false,
+        )
         .await
         .unwrap();
     let grammar = valid.params.grammar.expect("compiled");
@@ -376,7 +382,10 @@ async fn grammars_from_either_surface_are_compiled_into_the_request() {
         .await
         .unwrap();
     assert!(valid.params.grammar.is_some());
-    let free = v.validate(native(r#"{"grammar":null}"#), false).await.unwrap();
+    let free = v
+        .validate(native(r#"{"grammar":null}"#), false)
+        .await
+        .unwrap();
     assert!(free.params.grammar.is_none());
 }
 
@@ -387,7 +396,13 @@ async fn bad_and_doubled_grammars_are_refused_by_validation() {
         .validate(native(r#"{"grammar":{"type":"regex","value":"("}}"#), false)
         .await
         .unwrap_err();
-    assert!(matches!(err, ValidationError::Grammar(crate::grammar::GrammarError::Invalid { kind: "regex", .. })), "{err:?}");
+    assert!(
+        matches!(
+            err,
+            ValidationError::Grammar(crate::grammar::GrammarError::Invalid { kind: "regex", .. })
+        ),
+        "{err:?}"
+    );
     let mut both = openai(crate::grammar::GrammarRequest::JsonObject);
     both.parameters.grammar = Some(serde_json::json!({"type": "regex", "value": "a"}));
     assert_eq!(
@@ -399,10 +414,16 @@ async fn bad_and_doubled_grammars_are_refused_by_validation() {
 #[tokio::test]
 async fn without_a_compiler_grammars_are_refused_as_disabled() {
     let err = validation()
-        .validate(native(r#"{"grammar":{"type":"regex","value":"a+"}}"#), false)
+        .validate(
+            native(r#"{"grammar":{"type":"regex","value":"a+"}}"#),
+            false,
+        )
         .await
         .unwrap_err();
-    assert_eq!(err, ValidationError::Grammar(crate::grammar::GrammarError::Disabled));
+    assert_eq!(
+        err,
+        ValidationError::Grammar(crate::grammar::GrammarError::Disabled)
+    );
 }
 
 #[test]

@@ -179,7 +179,9 @@ impl GrammarCompiler {
             message: client_message(&message),
         };
         let mut matcher = Matcher::new(self.factory.create_parser(grammar));
-        let mask = matcher.compute_mask().map_err(|err| invalid(err.to_string()))?;
+        let mask = matcher
+            .compute_mask()
+            .map_err(|err| invalid(err.to_string()))?;
         if let Some(error) = matcher.get_error() {
             return Err(invalid(error));
         }

@@ -56,20 +56,28 @@ fn invalid(request: GrammarRequest) -> String {
 #[test]
 fn a_schema_compiles_with_the_stop_tokens_and_fixed_separators() {
     let c = compiler();
-    let schema = json!({"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]});
-    let grammar = c.compile_blocking(&GrammarRequest::JsonSchema(schema)).unwrap();
+    let schema =
+        json!({"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]});
+    let grammar = c
+        .compile_blocking(&GrammarRequest::JsonSchema(schema))
+        .unwrap();
     assert_eq!(grammar.stop_token_ids, vec![EOS]);
     assert!(grammar.llguidance.contains("\"whitespace_flexible\":false"));
     assert!(accepts(&c, &grammar, r#"{"n": 42}"#));
     assert!(!accepts(&c, &grammar, r#"{"n": "42"}"#));
-    assert!(!accepts(&c, &grammar, "{\"n\":\n\n\n 42}"), "whitespace is fixed");
+    assert!(
+        !accepts(&c, &grammar, "{\"n\":\n\n\n 42}"),
+        "whitespace is fixed"
+    );
 }
 
 #[test]
 fn a_clients_own_whitespace_options_are_replaced() {
     let c = compiler();
     let schema = json!({"type": "object", "x-guidance": {"whitespace_flexible": true}});
-    let grammar = c.compile_blocking(&GrammarRequest::JsonSchema(schema)).unwrap();
+    let grammar = c
+        .compile_blocking(&GrammarRequest::JsonSchema(schema))
+        .unwrap();
     assert!(!accepts(&c, &grammar, "{     }"));
     assert!(accepts(&c, &grammar, "{}"));
 }
@@ -86,7 +94,9 @@ fn json_object_regex_choice_and_lark_mean_what_they_say() {
     assert!(accepts(&c, &regex, "123-ab"));
     assert!(!accepts(&c, &regex, "12-ab"));
     let items = vec!["yes".to_string(), "say \"no\"\n".into(), "héllo\\".into()];
-    let choice = c.compile_blocking(&GrammarRequest::Choice(items.clone())).unwrap();
+    let choice = c
+        .compile_blocking(&GrammarRequest::Choice(items.clone()))
+        .unwrap();
     for item in &items {
         assert!(accepts(&c, &choice, item), "{item:?}");
     }
@@ -142,7 +152,11 @@ fn a_backtracking_bomb_regex_costs_nothing() {
         .unwrap();
     assert!(accepts(&c, &grammar, "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"));
     assert!(!accepts(&c, &grammar, "aaaaaaaaaaaaaaaaaaaaaaaaaaaaab"));
-    assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
 }
 
 #[tokio::test]
@@ -153,21 +167,43 @@ async fn a_compile_past_the_time_bound_is_refused_at_the_bound() {
     });
     let words: Vec<String> = (0..3000).map(|i| format!("word{i}")).collect();
     let schema = json!({"type": "array", "items": {"enum": words}});
-    let error = c.compile(GrammarRequest::JsonSchema(schema)).await.unwrap_err();
-    assert!(matches!(error, GrammarError::Timeout { kind: "json_schema", .. }), "{error:?}");
+    let error = c
+        .compile(GrammarRequest::JsonSchema(schema))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            error,
+            GrammarError::Timeout {
+                kind: "json_schema",
+                ..
+            }
+        ),
+        "{error:?}"
+    );
 }
 
 #[test]
 fn long_errors_are_shortened() {
-    let message = invalid(GrammarRequest::Lark(format!("start: {}\n", "x".repeat(5000))));
-    assert!(message.chars().count() <= MAX_ERROR_CHARS + 1, "{}", message.len());
+    let message = invalid(GrammarRequest::Lark(format!(
+        "start: {}\n",
+        "x".repeat(5000)
+    )));
+    assert!(
+        message.chars().count() <= MAX_ERROR_CHARS + 1,
+        "{}",
+        message.len()
+    );
 }
 
 #[test]
 fn tgi_forms_map_to_requests() {
     let schema = json!({"type": "object"});
     let cases = [
-        (json!({"type": "json", "value": schema}), GrammarRequest::JsonSchema(schema.clone())),
+        (
+            json!({"type": "json", "value": schema}),
+            GrammarRequest::JsonSchema(schema.clone()),
+        ),
         (
             json!({"type": "json_object", "value": "{\"type\": \"object\"}"}),
             GrammarRequest::JsonSchema(schema.clone()),
@@ -176,7 +212,10 @@ fn tgi_forms_map_to_requests() {
             json!({"type": "json_schema", "value": {"name": "x", "schema": schema}}),
             GrammarRequest::JsonSchema(schema.clone()),
         ),
-        (json!({"type": "regex", "value": "a+"}), GrammarRequest::Regex("a+".into())),
+        (
+            json!({"type": "regex", "value": "a+"}),
+            GrammarRequest::Regex("a+".into()),
+        ),
     ];
     for (value, expected) in cases {
         assert_eq!(from_tgi(Some(&value)).unwrap(), Some(expected), "{value}");
@@ -190,12 +229,24 @@ fn malformed_tgi_forms_say_what_is_wrong() {
     let cases = [
         (json!("json"), "must be an object"),
         (json!({"type": "json"}), "`grammar.value` is required"),
-        (json!({"type": "yaml", "value": "x"}), "unknown grammar type `yaml`"),
+        (
+            json!({"type": "yaml", "value": "x"}),
+            "unknown grammar type `yaml`",
+        ),
         (json!({"type": "regex", "value": 5}), "must be a string"),
-        (json!({"type": "json", "value": "{not json"}), "not valid JSON"),
+        (
+            json!({"type": "json", "value": "{not json"}),
+            "not valid JSON",
+        ),
         (json!({"type": "json", "value": 5}), "must be a JSON schema"),
-        (json!({"type": "json_schema", "value": {"name": "x"}}), "`grammar.value.schema` is required"),
-        (json!({"type": "json", "value": {}, "extra": 1}), "unknown field `extra`"),
+        (
+            json!({"type": "json_schema", "value": {"name": "x"}}),
+            "`grammar.value.schema` is required",
+        ),
+        (
+            json!({"type": "json", "value": {}, "extra": 1}),
+            "unknown field `extra`",
+        ),
     ];
     for (value, expected) in cases {
         let message = from_tgi(Some(&value)).unwrap_err().to_string();
@@ -208,20 +259,37 @@ fn a_grammar_that_allows_nothing_says_so_without_the_engines_state_dump() {
     // llguidance reports these from its first mask with a dump of its parser state.
     for request in [
         GrammarRequest::Regex("[^\\s\\S]".into()),
-        GrammarRequest::JsonSchema(json!({"$defs": {"a": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"})),
+        GrammarRequest::JsonSchema(
+            json!({"$defs": {"a": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}),
+        ),
     ] {
         let message = invalid(request.clone());
-        assert!(!message.contains("<state>") && !message.contains("compute_time"), "{request:?}: {message}");
+        assert!(
+            !message.contains("<state>") && !message.contains("compute_time"),
+            "{request:?}: {message}"
+        );
         assert!(!message.contains("NoExtension"), "{request:?}: {message}");
         assert!(!message.is_empty(), "{request:?}");
     }
-    assert_eq!(invalid(GrammarRequest::Regex("[^\\s\\S]".into())), "it matches no output");
+    assert_eq!(
+        invalid(GrammarRequest::Regex("[^\\s\\S]".into())),
+        "it matches no output"
+    );
 }
 
 #[test]
 fn client_messages_keep_the_engines_reason_and_drop_its_state() {
-    assert_eq!(client_message("bad token\n<state>\nTokens: x</state>"), "bad token");
-    assert_eq!(client_message("NoExtensionBias\n<state>x</state>"), "it matches no output");
-    assert_eq!(client_message("<state>only a dump</state>"), "it matches no output");
+    assert_eq!(
+        client_message("bad token\n<state>\nTokens: x</state>"),
+        "bad token"
+    );
+    assert_eq!(
+        client_message("NoExtensionBias\n<state>x</state>"),
+        "it matches no output"
+    );
+    assert_eq!(
+        client_message("<state>only a dump</state>"),
+        "it matches no output"
+    );
     assert_eq!(client_message("unknown rule foo"), "unknown rule foo");
 }

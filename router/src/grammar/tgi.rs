@@ -30,7 +30,11 @@ fn json_schema_config(value: &Value) -> Result<Value, GrammarError> {
     let config = value
         .as_object()
         .ok_or_else(|| shape("`grammar.value` must be an object with a `schema`"))?;
-    check_keys(config, &["name", "description", "schema", "strict"], "grammar.value")?;
+    check_keys(
+        config,
+        &["name", "description", "schema", "strict"],
+        "grammar.value",
+    )?;
     match config.get("schema").filter(|s| !s.is_null()) {
         Some(inner) => schema(inner),
         None => Err(shape("`grammar.value.schema` is required")),

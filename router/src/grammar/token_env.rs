@@ -32,7 +32,11 @@ fn trie_bytes(tokenizer: &TextTokenizer, known: u32, id: u32) -> Vec<u8> {
     }
     let bytes = tokenizer.token_bytes(id);
     if tokenizer.is_special(id) || bytes.is_empty() {
-        let name = if bytes.is_empty() { format!("<[{id}]>").into_bytes() } else { bytes };
+        let name = if bytes.is_empty() {
+            format!("<[{id}]>").into_bytes()
+        } else {
+            bytes
+        };
         return special(&name);
     }
     bytes
@@ -61,7 +65,9 @@ pub fn token_env(
     let Some(&first_stop) = stops.first() else {
         anyhow::bail!("constrained decoding needs a stop token inside the vocabulary");
     };
-    let words: Vec<Vec<u8>> = (0..vocab_size).map(|id| trie_bytes(&tokenizer, known, id)).collect();
+    let words: Vec<Vec<u8>> = (0..vocab_size)
+        .map(|id| trie_bytes(&tokenizer, known, id))
+        .collect();
     let info = TokRxInfo::new(vocab_size, first_stop);
     let trie = TokTrie::from(&info, &words).with_eos_tokens(&stops);
     Ok(Arc::new(RouterTokenEnv { tokenizer, trie }))

@@ -347,7 +347,9 @@ impl Infer {
         // Bounded like `/generate`'s prompt: the ids are counted first (linear, in parallel
         // chunks), and only a prompt within `--max-input-tokens` gets its offsets and texts.
         let tokenized = tokio::task::spawn_blocking(move || {
-            let count = tokenizer.encode_chat(&text, &content, add_special_tokens)?.len();
+            let count = tokenizer
+                .encode_chat(&text, &content, add_special_tokens)?
+                .len();
             let count = u32::try_from(count).unwrap_or(u32::MAX);
             if count > max_input_tokens {
                 return Ok(Err(ValidationError::InputLength(max_input_tokens, count)));

@@ -95,6 +95,10 @@ mod tests {
         drop(stream);
         assert!(sender.is_closed());
         sender.send(SequenceEvent::Error("nobody".into()));
-        assert_eq!(sender.backlog(), 1, "a send to a dropped stream is not counted");
+        assert_eq!(
+            sender.backlog(),
+            1,
+            "a send to a dropped stream is not counted"
+        );
     }
 }

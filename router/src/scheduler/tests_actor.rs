@@ -313,7 +313,9 @@ async fn an_invalid_config_answers_every_request_with_its_reason() {
     let handle = super::spawn(bad, executor);
     let mut stream = handle.submit(request(3, 3)).unwrap();
     match with_deadline(stream.recv()).await {
-        Some(SequenceEvent::Error(failure)) => assert!(failure.message.contains("no blocks"), "{failure}"),
+        Some(SequenceEvent::Error(failure)) => {
+            assert!(failure.message.contains("no blocks"), "{failure}")
+        }
         other => panic!("expected an error, got {other:?}"),
     }
 }

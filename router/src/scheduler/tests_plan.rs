@@ -248,7 +248,9 @@ fn a_failed_step_errors_running_sequences_and_serving_continues() {
     h.state.deliver(deliveries);
     drop(planned);
     h.collect();
-    assert!(matches!(h.events(a).last(), Some(SequenceEvent::Error(m)) if m.message == "shard 1 is gone"));
+    assert!(
+        matches!(h.events(a).last(), Some(SequenceEvent::Error(m)) if m.message == "shard 1 is gone")
+    );
     assert_eq!(h.state.allocator.used(), 0);
     assert_eq!(h.state.running_len(), 0);
     let b = h.submit(request(4, 3));
@@ -268,7 +270,9 @@ fn a_response_for_the_wrong_step_fails_the_batch() {
     let deliveries = h.state.apply(response);
     h.state.deliver(deliveries);
     h.collect();
-    assert!(matches!(h.events(a).last(), Some(SequenceEvent::Error(m)) if m.message.contains("step 7") && m.kind == FailureKind::Protocol));
+    assert!(
+        matches!(h.events(a).last(), Some(SequenceEvent::Error(m)) if m.message.contains("step 7") && m.kind == FailureKind::Protocol)
+    );
     assert_eq!(h.state.allocator.used(), 0);
 }
 
@@ -309,7 +313,9 @@ fn a_missing_token_fails_only_that_sequence() {
     let deliveries = h.state.apply(response);
     h.state.deliver(deliveries);
     h.collect();
-    assert!(matches!(h.events(a).last(), Some(SequenceEvent::Error(m)) if m.message.contains("no token")));
+    assert!(
+        matches!(h.events(a).last(), Some(SequenceEvent::Error(m)) if m.message.contains("no token"))
+    );
     h.run_to_idle(10);
     assert_eq!(h.tokens(b), expected_tokens(b, 4, 3));
 }
@@ -389,7 +395,9 @@ fn a_stream_too_far_behind_its_reader_is_dropped_and_the_batch_goes_on() {
     }
     // Started and two tokens made the backlog of 3; then the error, then nothing.
     assert_eq!(seen.len(), 4, "{seen:?}");
-    assert!(matches!(seen.last(), Some(SequenceEvent::Error(m)) if m.message.contains("too slowly")));
+    assert!(
+        matches!(seen.last(), Some(SequenceEvent::Error(m)) if m.message.contains("too slowly"))
+    );
     assert!(
         h.state.is_idle(),
         "its blocks went back and the shards released it"

@@ -20,7 +20,10 @@ pub struct SseEvent {
 pub enum BodyErrors {
     #[response(status = 400, description = "Malformed JSON")]
     MalformedJson(crate::schema::ErrorBody),
-    #[response(status = 408, description = "Body not received within --body-read-timeout")]
+    #[response(
+        status = 408,
+        description = "Body not received within --body-read-timeout"
+    )]
     BodyTimeout(crate::schema::ErrorBody),
     #[response(status = 413, description = "Body over --payload-limit")]
     PayloadTooLarge(crate::schema::ErrorBody),

@@ -61,7 +61,13 @@ pub fn routes() -> Router<AppState> {
     let built: Arc<OnceLock<Arc<Value>>> = Arc::default();
     let served = move |State(state): State<AppState>| {
         let built = built.clone();
-        async move { Json(built.get_or_init(|| Arc::new(document(&state.info))).clone()) }
+        async move {
+            Json(
+                built
+                    .get_or_init(|| Arc::new(document(&state.info)))
+                    .clone(),
+            )
+        }
     };
     Router::from(swagger).route(DOCUMENT_PATH, get(served))
 }
@@ -131,7 +137,11 @@ fn add_transport_errors(doc: &mut Value) {
         return;
     };
     for (path, item) in paths.iter_mut() {
-        let body = if path.starts_with("/v1/") { "OpenAiErrorBody" } else { "ErrorBody" };
+        let body = if path.starts_with("/v1/") {
+            "OpenAiErrorBody"
+        } else {
+            "ErrorBody"
+        };
         let content = json!({"application/json": {"schema": {"$ref": format!("#/components/schemas/{body}")}}});
         let Value::Object(item) = item else { continue };
         for operation in item.values_mut() {

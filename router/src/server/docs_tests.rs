@@ -38,26 +38,44 @@ async fn the_document_carries_the_running_limits_and_the_refused_values() {
     assert_eq!(p["temperature"]["exclusiveMinimum"], 0);
     assert_eq!(p["adapter_id"]["maxLength"], 0);
     for request in ["GenerateRequest", "CompatGenerateRequest"] {
-        assert_eq!(schemas[request]["properties"]["inputs"]["minLength"], 1, "{request}");
+        assert_eq!(
+            schemas[request]["properties"]["inputs"]["minLength"], 1,
+            "{request}"
+        );
     }
     let role = &schemas["ChatRole"]["enum"];
     assert_eq!(
         role,
-        &serde_json::json!(["system", "developer", "user", "assistant", "tool", "function"])
+        &serde_json::json!([
+            "system",
+            "developer",
+            "user",
+            "assistant",
+            "tool",
+            "function"
+        ])
     );
     let chat = &schemas["ChatCompletionRequest"]["properties"];
     assert_eq!(chat["top_k"]["minimum"], -1);
     assert_eq!(chat["min_p"]["maximum"], 1);
     // Found by schemathesis' negative_data_rejection (bench/openapi_fuzz.py): TGI's u64 seed
     // past int64, and an empty array where the document said object.
-    for schema in ["GenerateParameters", "Details", "StreamDetails", "BestOfSequence"] {
+    for schema in [
+        "GenerateParameters",
+        "Details",
+        "StreamDetails",
+        "BestOfSequence",
+    ] {
         let seed = &schemas[schema]["properties"]["seed"];
         assert_eq!(seed["maximum"], u64::MAX, "{schema}");
         assert_eq!(seed["format"], "uint64", "{schema}");
     }
     for body in ["ChatCompletionRequest", "CompletionRequest"] {
         let p = &schemas[body]["properties"];
-        assert_eq!(p["logprob_token_ids"]["type"], serde_json::json!(["object", "array", "null"]));
+        assert_eq!(
+            p["logprob_token_ids"]["type"],
+            serde_json::json!(["object", "array", "null"])
+        );
         assert_eq!(p["logprob_token_ids"]["maxItems"], 0);
         assert_eq!(p["thinking_token_budget"]["anyOf"][1]["const"], -1);
     }
@@ -73,7 +91,13 @@ async fn a_seed_past_int64_is_served_as_tgi_serves_it() {
 #[tokio::test]
 async fn the_document_lists_the_request_layers_answers() {
     let doc = served().await;
-    for path in ["/generate", "/tokenize", "/v1/chat/completions", "/v1/completions", "/invocations"] {
+    for path in [
+        "/generate",
+        "/tokenize",
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/invocations",
+    ] {
         let responses = &doc["paths"][path]["post"]["responses"];
         for status in ["408", "413", "415"] {
             assert!(responses[status].is_object(), "{path} lacks {status}");
@@ -96,13 +120,23 @@ async fn allow_on_every_documented_path_matches_the_document() {
         let request = Request::options(path.as_str()).body(Body::empty()).unwrap();
         let (status, headers, _) = call(app(), request).await;
         assert_eq!(status, 405, "{path}");
-        let allow = headers.get("allow").unwrap().to_str().unwrap().to_lowercase();
+        let allow = headers
+            .get("allow")
+            .unwrap()
+            .to_str()
+            .unwrap()
+            .to_lowercase();
         let advertised: BTreeSet<&str> = allow
             .split(',')
             .map(str::trim)
             .filter(|m| !["head", "options"].contains(m))
             .collect();
-        let documented: BTreeSet<&str> = item.as_object().unwrap().keys().map(String::as_str).collect();
+        let documented: BTreeSet<&str> = item
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(String::as_str)
+            .collect();
         assert_eq!(advertised, documented, "{path}: Allow {allow}");
     }
 }
@@ -126,7 +160,10 @@ async fn tokenize_refuses_what_generate_refuses() {
     }
     let (status, _, answer) = call(
         app(),
-        post("/tokenize", r#"{"inputs":"qzx jvk wq","parameters":{"top_n_tokens":5}}"#),
+        post(
+            "/tokenize",
+            r#"{"inputs":"qzx jvk wq","parameters":{"top_n_tokens":5}}"#,
+        ),
     )
     .await;
     assert_eq!(status, 200, "{answer}");
@@ -135,7 +172,10 @@ async fn tokenize_refuses_what_generate_refuses() {
     // `truncate` keeps the last tokens, as TGI's /tokenize does.
     let (status, _, kept) = call(
         app(),
-        post("/tokenize", r#"{"inputs":"qzx jvk wq","parameters":{"truncate":2}}"#),
+        post(
+            "/tokenize",
+            r#"{"inputs":"qzx jvk wq","parameters":{"truncate":2}}"#,
+        ),
     )
     .await;
     assert_eq!(status, 200, "{kept}");

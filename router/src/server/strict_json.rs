@@ -12,7 +12,9 @@ pub struct UniqueKeys(pub Value);
 
 impl<'de> Deserialize<'de> for UniqueKeys {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        deserializer.deserialize_any(UniqueKeysVisitor).map(UniqueKeys)
+        deserializer
+            .deserialize_any(UniqueKeysVisitor)
+            .map(UniqueKeys)
     }
 }
 
@@ -87,7 +89,10 @@ mod tests {
     #[test]
     fn values_are_read_as_serde_json_reads_them() {
         let text = r#"{"a": [1, -2, 3.5, "x", null, true, {"b": {}}], "c": 18446744073709551615}"#;
-        assert_eq!(parse(text).unwrap(), serde_json::from_str::<Value>(text).unwrap());
+        assert_eq!(
+            parse(text).unwrap(),
+            serde_json::from_str::<Value>(text).unwrap()
+        );
     }
 
     #[test]

@@ -130,8 +130,8 @@ pub async fn tokenize(
     };
     crate::grammar::from_tgi(request.parameters.grammar.as_ref())
         .map_err(|err| to_api(err.into()))?;
-    let checked = crate::validation::check_parameters(&request.parameters, false, &limits)
-        .map_err(to_api)?;
+    let checked =
+        crate::validation::check_parameters(&request.parameters, false, &limits).map_err(to_api)?;
     let mut tokens = state.infer.tokenize(request.inputs).await?;
     if let Some(truncate) = checked.truncate.filter(|&t| tokens.len() > t) {
         tokens.drain(..tokens.len() - truncate);

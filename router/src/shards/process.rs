@@ -66,7 +66,10 @@ mod tests {
 
     #[test]
     fn sees_a_stopped_child() {
-        let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
         let pid = child.id();
         assert_eq!(sample(pid).map(|s| s.stopped), Some(false));
         unsafe { libc_kill(pid as i32, 19) }; // SIGSTOP

@@ -53,7 +53,10 @@ fn parses_every_tool_choice() {
             ToolChoice::Function("get_weather".into()),
         ),
         // TGI's form: a bare function name.
-        (json!("get_weather"), ToolChoice::Function("get_weather".into())),
+        (
+            json!("get_weather"),
+            ToolChoice::Function("get_weather".into()),
+        ),
     ] {
         let req = parse_tool_request(Some(&tools), Some(&choice), Some(&json!(false))).unwrap();
         assert_eq!(req.choice, want);

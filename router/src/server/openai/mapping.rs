@@ -17,8 +17,8 @@ use super::types::{
     SamplingFields, StructuredFields,
 };
 pub use chat_prompt::{chat_prompt, render_chat, render_chat_segments, with_message_ranges};
-pub use extensions::EMPTY_ONLY_FIELDS;
 use extensions::Extensions;
+pub use extensions::EMPTY_ONLY_FIELDS;
 pub use tools::{tool_request, ToolPlan};
 
 /// What the served model contributes to every OpenAI request.
@@ -202,14 +202,20 @@ fn stop_floor(
     if min_new_tokens == 0 {
         return Ok(None);
     }
-    let field = if min_new_tokens == u32::MAX { "ignore_eos" } else { "min_tokens" };
+    let field = if min_new_tokens == u32::MAX {
+        "ignore_eos"
+    } else {
+        "min_tokens"
+    };
     if grammar.is_some() {
         return Err(OpenAiError::invalid(
             field,
             format!("`{field}` cannot be combined with structured output or tools: a finished grammar ends at EOS"),
         ));
     }
-    if let Some(max) = max_new_tokens.filter(|&max| min_new_tokens != u32::MAX && min_new_tokens > max) {
+    if let Some(max) =
+        max_new_tokens.filter(|&max| min_new_tokens != u32::MAX && min_new_tokens > max)
+    {
         return Err(OpenAiError::invalid(
             "min_tokens",
             format!("`min_tokens` must be <= `max_tokens` ({max}). Given: {min_new_tokens}"),

@@ -2,10 +2,10 @@
 //! `message.tool_calls` (non-streamed), or into OpenAI's `delta.tool_calls` pieces
 //! (streamed). Both come from the one `tools::ToolCallStream`, so the streamed pieces
 //! always add up to the non-streamed message.
+use super::legacy_functions::{legacy_delta, legacy_finish};
 use super::types::{
     AssistantMessage, ChatDelta, FunctionCallDelta, FunctionCallOut, ToolCallDelta, ToolCallOut,
 };
-use super::legacy_functions::{legacy_delta, legacy_finish};
 use crate::infer::SequenceDecoder;
 use crate::tools::{
     parse_tool_calls, random_ids, ParsedOutput, ToolCallStream, ToolStreamEvent, ToolSyntax,

@@ -228,7 +228,10 @@ async fn bad_tool_fields_are_400_naming_the_field() {
             "tool_choice.function.name",
         ),
         // TGI's bare-name form: the name must be a tool's.
-        (json!({"tool_choice": "sometimes"}), "tool_choice.function.name"),
+        (
+            json!({"tool_choice": "sometimes"}),
+            "tool_choice.function.name",
+        ),
         (json!({"tool_choice": "not a name"}), "tool_choice"),
         (
             json!({"tools": null, "tool_choice": "required"}),
@@ -292,7 +295,11 @@ fn legacy(extra: Value) -> Value {
 
 #[tokio::test]
 async fn legacy_functions_answer_with_function_call_streamed_and_not() {
-    let (status, body) = send(CALL, legacy(json!({"function_call": {"name": "get_weather"}}))).await;
+    let (status, body) = send(
+        CALL,
+        legacy(json!({"function_call": {"name": "get_weather"}})),
+    )
+    .await;
     assert_eq!(status, 200, "{body}");
     let whole = parse(&body);
     let choice = &whole["choices"][0];
@@ -323,7 +330,10 @@ async fn legacy_functions_answer_with_function_call_streamed_and_not() {
             finish = reason.to_owned();
         }
     }
-    assert_eq!((name.as_str(), finish.as_str()), ("get_weather", "function_call"));
+    assert_eq!(
+        (name.as_str(), finish.as_str()),
+        ("get_weather", "function_call")
+    );
     assert_eq!(arguments, call["arguments"].as_str().unwrap());
 }
 

@@ -263,7 +263,10 @@ fn the_empty_only_fields_take_empty_values_and_refuse_the_rest_by_name() {
             assert!(chat(json!({ field: empty })).is_ok(), "{field}: {empty}");
         }
         for filled in [json!([1]), json!({"a": 1}), json!("x"), json!(3)] {
-            assert_eq!(refused(chat(json!({ field: filled }))), (field.to_owned(), true));
+            assert_eq!(
+                refused(chat(json!({ field: filled }))),
+                (field.to_owned(), true)
+            );
         }
     }
     assert!(chat(json!({"thinking_token_budget": -1})).is_ok());
@@ -321,10 +324,16 @@ fn min_tokens_and_ignore_eos_hold_the_models_stop_tokens_back() {
             stop_token_ids: vec![2, 7],
         })
     };
-    assert_eq!(floor(chat(json!({"min_tokens": 3, "max_tokens": 8}))), held(3));
+    assert_eq!(
+        floor(chat(json!({"min_tokens": 3, "max_tokens": 8}))),
+        held(3)
+    );
     assert_eq!(floor(completion(json!({"min_tokens": 1}))), held(1));
     assert_eq!(floor(chat(json!({"ignore_eos": true}))), held(u32::MAX));
-    assert_eq!(floor(chat(json!({"min_tokens": 0, "ignore_eos": false}))), None);
+    assert_eq!(
+        floor(chat(json!({"min_tokens": 0, "ignore_eos": false}))),
+        None
+    );
     // More than max_tokens, or beside a grammar that must end at EOS: a 400 naming the field.
     let too_many = json!({"min_tokens": 9, "max_tokens": 8});
     assert_eq!(refused(chat(too_many)), ("min_tokens".into(), false));
