@@ -155,6 +155,9 @@ OPTIONS: tuple[Option, ...] = (
            child_default="longest-prefix", choices=("longest-prefix", "fifo")),
     _router("--scheduling-age-cap-ms", "Milliseconds after which a waiting request goes "
             "ahead of requests with a longer cached prefix.", non_negative_int, "2000"),
+    Option(("--speculate", "--num-speculative-tokens"), "Speculative decoding: each decode drafts up "
+           "to N tokens by prompt lookup (n-gram) and verifies them in the same forward pass; the text "
+           "is the same as without. 0: off.", non_negative_int, forward=(ROUTER,), child_default="0"),
     _router("--max-stream-backlog", "Events a stream may fall behind its reader before it is "
             "dropped with an error, its sequence cancelled (textgen only).", default="1024"),
     _router("--payload-limit", "Largest request body in bytes (413 above).", default="2000000"),
@@ -228,7 +231,6 @@ class Unsupported:
 
 _NOT_YET = "not implemented in textgen yet"
 UNSUPPORTED: tuple[Unsupported, ...] = (
-    Unsupported("--speculate", "speculative decoding is " + _NOT_YET),
     Unsupported("--lora-adapters", "LoRA adapters are " + _NOT_YET),
     Unsupported("--trust-remote-code", "textgen runs only its own model code", False),
     Unsupported("--rope-scaling", "rope scaling overrides are " + _NOT_YET),

@@ -47,6 +47,7 @@ class Settings:
     max_batch_size: int | None
     step_timeout: int | None
     prefix_caching: bool | None
+    speculate: int | None
     generation_config_defaults: bool | None
     scheduling_policy: str | None
     scheduling_age_cap_ms: int | None

@@ -85,6 +85,11 @@ pub struct Args {
     /// `false`. TGI's native routes never apply them.
     #[arg(long, env = "GENERATION_CONFIG_DEFAULTS", default_value = "true", value_parser = parse_bool, action = clap::ArgAction::Set)]
     pub generation_config_defaults: bool,
+    /// Speculative decoding (TGI's flag): a decode drafts up to this many tokens by prompt
+    /// lookup (n-gram) and verifies them in the same forward pass; the text is unchanged.
+    /// 0 turns it off.
+    #[arg(long, env = "SPECULATE", default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=16))]
+    pub speculate: u32,
     /// Order of admission: `longest-prefix` (longest cached prefix first, with an age
     /// cap) or `fifo`.
     #[arg(long, env = "SCHEDULING_POLICY", default_value = "longest-prefix")]
@@ -357,7 +362,10 @@ mod tests {
         let argv = ["textgen-router", "--model-id", "m", "--model-path", "/m"];
         for bad in ["0", "-1", "many", "4294967296"] {
             let flag = ["--max-stream-backlog", bad];
-            assert!(Args::try_parse_from(argv.iter().chain(flag.iter())).is_err(), "{bad}");
+            assert!(
+                Args::try_parse_from(argv.iter().chain(flag.iter())).is_err(),
+                "{bad}"
+            );
         }
     }
 

@@ -177,7 +177,10 @@ fn grammar_compiler(
         compile_timeout: Duration::from_millis(args.grammar_compile_timeout_ms),
     };
     let compiler = GrammarCompiler::new(env, stop_token_ids.to_vec(), limits)?;
-    tracing::info!(took_ms = started.elapsed().as_millis() as u64, "grammar compiler ready");
+    tracing::info!(
+        took_ms = started.elapsed().as_millis() as u64,
+        "grammar compiler ready"
+    );
     Ok(Some(Arc::new(compiler)))
 }
 
@@ -221,6 +224,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         admission_policy: args.scheduling_policy,
         admission_age_cap: Duration::from_millis(args.scheduling_age_cap_ms),
         max_stream_backlog: args.max_stream_backlog as usize,
+        num_draft_tokens: args.speculate,
     };
     tracing::info!(
         prefix_caching = args.prefix_caching,
@@ -247,10 +251,11 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         validation_limits,
         args.validation_workers,
     );
-    let validation = match grammar_compiler(&args, &tokenizer, report.info.vocab_size, &stop_token_ids)? {
-        Some(compiler) => validation.with_grammar(compiler),
-        None => validation,
-    };
+    let validation =
+        match grammar_compiler(&args, &tokenizer, report.info.vocab_size, &stop_token_ids)? {
+            Some(compiler) => validation.with_grammar(compiler),
+            None => validation,
+        };
     let infer = Infer::new(
         scheduler,
         validation,
@@ -282,7 +287,12 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         shutdown_signal().await;
         let _ = signalled.send(true);
     };
-    let serving = server::serve(listener, server::router(state, &options), &options, shutdown);
+    let serving = server::serve(
+        listener,
+        server::router(state, &options),
+        &options,
+        shutdown,
+    );
     tokio::select! {
         served = serving => {
             served?;

@@ -135,3 +135,13 @@ def test_grammar_flags_reach_the_router_as_set():
     assert not any("grammar" in arg for arg in plain)
     with pytest.raises(UsageError, match="max-grammar-bytes"):
         settings("--max-grammar-bytes", "0")
+
+
+def test_speculate_and_its_vllm_name_reach_the_router_only():
+    assert "--speculate" not in router_command(EXE, settings(), MODEL, 1)
+    for argv in (("--speculate", "4"), ("--num-speculative-tokens", "4")):
+        assert ("--speculate", "4") in _pairs(router_command(EXE, settings(*argv), MODEL, 1))
+    assert ("--speculate", "3") in _pairs(router_command(EXE, settings(SPECULATE="3"), MODEL, 1))
+    assert "--speculate" not in shard_command(EXE, settings("--speculate", "4"), MODEL, 0, 1)
+    with pytest.raises(UsageError, match="speculate"):
+        settings("--speculate", "-1")

@@ -141,9 +141,9 @@ def test_unsupported_flags_fail_clearly(flag):
 
 
 def test_unsupported_env_twin_fails_too():
-    with pytest.raises(UsageError, match="SPECULATE.*not supported"):
-        parse(SPECULATE="2")
-    assert parse(SPECULATE="").model_id  # an empty variable is not a setting
+    with pytest.raises(UsageError, match="LORA_ADAPTERS.*not supported"):
+        parse(LORA_ADAPTERS="a=b")
+    assert parse(LORA_ADAPTERS="").model_id  # an empty variable is not a setting
 
 
 def test_help_names_child_defaults_and_env_twins():

@@ -155,6 +155,24 @@ pub const CATALOG: &[MetricSpec] = &[
         "Steps the device ran out of memory on (their sequences were recomputed)",
     ),
     spec(
+        SPECULATIVE_DRAFT_TOKENS_TOTAL,
+        Kind::Counter,
+        COUNT,
+        "Draft tokens the shards verified (speculative decoding)",
+    ),
+    spec(
+        SPECULATIVE_ACCEPTED_TOKENS_TOTAL,
+        Kind::Counter,
+        COUNT,
+        "Draft tokens kept by verification (speculative decoding)",
+    ),
+    spec(
+        SPECULATIVE_ACCEPTED_LENGTH,
+        Kind::Histogram,
+        COUNT,
+        "Drafts kept per verification that had drafts (speculative decoding)",
+    ),
+    spec(
         PREFIX_CACHE_QUERIES_TOKENS_TOTAL,
         Kind::Counter,
         COUNT,
@@ -229,7 +247,11 @@ pub const CATALOG: &[MetricSpec] = &[
 ];
 
 /// Counters whose every series carries labels, created with them in `register`.
-const LABELLED_COUNTERS: &[&str] = &[REQUESTS_TOTAL, CONSTRAINED_REQUESTS_TOTAL, GRAMMAR_REFUSALS_TOTAL];
+const LABELLED_COUNTERS: &[&str] = &[
+    REQUESTS_TOTAL,
+    CONSTRAINED_REQUESTS_TOTAL,
+    GRAMMAR_REFUSALS_TOTAL,
+];
 
 /// Hands every metric's help text and unit to the installed recorder.
 pub fn describe() {

@@ -36,13 +36,20 @@ const STEP_TOKENS_BUCKETS: &[f64] = &[
     1.0, 4.0, 16.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0, 32768.0,
 ];
 
+/// Drafts kept per verification (speculative decoding): 0 up to `--speculate`.
+const ACCEPTED_LENGTH_BUCKETS: &[f64] = &[0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0, 12.0, 16.0];
+
 /// A recorder builder with buckets for every textgen histogram (a histogram without
 /// buckets would be rendered as a summary).
 pub fn builder() -> Result<PrometheusBuilder, BuildError> {
     let mut builder = PrometheusBuilder::new()
         .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), LATENCY_BUCKETS)?
         .set_buckets_for_metric(Matcher::Full(STEP_BATCH_SIZE.into()), BATCH_SIZE_BUCKETS)?
-        .set_buckets_for_metric(Matcher::Full(STEP_TOKENS.into()), STEP_TOKENS_BUCKETS)?;
+        .set_buckets_for_metric(Matcher::Full(STEP_TOKENS.into()), STEP_TOKENS_BUCKETS)?
+        .set_buckets_for_metric(
+            Matcher::Full(SPECULATIVE_ACCEPTED_LENGTH.into()),
+            ACCEPTED_LENGTH_BUCKETS,
+        )?;
     for name in [
         STEP_DURATION,
         SHARD_FORWARD_DURATION,

@@ -90,6 +90,8 @@ pub struct SchedulerConfig {
     pub admission_age_cap: Duration,
     /// A stream this many events behind its reader is dropped (`--max-stream-backlog`).
     pub max_stream_backlog: usize,
+    /// Speculative decoding: drafts a decode may verify (`--speculate`); 0 turns it off.
+    pub num_draft_tokens: u32,
 }
 
 impl SchedulerConfig {

@@ -61,16 +61,22 @@ impl SchedulerState {
         if sequence.admission != work.admission {
             return; // preempted since: it recomputes this token
         }
-        sequence.pending_samples = sequence.pending_samples.saturating_sub(u32::from(sample));
-        let (token, prefill_logprobs) = match output {
+        let output = match output {
             Some(output) if !output.error.is_empty() => {
                 // This sequence alone failed on the shard; the rest of the step stands.
                 self.fail_one(id, &output.error, deliveries);
                 return;
             }
-            Some(output) => (output.token, output.prefill_logprobs),
-            None => (None, Vec::new()),
+            Some(output) => output,
+            None => pb::SequenceOutput::default(),
         };
+        let pb::SequenceOutput {
+            token,
+            prefill_logprobs,
+            next_tokens,
+            drafted,
+            ..
+        } = output;
         if sequence.wants_prefill_logprobs() {
             sequence.prefill_logprobs.extend(prefill_logprobs);
         }
@@ -82,11 +88,36 @@ impl SchedulerState {
             self.finish_with_error(id, message, deliveries);
             return;
         };
+        let produced = 1 + next_tokens.len() as u32;
+        if produced > 1 + work.drafts || drafted > work.drafts {
+            let message = format!(
+                "the shard returned {produced} tokens ({drafted} drafted) for sequence {id}, \
+                 which was allowed {} drafts",
+                work.drafts
+            );
+            self.finish_with_error(id, message, deliveries);
+            return;
+        }
+        sequence.settle_decode(work.drafts, drafted, produced);
         if sequence.wants_prefill_logprobs() {
             let logprobs = std::mem::take(&mut sequence.prefill_logprobs);
             deliveries.push(Delivery::new(id, SequenceEvent::Prefill { logprobs }));
         }
         sequence.first_token_sent = true;
+        for token in std::iter::once(token).chain(next_tokens) {
+            if self.take_token(id, token, deliveries) {
+                break; // it finished: a verification's later tokens are past its end
+            }
+        }
+    }
+
+    /// Hands one generated token to a running sequence and its stream; finishes the
+    /// sequence when the token ends it. Returns whether it did.
+    fn take_token(&mut self, id: u64, token: pb::Token, deliveries: &mut Vec<Delivery>) -> bool {
+        let sequence = self
+            .running
+            .get_mut(&id)
+            .expect("the caller checked it runs");
         sequence.generated.push(token.id);
         let generated_tokens = sequence.generated.len() as u32;
         let finish = finish_reason(AfterToken {
@@ -96,16 +127,18 @@ impl SchedulerState {
             ends_stop_sequence: false,
         });
         deliveries.push(Delivery::new(id, SequenceEvent::Token(token)));
-        if let Some(reason) = finish {
-            self.finish(id);
-            deliveries.push(Delivery::new(
-                id,
-                SequenceEvent::Finished {
-                    reason,
-                    generated_tokens,
-                },
-            ));
-        }
+        let Some(reason) = finish else {
+            return false;
+        };
+        self.finish(id);
+        deliveries.push(Delivery::new(
+            id,
+            SequenceEvent::Finished {
+                reason,
+                generated_tokens,
+            },
+        ));
+        true
     }
 
     /// The device ran out of memory on this step and kept nothing of it. Its sequences go

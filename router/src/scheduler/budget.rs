@@ -57,6 +57,15 @@ impl StepBudget {
         true
     }
 
+    /// Up to `wanted` more tokens for a sequence that already holds its seat (a decode's
+    /// drafts); returns how many were taken.
+    pub fn extend(&mut self, wanted: u32) -> u32 {
+        let taken = wanted.min(self.tokens_left);
+        self.tokens_left -= taken;
+        self.tokens_used += taken;
+        taken
+    }
+
     /// Returns a seat and its tokens (a reserved decode whose sequence was preempted).
     pub fn refund(&mut self, tokens: u32) {
         debug_assert!(
@@ -99,6 +108,7 @@ mod tests {
             admission_policy: Default::default(),
             admission_age_cap: std::time::Duration::ZERO,
             max_stream_backlog: 1,
+            num_draft_tokens: 0,
         }
     }
 
@@ -141,6 +151,16 @@ mod tests {
             (4, 1, 0)
         );
         assert!(budget.consume(4));
+    }
+
+    #[test]
+    fn drafts_take_tokens_but_no_seat() {
+        let mut budget = StepBudget::new(6, 2);
+        assert!(budget.consume(1));
+        assert_eq!(budget.extend(4), 4);
+        assert_eq!((budget.tokens_left(), budget.seats_left()), (1, 1));
+        assert_eq!(budget.extend(4), 1, "only what is left");
+        assert_eq!(budget.tokens_used(), 6);
     }
 
     #[test]

@@ -8,14 +8,15 @@
 //! round trip through the router between steps.
 pub mod admission;
 mod api;
-mod events;
-mod failure;
 mod apply;
 pub mod budget;
+mod events;
+mod failure;
 mod plan;
 mod prefix;
 pub mod queue;
 mod sequence;
+mod speculation;
 mod state;
 mod step_loop;
 mod traced;
@@ -32,6 +33,8 @@ mod tests_pipeline;
 mod tests_plan;
 #[cfg(test)]
 mod tests_prefix;
+#[cfg(test)]
+mod tests_speculation;
 
 pub use admission::AdmissionPolicy;
 pub use api::*;

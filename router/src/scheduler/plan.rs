@@ -8,6 +8,8 @@ use super::admission::admission_order;
 use super::api::{GenerationFailure, SequenceEvent};
 use super::budget::{blocks_for, max_running, StepBudget};
 use super::prefix::{self, CacheHit};
+use super::sequence::Sequence;
+use super::speculation;
 use super::state::{Delivery, InFlightStep, ScheduledWork, SchedulerState};
 use crate::metrics::names;
 use crate::pb;
@@ -82,13 +84,16 @@ impl SchedulerState {
                 admission: self.running[&s.id].admission,
                 num_tokens: s.num_tokens,
                 sample: s.sample,
+                drafts: s.max_draft_tokens,
             })
             .collect();
         let admits = !step.new_sequences.is_empty();
+        let verifies = sequences.iter().any(|s| s.max_draft_tokens > 0);
         self.in_flight.push_back(InFlightStep {
             step_id,
             scheduled,
             admits,
+            verifies,
         });
         Some(PlannedStep {
             num_tokens: budget.tokens_used(),
@@ -122,8 +127,19 @@ impl SchedulerState {
             if decode && !sequence.wants_decode() {
                 continue; // its last token is in flight
             }
+            let drafts = if decode {
+                self.drafts_for(sequence, decoding)
+            } else {
+                0
+            };
+            if drafts > 0 && sequence.pending_samples > 0 {
+                // The shard drafts from tokens it must hold on its host: this sequence
+                // waits for the ones in flight.
+                budget.refund(1);
+                continue;
+            }
             let wanted = if decode {
-                1
+                1 + drafts
             } else {
                 budget.chunk_for(sequence.prefill_remaining())
             };
@@ -144,14 +160,27 @@ impl SchedulerState {
                 debug_assert!(taken, "chunk was sized from the budget");
             }
             let sequence = self.running.get_mut(&id).expect("room was granted");
-            let scheduled = sequence.schedule(granted);
             if decode {
-                step.decodes.push(scheduled);
+                let drafts = budget.extend(granted - 1);
+                step.decodes.push(sequence.schedule_decode(drafts));
             } else {
-                step.prefills.push(scheduled);
+                step.prefills.push(sequence.schedule(granted));
             }
         }
         preempted
+    }
+
+    /// Drafts a decode of `sequence` asks for, with `decodes` decodes in the step.
+    fn drafts_for(&self, sequence: &Sequence, decodes: usize) -> u32 {
+        if self.config.num_draft_tokens == 0 || !speculation::may_draft(&sequence.request) {
+            return 0;
+        }
+        let remaining_after_decode = sequence.tokens_left().saturating_sub(1);
+        sequence.drafting.wanted(
+            self.config.num_draft_tokens,
+            decodes,
+            remaining_after_decode,
+        )
     }
 
     /// Grows sequence `id`'s blocks for `wanted` more tokens. A decode needs its one

@@ -4,6 +4,7 @@ use std::borrow::Cow;
 use std::time::Instant;
 
 use super::api::SequenceRequest;
+use super::speculation::Drafting;
 use crate::kv::KvBlocks;
 use crate::pb;
 
@@ -43,6 +44,8 @@ pub struct Sequence {
     pub admission: u32,
     /// Steps of this sequence the device ran out of memory on (each one recomputed it).
     pub out_of_memory_steps: u32,
+    /// Speculative decoding: whether a verification is in flight, and its pause.
+    pub drafting: Drafting,
 }
 
 impl Sequence {
@@ -65,6 +68,7 @@ impl Sequence {
             pending_samples: 0,
             admission: 0,
             out_of_memory_steps: 0,
+            drafting: Drafting::default(),
         }
     }
 
@@ -93,11 +97,18 @@ impl Sequence {
     }
 
     /// Decoding, with tokens left to ask for: the ones in flight do not reach
-    /// `max_new_tokens` yet.
+    /// `max_new_tokens` yet, and no verification is in flight (its answer says where the
+    /// sequence is).
     pub fn wants_decode(&self) -> bool {
-        !self.is_prefilling()
-            && (self.generated.len() as u32).saturating_add(self.pending_samples)
-                < self.request.max_new_tokens
+        !self.is_prefilling() && !self.drafting.verifying && self.tokens_left() > 0
+    }
+
+    /// Tokens it may still generate beyond those in flight.
+    pub fn tokens_left(&self) -> u32 {
+        self.request
+            .max_new_tokens
+            .saturating_sub(self.generated.len() as u32)
+            .saturating_sub(self.pending_samples)
     }
 
     pub fn prefill_remaining(&self) -> u32 {
@@ -130,6 +141,7 @@ impl Sequence {
         self.blocks_sent = cached_blocks;
         self.announced = false;
         self.pending_samples = 0;
+        self.drafting.verifying = false;
         self.admission += 1;
     }
 
@@ -143,6 +155,7 @@ impl Sequence {
         self.cached_blocks = 0;
         self.announced = false;
         self.pending_samples = 0;
+        self.drafting.verifying = false;
         if !self.first_token_sent {
             self.prefill_logprobs.clear();
         }
@@ -176,6 +189,35 @@ impl Sequence {
             num_tokens,
             new_block_ids,
             sample,
+            max_draft_tokens: 0,
+        }
+    }
+
+    /// Schedules a decode that may verify up to `drafts` drafts: positions and samples are
+    /// counted for the most it can produce, and given back when its answer comes.
+    pub fn schedule_decode(&mut self, drafts: u32) -> pb::ScheduledSequence {
+        debug_assert!(!self.is_prefilling() && drafts < self.tokens_left());
+        let mut scheduled = self.schedule(1);
+        if drafts == 0 {
+            self.drafting.plain_decode();
+            return scheduled;
+        }
+        self.computed += drafts;
+        self.pending_samples += drafts;
+        self.drafting.verifying = true;
+        scheduled.max_draft_tokens = drafts;
+        scheduled
+    }
+
+    /// A step's answer for this sequence's decode, planned with up to `max_drafts` drafts:
+    /// `produced` tokens (1 + the drafts kept, at most 1 + `max_drafts`) came back, after the
+    /// shard drafted `drafted`. The positions and samples held for the rest are given back.
+    pub fn settle_decode(&mut self, max_drafts: u32, drafted: u32, produced: u32) {
+        let unused = max_drafts + 1 - produced;
+        self.pending_samples = self.pending_samples.saturating_sub(max_drafts + 1);
+        if max_drafts > 0 {
+            self.computed -= unused;
+            self.drafting.record(drafted, produced - 1);
         }
     }
 }

@@ -33,6 +33,8 @@ pub struct ScheduledWork {
     pub admission: u32,
     pub num_tokens: u32,
     pub sample: bool,
+    /// Drafts the decode may verify (speculative decoding); 0 for a plain decode.
+    pub drafts: u32,
 }
 
 /// A step that was planned and not yet applied: what each sequence in it does.
@@ -43,6 +45,8 @@ pub struct InFlightStep {
     pub scheduled: Vec<ScheduledWork>,
     /// The step admitted sequences from the waiting queue.
     pub admits: bool,
+    /// The step carries drafts to verify.
+    pub verifies: bool,
 }
 
 #[derive(Debug)]
@@ -108,8 +112,12 @@ impl SchedulerState {
     /// a step that admitted sequences: arrivals come in bursts, and the rest of a burst
     /// lands while its first request's prefill runs; planning ahead would make them wait
     /// a whole step longer. Steady decoding, where planning ahead pays, admits nothing.
+    /// Nor past a step that verifies drafts: its sequences sit out until their answer says
+    /// where they are, and the next step would run without them.
     pub fn may_plan_ahead(&self) -> bool {
-        self.in_flight.back().is_none_or(|step| !step.admits)
+        self.in_flight
+            .back()
+            .is_none_or(|step| !step.admits && !step.verifies)
     }
 
     /// Nothing to schedule and nothing for the shards to drop.

@@ -182,6 +182,15 @@ pub fn busy_tiny_pool(
     } else {
         config(2, 24, 9)
     };
+    busy_tiny_pool_on(cfg, depth, out_of_memory_steps)
+}
+
+/// `busy_tiny_pool` under any scheduler configuration.
+pub fn busy_tiny_pool_on(
+    cfg: SchedulerConfig,
+    depth: usize,
+    out_of_memory_steps: &[u64],
+) -> (Harness, Vec<Submitted>) {
     let mut h = Harness::new(cfg);
     h.sim.out_of_memory_steps.extend(out_of_memory_steps);
     let mut submitted = Vec::new();

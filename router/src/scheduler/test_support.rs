@@ -16,6 +16,7 @@ pub fn config(block_size: u32, num_blocks: u32, max_tokens: u32) -> SchedulerCon
         admission_policy: AdmissionPolicy::Fifo,
         admission_age_cap: std::time::Duration::from_secs(5),
         max_stream_backlog: 1 << 20,
+        num_draft_tokens: 0,
     }
 }
 
@@ -46,6 +47,17 @@ pub fn request(prompt_len: u32, max_new_tokens: u32) -> SequenceRequest {
 /// Like the real shard's draw, it does not depend on batching or preemption.
 pub fn token_at(seed: u64, position: u32) -> u32 {
     ((seed as u32).wrapping_mul(7919) ^ position.wrapping_mul(104_729)) % 50_000 + 1_000
+}
+
+/// What the simulated shard does with a decode allowed `max_drafts` drafts at `position`
+/// (the index of its first new token): (drafted, kept). Deterministic, and it covers
+/// nothing drafted, every draft rejected, some kept and all kept.
+pub fn drafts_at(seed: u64, position: u32, max_drafts: u32) -> (u32, u32) {
+    let mix = (seed as u32)
+        .wrapping_mul(31)
+        .wrapping_add(position.wrapping_mul(17));
+    let drafted = if mix % 5 == 0 { 0 } else { max_drafts };
+    (drafted, (mix / 5) % (drafted + 1))
 }
 
 /// The logprob the simulated shard reports for prompt token `index`.
@@ -276,11 +288,38 @@ impl ShardSim {
             end <= sequence.blocks.len() as u32 * self.block_size,
             "KV slots missing"
         );
-        sequence.computed = end;
-        // Write the KV of positions start..end; nobody else may be reading those blocks.
-        let identities = prefix_identities(&sequence.tokens);
+        let k = scheduled.max_draft_tokens;
+        let (drafted, kept) = if k > 0 {
+            assert!(
+                scheduled.num_tokens == 1 && scheduled.sample,
+                "drafts need a decode"
+            );
+            assert!(
+                end + k <= sequence.blocks.len() as u32 * self.block_size,
+                "KV slots missing for the drafts"
+            );
+            drafts_at(sequence.seed, end, k)
+        } else {
+            (0, 0)
+        };
+        // A verification's tokens are the plain decodes' tokens at their positions: the
+        // kept drafts, then the target's own. Known before the KV is written, so that the
+        // kept drafts' slots get their true identity and the rejected ones a false one.
+        let produced: Vec<u32> = if scheduled.sample && end as usize == sequence.tokens.len() {
+            (0..=kept)
+                .map(|j| token_at(sequence.seed, end + j))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let mut future = sequence.tokens.clone();
+        future.extend(&produced);
+        sequence.computed = end + kept;
+        // Write the KV of positions start..end (and of the drafts); nobody else may be
+        // reading those blocks.
+        let identities = prefix_identities(&future);
         let block_size = self.block_size as usize;
-        for position in start as usize..end as usize {
+        for position in start as usize..(end + drafted) as usize {
             let block = sequence.blocks[position / block_size];
             assert_eq!(
                 self.block_holders[&block],
@@ -291,7 +330,12 @@ impl ShardSim {
                 .slots
                 .entry(block)
                 .or_insert_with(|| vec![None; block_size]);
-            slots[position % block_size] = Some(identities[position]);
+            let rejected_draft = position >= (end + kept) as usize;
+            slots[position % block_size] = Some(if rejected_draft {
+                !identities[position.min(identities.len() - 1)]
+            } else {
+                identities[position]
+            });
         }
         let prefill_logprobs: Vec<f32> = if sequence.prefill_logprobs {
             (start..end)
@@ -301,20 +345,20 @@ impl ShardSim {
         } else {
             Vec::new()
         };
+        let mut tokens = produced.iter().map(|&id| pb::Token {
+            id,
+            logprob: -0.5,
+            top_ids: vec![],
+            top_logprobs: vec![],
+        });
         let token = if scheduled.sample {
             assert_eq!(
                 end as usize,
                 sequence.tokens.len(),
                 "sampling before the prefill ended"
             );
-            let id_token = token_at(sequence.seed, end);
-            sequence.tokens.push(id_token);
-            Some(pb::Token {
-                id: id_token,
-                logprob: -0.5,
-                top_ids: vec![],
-                top_logprobs: vec![],
-            })
+            sequence.tokens.extend(&produced);
+            tokens.next()
         } else {
             assert!(
                 (end as usize) < sequence.tokens.len(),
@@ -327,6 +371,8 @@ impl ShardSim {
             token,
             prefill_logprobs,
             error: String::new(),
+            next_tokens: tokens.collect(),
+            drafted,
         })
     }
 }

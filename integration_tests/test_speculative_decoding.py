@@ -1,0 +1,112 @@
+"""Speculative decoding (`--speculate`) on the real stack: prompt-lookup drafts verified in the
+decode's forward pass change no token, greedy or seeded, under concurrency, preemption and the
+prefix cache; drafts are counted and kept where the text repeats itself."""
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from server import Server, metric, scrape_metrics
+
+PASSAGE = ("The river rises in the hills above the town, runs past the old mill and the market, "
+           "and reaches the sea after forty miles. Fishing boats use its mouth in the summer.")
+TOPICS = ["the river", "the mill", "the market", "the sea", "the hills", "the boats", "the town",
+          "summer"]
+# Copy-heavy prompts (rewrite a passage, repeat a phrase) and open ones, 32 in all; the first
+# eight share the passage, so the prefix cache has something to find.
+PROMPTS = (
+    [f"{PASSAGE}\nRewrite the text above word for word, then say one thing about {t}.\n" for t in TOPICS]
+    + [f"Repeat after me three times: {t} is near the {u}." for t in TOPICS for u in ("bank", "bridge")]
+    + [f"Write a short story about {t}." for t in TOPICS]
+)
+NEW_TOKENS = 64
+
+
+def generate(url: str, prompt: str, **parameters) -> dict:
+    body = {"inputs": prompt,
+            "parameters": {"max_new_tokens": NEW_TOKENS, "details": True, **parameters}}
+    response = httpx.post(url + "/generate", json=body, timeout=600)
+    response.raise_for_status()
+    return response.json()
+
+
+def answers(url: str, concurrency: int, **parameters) -> list[tuple[list[int], str, str]]:
+    def one(prompt):
+        out = generate(url, prompt, **parameters)
+        return ([t["id"] for t in out["details"]["tokens"]], out["generated_text"],
+                out["details"]["finish_reason"])
+    with ThreadPoolExecutor(concurrency) as pool:
+        return list(pool.map(one, PROMPTS))
+
+
+@pytest.fixture(scope="module")
+def speculating():
+    srv = Server("--speculate", "4")
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def speculating_tiny_pool():
+    """A pool of 640 KV tokens for 16 streams of up to ~130 tokens: preemptions."""
+    srv = Server("--num-speculative-tokens", "4", "--kv-cache-tokens", "640",
+                 "--max-batch-prefill-tokens", "256", "--max-batch-size", "16")
+    yield srv
+    srv.stop()
+
+
+@pytest.mark.parametrize("concurrency", [4, 16])
+def test_greedy_text_is_the_same_with_drafts(server, speculating, concurrency):
+    before = scrape_metrics(speculating.url)
+    plain = answers(server.url, concurrency, do_sample=False)
+    drafted = answers(speculating.url, concurrency, do_sample=False)
+    for prompt, a, b in zip(PROMPTS, plain, drafted):
+        assert a == b, prompt
+    after = scrape_metrics(speculating.url)
+    drafts = metric(after, "textgen_speculative_draft_tokens_total") - metric(
+        before, "textgen_speculative_draft_tokens_total")
+    kept = metric(after, "textgen_speculative_accepted_tokens_total") - metric(
+        before, "textgen_speculative_accepted_tokens_total")
+    assert drafts > 0 and kept > 0, (drafts, kept)
+
+
+def test_preempted_and_cached_streams_keep_their_text(server, speculating_tiny_pool):
+    plain = answers(server.url, 16, do_sample=False)
+    drafted = answers(speculating_tiny_pool.url, 16, do_sample=False)
+    assert drafted == plain
+    samples = scrape_metrics(speculating_tiny_pool.url)
+    assert metric(samples, "textgen_preemptions_total") > 0, "the tiny pool preempted"
+    assert metric(samples, "textgen_prefix_cache_hits_tokens_total") > 0
+    assert metric(samples, "textgen_speculative_accepted_tokens_total") > 0
+
+
+def test_seeded_sampling_draws_the_same_tokens_with_drafts(server, speculating):
+    seeded = dict(do_sample=True, temperature=0.8, top_p=0.95, seed=7)
+    assert answers(speculating.url, 4, **seeded) == answers(server.url, 4, **seeded)
+
+
+def test_stops_inside_a_verified_run_end_exactly_where_they_would(server, speculating):
+    prompt = PROMPTS[0]
+    full = generate(server.url, prompt, do_sample=False)["generated_text"]
+    words = full.split()
+    assert len(words) > 8
+    stop = " " + words[6]  # some word in the middle of the copied passage
+    for parameters in ({"stop": [stop]}, {"max_new_tokens": 9}, {"max_new_tokens": 1}):
+        a = generate(server.url, prompt, do_sample=False, **parameters)
+        b = generate(speculating.url, prompt, do_sample=False, **parameters)
+        assert b["generated_text"] == a["generated_text"], parameters
+        assert b["details"]["finish_reason"] == a["details"]["finish_reason"]
+        assert b["details"]["generated_tokens"] == a["details"]["generated_tokens"]
+
+
+def test_streamed_tokens_equal_the_answer(speculating):
+    prompt = PROMPTS[1]
+    whole = generate(speculating.url, prompt, do_sample=False)
+    body = {"inputs": prompt, "parameters": {"max_new_tokens": NEW_TOKENS, "do_sample": False}}
+    ids = []
+    with httpx.stream("POST", speculating.url + "/generate_stream", json=body, timeout=600) as r:
+        for line in r.iter_lines():
+            if line.startswith("data:"):
+                import json
+                ids.append(json.loads(line[5:])["token"]["id"])
+    assert ids == [t["id"] for t in whole["details"]["tokens"]]

@@ -1,0 +1,146 @@
+//! Speculative decoding, the router's half: which decodes carry drafts, and how many.
+//!
+//! The shard drafts (prompt lookup over the sequence's tokens) and verifies them in the
+//! decode's own forward (proto `max_draft_tokens`). The router reserves budget and KV slots
+//! for the drafts, and keeps a drafting sequence out of the steps planned while its previous
+//! one is in flight: the shard drafts from tokens it must hold on its host, and the
+//! sequence's position after a verification is known only from its answer. Other sequences
+//! keep pipelining.
+//!
+//! It turns itself off where it costs more than it gives: above `MAX_DRAFTING_DECODES`
+//! decodes a step is better spent on the batch (a verification multiplies its tokens), and
+//! a sequence whose drafts are not kept, or that the shard found nothing to draft for,
+//! pauses for a number of plain (pipelined) decodes that doubles each time, up to
+//! `MAX_PAUSE`.
+use super::api::SequenceRequest;
+use crate::metrics::names;
+
+/// Decodes in a step above which no decode carries drafts.
+pub const MAX_DRAFTING_DECODES: usize = 8;
+/// Longest pause, in plain decodes, after fruitless verifications.
+pub const MAX_PAUSE: u32 = 16;
+
+/// Whether a request's tokens may be verified in parallel: each position's token must not
+/// read the tokens before it on the host (a grammar's state, penalties, the watermark).
+pub fn may_draft(request: &SequenceRequest) -> bool {
+    let sampling = &request.sampling;
+    request.grammar.is_none()
+        && sampling.repetition_penalty.is_none_or(|p| p == 1.0)
+        && sampling.frequency_penalty == 0.0
+        && sampling.presence_penalty == 0.0
+        && !sampling.watermark
+}
+
+/// One sequence's speculation state.
+#[derive(Debug, Clone, Default)]
+pub struct Drafting {
+    /// A step carrying drafts for this sequence is in flight.
+    pub verifying: bool,
+    /// Plain decodes left before it drafts again.
+    pause: u32,
+    /// The pause the next fruitless verification sets.
+    next_pause: u32,
+}
+
+impl Drafting {
+    /// Drafts to ask for in the step being planned: `num_draft_tokens` (the configured k),
+    /// capped by the tokens the sequence may still generate after this decode's own.
+    /// 0 while paused, for a request that cannot be drafted for, or in a large batch.
+    pub fn wanted(
+        &self,
+        num_draft_tokens: u32,
+        decodes: usize,
+        remaining_after_decode: u32,
+    ) -> u32 {
+        if self.pause > 0 || decodes > MAX_DRAFTING_DECODES {
+            return 0;
+        }
+        num_draft_tokens.min(remaining_after_decode)
+    }
+
+    /// A plain decode was scheduled: one step of the pause is spent.
+    pub fn plain_decode(&mut self) {
+        self.pause = self.pause.saturating_sub(1);
+    }
+
+    /// A verification's answer: `drafted` drafts checked, `kept` of them kept.
+    pub fn record(&mut self, drafted: u32, kept: u32) {
+        self.verifying = false;
+        metrics::counter!(names::SPECULATIVE_DRAFT_TOKENS_TOTAL).increment(u64::from(drafted));
+        metrics::counter!(names::SPECULATIVE_ACCEPTED_TOKENS_TOTAL).increment(u64::from(kept));
+        if drafted > 0 {
+            metrics::histogram!(names::SPECULATIVE_ACCEPTED_LENGTH).record(f64::from(kept));
+        }
+        if kept > 0 {
+            self.next_pause = 0;
+        } else {
+            self.next_pause = (self.next_pause * 2).clamp(1, MAX_PAUSE);
+            self.pause = self.next_pause;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::scheduler::test_support::request;
+
+    #[test]
+    fn requests_that_read_their_history_are_not_drafted_for() {
+        assert!(may_draft(&request(4, 8)));
+        for change in [
+            |r: &mut SequenceRequest| r.sampling.repetition_penalty = Some(1.2),
+            |r: &mut SequenceRequest| r.sampling.frequency_penalty = 0.5,
+            |r: &mut SequenceRequest| r.sampling.presence_penalty = -0.5,
+            |r: &mut SequenceRequest| r.sampling.watermark = true,
+            |r: &mut SequenceRequest| r.grammar = Some(Default::default()),
+        ] {
+            let mut r = request(4, 8);
+            change(&mut r);
+            assert!(!may_draft(&r), "{r:?}");
+        }
+        let mut neutral = request(4, 8);
+        neutral.sampling.repetition_penalty = Some(1.0);
+        neutral.sampling.do_sample = true;
+        assert!(
+            may_draft(&neutral),
+            "sampling and a neutral penalty are fine"
+        );
+    }
+
+    #[test]
+    fn drafts_stop_in_large_batches_and_at_the_last_tokens() {
+        let drafting = Drafting::default();
+        assert_eq!(drafting.wanted(4, 1, 100), 4);
+        assert_eq!(drafting.wanted(4, MAX_DRAFTING_DECODES, 100), 4);
+        assert_eq!(drafting.wanted(4, MAX_DRAFTING_DECODES + 1, 100), 0);
+        assert_eq!(drafting.wanted(4, 1, 2), 2, "never past max_new_tokens");
+        assert_eq!(drafting.wanted(0, 1, 100), 0, "speculation off");
+    }
+
+    #[test]
+    fn fruitless_verifications_pause_longer_each_time_and_a_kept_draft_resets_it() {
+        let mut drafting = Drafting::default();
+        let mut pauses = Vec::new();
+        for _ in 0..7 {
+            drafting.record(0, 0);
+            let mut pause = 0;
+            while drafting.wanted(4, 1, 100) == 0 {
+                drafting.plain_decode();
+                pause += 1;
+            }
+            pauses.push(pause);
+        }
+        assert_eq!(pauses, [1, 2, 4, 8, 16, 16, 16]);
+        drafting.record(4, 1);
+        assert_eq!(drafting.wanted(4, 1, 100), 4, "a kept draft: no pause");
+        drafting.record(4, 0);
+        assert_eq!(
+            drafting.wanted(4, 1, 100),
+            0,
+            "and the next fruitless one starts at 1 again"
+        );
+        drafting.plain_decode();
+        assert_eq!(drafting.wanted(4, 1, 100), 4);
+    }
+}

@@ -1,0 +1,256 @@
+//! Speculative decoding against the simulated shard, which drafts and keeps drafts by a
+//! fixed rule (`drafts_at`) and writes a false KV identity into a rejected draft's slot:
+//! every stream gets exactly the tokens it gets without drafts, nothing past its end, and
+//! no cached or preempted state ever relies on a rejected draft.
+use super::api::{FinishReason, SchedulerConfig};
+use super::speculation::MAX_DRAFTING_DECODES;
+use super::test_harness::{assert_kept_streams_exact, busy_tiny_pool_on, expected_tokens, Harness};
+use super::test_support::{cached_config, config, drafts_at, request, token_at, CapturedMetrics};
+use crate::metrics::names;
+use crate::pb;
+
+const DEPTH: usize = 2;
+
+fn drafting(cfg: SchedulerConfig, k: u32) -> SchedulerConfig {
+    SchedulerConfig {
+        num_draft_tokens: k,
+        ..cfg
+    }
+}
+
+fn drafts_sent(sent: &[pb::StepRequest]) -> u32 {
+    sent.iter()
+        .flat_map(|step| &step.sequences)
+        .map(|s| s.max_draft_tokens)
+        .sum()
+}
+
+#[test]
+fn a_drafting_stream_gets_exactly_its_tokens_in_fewer_steps() {
+    let mut plain = Harness::new(config(4, 64, 64));
+    let id = plain.submit(request(5, 40));
+    let plain_steps = plain.run_pipelined(DEPTH, 500).len();
+
+    let mut h = Harness::new(drafting(config(4, 64, 64), 4));
+    let id2 = h.submit(request(5, 40));
+    assert_eq!(id, id2);
+    let sent = h.run_pipelined(DEPTH, 500);
+    assert_eq!(h.tokens(id), expected_tokens(id, 5, 40));
+    assert_eq!(h.finished(id), Some((FinishReason::Length, 40)));
+    assert!(drafts_sent(&sent) > 0);
+    assert!(
+        sent.len() < plain_steps,
+        "{} steps with drafts, {plain_steps} without",
+        sent.len()
+    );
+    assert_eq!(h.state.allocator().used(), 0, "every block came back");
+}
+
+#[test]
+fn drafts_never_reach_past_max_new_tokens() {
+    for max_new in 1..12 {
+        let mut h = Harness::new(drafting(config(4, 64, 64), 8));
+        let id = h.submit(request(3, max_new));
+        let sent = h.run_pipelined(DEPTH, 200);
+        // Replay the simulated shard's rule over the steps sent, in order.
+        let (mut generated, mut position) = (0, 3);
+        for scheduled in sent.iter().flat_map(|s| &s.sequences).filter(|s| s.sample) {
+            let k = scheduled.max_draft_tokens;
+            assert!(
+                generated + 1 + k <= max_new,
+                "max_new_tokens {max_new}: {generated} generated, then a decode with {k} drafts"
+            );
+            let kept = if k > 0 {
+                drafts_at(id, position, k).1
+            } else {
+                0
+            };
+            generated += 1 + kept;
+            position += 1 + kept;
+        }
+        assert_eq!(generated, max_new);
+        assert_eq!(
+            h.tokens(id),
+            expected_tokens(id, 3, max_new),
+            "max_new {max_new}"
+        );
+    }
+}
+
+#[test]
+fn a_stop_token_inside_a_verified_run_ends_the_stream_there() {
+    // Find a position where the simulated shard keeps at least two drafts, and make the
+    // first kept one a stop token: the tokens after it in the same answer are dropped.
+    let mut h = Harness::new(drafting(config(4, 64, 64), 4));
+    let mut req = request(5, 60);
+    let id = 0; // the harness seeds each request with its id
+    let stop_at = (6..60)
+        .find(|&p| drafts_at(id, 5 + p, 4).1 >= 2)
+        .expect("the rule keeps two drafts somewhere");
+    req.stop_token_ids = vec![token_at(id, 5 + stop_at + 1)];
+    assert!(
+        !expected_tokens(id, 5, stop_at + 1).contains(&req.stop_token_ids[0]),
+        "the stop token does not come earlier"
+    );
+    assert_eq!(h.submit(req), id);
+    h.run_pipelined(DEPTH, 500);
+    assert_eq!(h.tokens(id), expected_tokens(id, 5, stop_at + 2));
+    assert_eq!(h.finished(id), Some((FinishReason::EosToken, stop_at + 2)));
+    assert_eq!(h.state.allocator().used(), 0);
+}
+
+#[test]
+fn large_batches_and_history_reading_requests_do_not_draft() {
+    let mut h = Harness::new(drafting(config(4, 256, 256), 4));
+    for _ in 0..=MAX_DRAFTING_DECODES {
+        h.submit(request(3, 6));
+    }
+    let sent = h.run_pipelined(DEPTH, 500);
+    let busy = sent
+        .iter()
+        .filter(|s| s.sequences.len() > MAX_DRAFTING_DECODES)
+        .collect::<Vec<_>>();
+    assert!(!busy.is_empty());
+    assert!(busy
+        .iter()
+        .all(|s| s.sequences.iter().all(|q| q.max_draft_tokens == 0)));
+
+    let mut h = Harness::new(drafting(config(4, 64, 64), 4));
+    let mut penalised = request(3, 20);
+    penalised.sampling.repetition_penalty = Some(1.3);
+    let id = h.submit(penalised);
+    let sent = h.run_pipelined(DEPTH, 500);
+    assert_eq!(drafts_sent(&sent), 0);
+    assert_eq!(h.tokens(id), expected_tokens(id, 3, 20));
+}
+
+#[test]
+fn a_verification_is_answered_before_its_sequence_is_planned_again() {
+    let mut h = Harness::new(drafting(config(4, 64, 64), 4));
+    let id = h.submit(request(5, 30));
+    let other = h.submit(request(4, 30));
+    h.step(); // both prefills, answered
+    let now = std::time::Instant::now();
+    let planned = h.state.plan_step(now).expect("two decodes");
+    assert!(planned
+        .request
+        .sequences
+        .iter()
+        .all(|s| s.max_draft_tokens == 4));
+    assert!(
+        !h.state.may_plan_ahead(),
+        "the step loop waits for the answer"
+    );
+    assert!(
+        h.state.plan_step(now).is_none(),
+        "and a verifying sequence sits out meanwhile"
+    );
+    let answer = h.sim.step(&planned.request);
+    let deliveries = h.state.apply(answer);
+    h.state.deliver(deliveries);
+    h.check_pool_accounting();
+    h.run_pipelined(DEPTH, 500);
+    assert_eq!(h.tokens(id), expected_tokens(id, 5, 30));
+    assert_eq!(h.tokens(other), expected_tokens(other, 4, 30));
+}
+
+/// Runs planned steps on the simulated shard and applies their answers, in order.
+fn run_planned(h: &mut Harness, steps: Vec<super::PlannedStep>) {
+    let answers: Vec<_> = steps
+        .into_iter()
+        .map(|planned| {
+            h.state.deliver(planned.events);
+            h.sim.step(&planned.request)
+        })
+        .collect();
+    for answer in answers {
+        let deliveries = h.state.apply(answer);
+        h.state.deliver(deliveries);
+    }
+    h.collect();
+}
+
+#[test]
+fn a_sequence_about_to_draft_waits_for_its_plain_decode_in_flight() {
+    // A fruitless verification pauses it: it decodes plainly, planned ahead. When the
+    // pause is over it sits out until the plain decode's token is back, then drafts.
+    let mut h = Harness::new(drafting(config(4, 64, 64), 4));
+    let id = h.submit(request(5, 80));
+    h.step(); // the prefill
+    let now = std::time::Instant::now();
+    let (mut sat_out, mut pipelined_plain) = (0, 0);
+    while let Some(first) = h.state.plan_step(now) {
+        let drafts = first.request.sequences.first().map(|s| s.max_draft_tokens);
+        if drafts != Some(0) || !h.state.may_plan_ahead() {
+            run_planned(&mut h, vec![first]);
+            continue;
+        }
+        match h.state.plan_step(now) {
+            Some(second) => {
+                assert_eq!(
+                    second.request.sequences[0].max_draft_tokens, 0,
+                    "still paused"
+                );
+                pipelined_plain += 1;
+                run_planned(&mut h, vec![first, second]);
+            }
+            None => {
+                sat_out += 1;
+                run_planned(&mut h, vec![first]);
+            }
+        }
+    }
+    assert!(
+        sat_out > 0,
+        "{sat_out} sat out, {pipelined_plain} plain decodes pipelined"
+    );
+    assert_eq!(h.tokens(id), expected_tokens(id, 5, 80));
+}
+
+#[test]
+fn preemption_and_the_prefix_cache_never_keep_a_rejected_draft() {
+    // The busy tiny pool: shared prefixes, preemptions, clients leaving, with drafts. The
+    // simulated shard checks that every cached position announced holds its true KV, so
+    // a rejected draft's slot counted as computed would fail it.
+    for cfg in [cached_config(2, 24, 9), config(2, 24, 9)] {
+        for depth in [1, DEPTH] {
+            let (h, submitted) = busy_tiny_pool_on(drafting(cfg.clone(), 3), depth, &[]);
+            assert_kept_streams_exact(&h, &submitted);
+            assert_eq!(h.sim.live_sequences(), 0);
+        }
+    }
+}
+
+#[test]
+fn drafted_and_kept_tokens_are_counted() {
+    let recorder = CapturedMetrics::default();
+    let (id, sent) = metrics::with_local_recorder(&recorder, || {
+        let mut h = Harness::new(drafting(config(4, 64, 64), 4));
+        let id = h.submit(request(5, 40));
+        (id, h.run_pipelined(DEPTH, 500))
+    });
+    let mut drafted = 0;
+    let mut kept = 0;
+    let mut position = 5;
+    for scheduled in sent.iter().flat_map(|s| &s.sequences).filter(|s| s.sample) {
+        if scheduled.num_tokens > 1 {
+            position += 1; // the prefill's token
+            continue;
+        }
+        let (d, k) = drafts_at(id, position, scheduled.max_draft_tokens);
+        drafted += d;
+        kept += k;
+        position += 1 + k;
+    }
+    assert!(drafted > 0 && kept > 0);
+    assert_eq!(
+        recorder.counter(names::SPECULATIVE_DRAFT_TOKENS_TOTAL),
+        u64::from(drafted)
+    );
+    assert_eq!(
+        recorder.counter(names::SPECULATIVE_ACCEPTED_TOKENS_TOTAL),
+        u64::from(kept)
+    );
+    let lengths = recorder.samples(names::SPECULATIVE_ACCEPTED_LENGTH);
+    assert_eq!(lengths.iter().sum::<f64>(), f64::from(kept));
+}
