@@ -9,7 +9,8 @@ bucket (padding rows write no KV slot and belong to no sequence), its sequences 
 zero-length ones, and each attention launch's tile list to a fixed count (the backend's
 `build_metadata(..., tokens=...)`), so the grids never change. The graph gathers each real
 sequence's last token row (`sample_rows`) before lm_head: its outputs have one row per
-sequence, as `DecodeGraphs.run` gives them.
+sequence, as `DecodeGraphs.run` gives them. A step verifying drafts (speculative decoding)
+names its rows instead: every row of a verification, the last of any other sequence.
 
 The graphs share the decode graphs' memory pool; `capture_all` captures every graph largest
 first, so the pool is about the largest graph's.
@@ -105,14 +106,15 @@ class MixedGraphs:
         graph, outputs = record_graph(run, self.pool, self.device)
         self.steps[tokens] = MixedStep(tokens, seqs, graph, inputs, metadata, outputs)
 
-    def bucket_for(self, layout: StepLayout) -> int | None:
-        """The smallest bucket that holds this step, or None (too many tokens or sequences, or a
-        context past the captured width)."""
+    def bucket_for(self, layout: StepLayout, rows: int | None = None) -> int | None:
+        """The smallest bucket that holds this step and its `rows` output rows (default: one per
+        sequence), or None (too many tokens, sequences or rows, or a context past the captured
+        width)."""
         batch = len(layout.query_lens)
         if not self.steps or not batch or max(layout.context_lens) > self.width * self.block_size:
             return None
-        tokens = layout.num_tokens
-        return next((t for t in self.buckets if tokens <= t and batch <= self.steps[t].seqs), None)
+        tokens, rows = layout.num_tokens, max(batch, rows or 0)
+        return next((t for t in self.buckets if tokens <= t and rows <= self.steps[t].seqs), None)
 
     def run(
         self,
@@ -121,21 +123,23 @@ class MixedGraphs:
         positions: list[int],
         layout: StepLayout,
         fill: Callable[[torch.Tensor], None] | None = None,
+        sample_rows: list[int] | None = None,
     ) -> DecodeOutputs:
         """Replays the graph of bucket `tokens`; one output row per sequence of `layout`, in
-        order. `fill` may write input ids still on the device into the static input ids."""
+        order, or one per token row in `sample_rows` when given. `fill` may write input ids
+        still on the device into the static input ids."""
         step = self.steps[tokens]
-        batch = len(layout.query_lens)
+        rows = np.cumsum(layout.query_lens) - 1 if sample_rows is None else sample_rows  # last rows
         host = np.zeros(2 * step.tokens + step.seqs, dtype=np.int64)
         host[: len(input_ids)] = input_ids
         host[step.tokens : step.tokens + len(positions)] = positions
-        host[2 * step.tokens : 2 * step.tokens + batch] = np.cumsum(layout.query_lens) - 1  # last rows
+        host[2 * step.tokens : 2 * step.tokens + len(rows)] = rows
         self.backend.refill(step.metadata, layout)  # first: refuses a layout that does not fit
         copy_into(step.inputs, torch.from_numpy(host))
         if fill is not None:
             fill(step.input_ids)
         step.graph.replay()
-        return step.outputs.rows(batch)
+        return step.outputs.rows(len(rows))
 
 
 def capture_all(decode: DecodeGraphs, mixed: MixedGraphs | None, sizes, buckets, kv_cache) -> None:

@@ -163,9 +163,10 @@ class ModelRunner:
         launched.began = self._device_event()
         tensors = self._prepare(work)
         launched.prepared = self._device_event()
-        # Prompt logprobs and verifications read more than each sequence's last row.
-        needs_hidden = any(self._wants_prefill_logprobs(item) or item.drafts for item in work)
-        hidden, decoded = self._forward(tensors, needs_hidden)
+        needs_hidden = any(self._wants_prefill_logprobs(item) for item in work)
+        # A verification's every row is sampled; the graphs then gather those rows.
+        output_rows = _output_rows(work, tensors.query_starts) if any(item.drafts for item in work) else None
+        hidden, decoded = self._forward(tensors, needs_hidden, output_rows)
         failed: set[int] = set()
         if settle is not None:
             settle()
@@ -174,9 +175,11 @@ class ModelRunner:
             failed = {i for i, item in enumerate(work) if item.state.id in self.table.failed}
         samplers = [i for i, item in enumerate(work) if item.sample and i not in failed]
         row_items = [i for i in samplers for _ in range(1 + len(work[i].drafts))]
-        if decoded is not None and len(samplers) < len(work):
-            index = to_device(samplers, torch.long, self.device)
-            decoded = decoded.select(index) if samplers else None
+        output_items = [i for i, item in enumerate(work) for _ in range(1 + len(item.drafts))]
+        if decoded is not None and len(row_items) < len(output_items):
+            sampling = set(samplers)
+            index = [row for row, i in enumerate(output_items) if i in sampling]
+            decoded = decoded.select(to_device(index, torch.long, self.device)) if index else None
         if samplers and decoded is None:
             rows = to_device(_sampled_rows(work, samplers, tensors.query_starts), torch.long, self.device)
             decoded = DecodeOutputs(self.model.compute_logits(hidden.index_select(0, rows)), None, None)
@@ -253,16 +256,18 @@ class ModelRunner:
         return [t.to("cpu", non_blocking=True) for t in tensors]  # into pinned memory
 
     def _forward(
-        self, inputs: StepInputs, needs_hidden: bool
+        self, inputs: StepInputs, needs_hidden: bool, output_rows: list[int] | None = None
     ) -> tuple[torch.Tensor | None, DecodeOutputs | None]:
         """(hidden states of the step's tokens, None) run eagerly, or (None, the outputs of every
         sequence) from a CUDA graph when one fits the step and no hidden state is needed: a
-        decode graph for a decode-only step, else the smallest mixed graph that holds it."""
+        decode graph for a decode-only step, else the smallest mixed graph that holds it.
+        `output_rows` (a step verifying drafts) names the token rows to output instead."""
         fill = (lambda ids: _fill_on_device(ids, inputs.on_device)) if inputs.on_device else None
-        graph = None if needs_hidden else self._graph_for(inputs.layout)
+        graph = None if needs_hidden else self._graph_for(inputs.layout, output_rows)
         if graph is not None:
             graphs, key = graph
-            return None, graphs.run(key, inputs.input_ids, inputs.positions, inputs.layout, fill)
+            rows = {} if output_rows is None else {"sample_rows": output_rows}
+            return None, graphs.run(key, inputs.input_ids, inputs.positions, inputs.layout, fill, **rows)
         metadata = self.backend.build_metadata(inputs.layout, self.device)
         input_ids = to_device(inputs.input_ids, torch.long, self.device)
         positions = to_device(inputs.positions, torch.long, self.device)
@@ -270,11 +275,12 @@ class ModelRunner:
             fill(input_ids)
         return self.model(input_ids, positions, self.kv_cache, metadata), None
 
-    def _graph_for(self, layout: StepLayout):
+    def _graph_for(self, layout: StepLayout, output_rows: list[int] | None = None):
         """(graphs, key) of the graph that runs this step, or None: it runs eagerly."""
-        if self.graphs is not None and (size := self.graphs.size_for(layout)) is not None:
+        if output_rows is None and self.graphs is not None and (size := self.graphs.size_for(layout)) is not None:
             return self.graphs, size
-        if self.mixed_graphs is not None and (tokens := self.mixed_graphs.bucket_for(layout)) is not None:
+        rows = None if output_rows is None else len(output_rows)
+        if self.mixed_graphs is not None and (tokens := self.mixed_graphs.bucket_for(layout, rows)) is not None:
             return self.mixed_graphs, tokens
         return None
 
@@ -431,6 +437,12 @@ def _sampled_rows(work: list[ScheduledWork], samplers: list[int], query_starts: 
         last = query_starts[i] + work[i].num_tokens - 1
         rows.extend(range(last - len(work[i].drafts), last + 1))
     return rows
+
+
+def _output_rows(work: list[ScheduledWork], query_starts: list[int]) -> list[int]:
+    """A graph's output rows for a step with verifications: every item's sampled rows, in order,
+    whether it samples or not (the rows of those that do not are dropped after the forward)."""
+    return _sampled_rows(work, list(range(len(work))), query_starts)
 
 
 def _row_positions(work: list[ScheduledWork], row_items: list[int]) -> list[int]:

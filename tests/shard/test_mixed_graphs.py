@@ -227,6 +227,28 @@ def test_the_runner_replays_the_graph_that_fits_or_runs_eagerly(specs, needs_hid
         assert runs == [chosen] and runner.model.calls == 0 and decoded == "outputs" and hidden is None
 
 
+@pytest.mark.parametrize(
+    "specs,rows,chosen",
+    [
+        ([(5, 5)] * 2, 10, ("MixedGraphs", 16)),  # two verifications of 4 drafts: 10 rows
+        ([(5, 5)] * 2 + [(1, 5)], 11, ("MixedGraphs", 16)),
+        ([(5, 9)] * 4, 20, ("MixedGraphs", 32)),  # 20 rows: past bucket 16's 16
+    ],
+)
+def test_a_step_verifying_drafts_replays_a_mixed_graph_with_its_rows(specs, rows, chosen):
+    runner, runs = _stub_runner(max_seqs=32)
+    output_rows = list(range(rows))
+    runner.mixed_graphs.run = lambda key, *args, **kw: runs.append(("MixedGraphs", key, kw["sample_rows"])) or "out"
+    hidden, decoded = runner._forward(_inputs(specs), False, output_rows)
+    assert runs == [(*chosen, output_rows)] and decoded == "out" and hidden is None
+
+
+def test_a_verification_with_more_rows_than_a_graph_holds_runs_eagerly():
+    runner, runs = _stub_runner(max_seqs=8)
+    hidden, decoded = runner._forward(_inputs([(3, 5)] * 3), False, list(range(9)))
+    assert runs == [] and runner.model.calls == 1 and decoded is None
+
+
 def test_without_mixed_graphs_mixed_steps_run_eagerly():
     runner, runs = _stub_runner()
     runner.mixed_graphs = None

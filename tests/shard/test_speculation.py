@@ -177,3 +177,43 @@ def test_drafts_are_refused_where_the_protocol_does_not_allow_them(runner):
                                  max_draft_tokens=runner.block_size * 2)  # fmt: skip
     with pytest.raises(InvalidStepError, match="no KV slot"):
         driver.step(scheduled=[short])
+
+
+# -- verifications replayed from the mixed-step CUDA graphs -----------------------------------
+@pytest.mark.parametrize("sampling", [GREEDY, SEEDED], ids=["greedy", "seeded"])
+def test_verifications_through_the_mixed_graphs_give_the_eager_tokens(tiny_model_dirs, monkeypatch, sampling):
+    """A verification replays the mixed graph that holds it, gathering all its rows. On a GPU
+    the graphs are captured at warmup; on the CPU each replay is an eager re-run of the
+    captured closure (the host path: static inputs, sample rows, output rows)."""
+    pytest.importorskip("triton")
+    import torch
+
+    import shard_server.mixed_graphs as mixed_graphs
+    from shard_server.mixed_graphs import MixedGraphs
+    from shard_server.warmup import PoolSizing, warmup
+
+    from .test_mixed_graphs import _EagerGraph
+    from .test_triton_runner import make_runner
+
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda" if cuda else "cpu")
+    eager = make_runner(tiny_model_dirs["llama"], "triton", device, num_blocks=128)
+    plain, _, _ = generate(eager, sampling, 24, k=0)
+    monkeypatch.setattr("shard_server.step_plan.NgramIndex", lambda: OracleDrafts(PROMPT + plain, 3))
+    expected, drafted, _ = generate(eager, sampling, 24, k=4)
+    assert expected == plain and drafted > 0
+
+    runner = make_runner(tiny_model_dirs["llama"], "triton", device, num_blocks=128)
+    if cuda:
+        warmup(runner, 64, 8, PoolSizing(1024, 0.05, (1, 2, 4, 8)))
+    else:
+        monkeypatch.setattr(mixed_graphs, "record_graph", lambda run, pool, dev: (_EagerGraph(run, out := run()), out))
+        runner.mixed_graphs = MixedGraphs(runner.model, runner.backend, runner.block_size,
+                                          runner.config.max_position_embeddings, device, max_seqs=8)  # fmt: skip
+        runner.mixed_graphs.capture_bucket(32, runner.kv_cache)
+    replays = []
+    original = runner.mixed_graphs.run
+    monkeypatch.setattr(runner.mixed_graphs, "run", lambda *a, **kw: replays.append(kw.get("sample_rows")) or original(*a, **kw))
+    replayed, _, per_step = generate(runner, sampling, 24, k=4)
+    assert replayed == plain
+    assert any(rows is not None and len(rows) == 5 for rows in replays), "verifications were replayed"
