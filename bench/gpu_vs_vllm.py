@@ -13,6 +13,7 @@ Workloads (fixed seeds; each engine gets the same requests, warm-up first):
   poisson_32   the same at 32 req/s
   prefix       256 requests sharing a 2,000-token prefix (+16 own tokens), 128 new, at once
   mix          the issue-3 mix: 179 x 128/128 + 77 x 1024/512, at once
+  long_answer  (only when named) three runs of one 128-token prompt, 1,024 new tokens
 Only flag either engine gets beyond its defaults: the model path, port, textgen's `--num-shard 1`
 (it shards over every visible GPU otherwise) and vLLM's `--served-model-name m --dtype bfloat16`.
 An engine's admission limit is honoured by the client (textgen: /info max_concurrent_requests;
@@ -54,6 +55,7 @@ FP8_FLAGS = {"textgen": ["--quantize", "fp8", "--kv-cache-dtype", "fp8_e4m3fn"],
              "vllm": ["--quantization", "fp8", "--kv-cache-dtype", "fp8"]}
 POISSON_S = 15.0
 REPEATS = 3  # runs of the one-request workloads
+OPTIONAL_WORKLOADS = ("long_answer",)  # run only when named in --workloads
 
 
 def workloads(quick: bool) -> dict[str, list[list[peer_load.Request]]]:
@@ -70,6 +72,9 @@ def workloads(quick: bool) -> dict[str, list[list[peer_load.Request]]]:
         "poisson_32": [_poisson(32, quick, 5)],
         "prefix": [peer_load.shared_prefix(256 // scale, 2000 // scale, 16, 128 // scale, v, seed=6)],
         "mix": [peer_load.fixed(MIX[::scale], v, seed=7)],
+        # Speculative decoding's batch-1 case: a long greedy answer, which random weights
+        # tend to make repetitive (prompt lookup drafts from it); not in the default set.
+        "long_answer": [peer_load.fixed([(128, 1024 // scale)], v, seed=30 + r) for r in range(REPEATS)],
     }
 
 
@@ -270,8 +275,8 @@ def main() -> None:
     results: dict = {"model": json.loads((args.work / "model.json").read_text()), "quick": args.quick,
                      "precision": "fp8" if args.fp8 else "bf16", "flags": args.precision_flags}
     plan = workloads(args.quick)
-    if args.workloads:
-        plan = {name: plan[name] for name in args.workloads.split(",")}
+    plan = ({name: plan[name] for name in args.workloads.split(",")} if args.workloads
+            else {name: runs for name, runs in plan.items() if name not in OPTIONAL_WORKLOADS})
     results["workloads"] = {n: {"runs": len(runs), "requests": len(runs[0]),
                                 "prompt_tokens": sum(len(x.prompt) for x in runs[0]),
                                 "max_tokens": sum(x.max_tokens for x in runs[0])} for n, runs in plan.items()}  # fmt: skip

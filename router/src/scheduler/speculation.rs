@@ -17,8 +17,10 @@ use crate::metrics::names;
 
 /// Decodes in a step above which no decode carries drafts.
 pub const MAX_DRAFTING_DECODES: usize = 8;
-/// Longest pause, in plain decodes, after fruitless verifications.
-pub const MAX_PAUSE: u32 = 16;
+/// Longest pause, in plain decodes, after fruitless verifications. A fruitless verification
+/// of 4 drafts cost 1.9 ms more than a plain decode on an H200 at batch 1 (8B, 6.4 against
+/// 4.5 ms) plus the pipelining it gives up: one in 65 steps keeps that under ~1 %.
+pub const MAX_PAUSE: u32 = 64;
 
 /// Whether a request's tokens may be verified in parallel: each position's token must not
 /// read the tokens before it on the host (a grammar's state, penalties, the watermark).
@@ -122,7 +124,7 @@ mod tests {
     fn fruitless_verifications_pause_longer_each_time_and_a_kept_draft_resets_it() {
         let mut drafting = Drafting::default();
         let mut pauses = Vec::new();
-        for _ in 0..7 {
+        for _ in 0..9 {
             drafting.record(0, 0);
             let mut pause = 0;
             while drafting.wanted(4, 1, 100) == 0 {
@@ -131,7 +133,7 @@ mod tests {
             }
             pauses.push(pause);
         }
-        assert_eq!(pauses, [1, 2, 4, 8, 16, 16, 16]);
+        assert_eq!(pauses, [1, 2, 4, 8, 16, 32, 64, 64, 64]);
         drafting.record(4, 1);
         assert_eq!(drafting.wanted(4, 1, 100), 4, "a kept draft: no pause");
         drafting.record(4, 0);
