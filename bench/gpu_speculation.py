@@ -1,8 +1,8 @@
 """Speculative decoding on one H200 (issue 26): the random 8B (bf16), textgen without and with
 `--speculate 4`, on prompts that contain the model's own greedy continuation.
 
-For each seed prompt P (random token ids), a server without speculation answers P greedily
-with C; the measured prompt is then P + C + P, so prompt lookup finds P's end followed by C,
+For each seed prompt P (random token ids as text), a server without speculation answers P
+greedily with C (token ids); the measured prompt is then P + C + P (ids), so prompt lookup finds P's end followed by C,
 and drafts C again. How often the model really continues with C after the second P (its
 output depends on everything before) is the acceptance rate, measured and reported. Workloads:
 batch 1 (three prompts one at a time), and bursts of 64 and 256 such prompts at once. Both
@@ -33,24 +33,28 @@ PROMPT_TOKENS = 128
 COUNTER_NAMES = ("textgen_speculative_draft_tokens_total", "textgen_speculative_accepted_tokens_total")
 
 
-def continuation(url: str, prompt: list[int], tokens: int) -> str:
-    body = {"model": "m", "prompt": prompt, "max_tokens": tokens, "temperature": 0}
-    response = httpx.post(f"{url}/v1/completions", json=body, timeout=600)
+def continuation(url: str, prompt: str, tokens: int) -> list[int]:
+    """The server's greedy answer to `prompt`, as token ids (TGI's /generate with details)."""
+    body = {"inputs": prompt, "parameters": {"max_new_tokens": tokens, "details": True}}
+    response = httpx.post(f"{url}/generate", json=body, timeout=600)
     response.raise_for_status()
-    return response.json()["choices"][0]["text"]
+    return [token["id"] for token in response.json()["details"]["tokens"]]
 
 
 def self_copy_prompts(url: str, tokenizer, count: int, answer: int, seed: int) -> list[list[int]]:
-    """P + C + P for `count` seeded prompts P, C the server's greedy answer to P (as text,
-    re-encoded with the same tokenizer, so the prompt is what a client would send)."""
-    rng = random.Random(seed)
-    prompts = [peer_load.random_ids(rng, PROMPT_TOKENS, TEXT_VOCAB) for _ in range(count)]
-    texts = [tokenizer.decode(p) for p in prompts]
+    """P + C + P for `count` seeded prompts P (random ids as text, encoded as the server encodes
+    it), C the server's greedy answer to P as token ids: the model's own continuation of P."""
     from concurrent.futures import ThreadPoolExecutor
 
+    rng = random.Random(seed)
+    texts = [tokenizer.decode(peer_load.random_ids(rng, PROMPT_TOKENS, TEXT_VOCAB)) for _ in range(count)]
     with ThreadPoolExecutor(min(count, 64)) as pool:
-        answers = list(pool.map(lambda p: continuation(url, p, answer), prompts))
-    return [tokenizer.encode(t + c + t, add_special_tokens=False).ids for t, c in zip(texts, answers)]
+        answers = list(pool.map(lambda t: continuation(url, t, answer), texts))
+    prompts = []
+    for text, answer_ids in zip(texts, answers):
+        p = tokenizer.encode(text, add_special_tokens=False).ids
+        prompts.append(p + answer_ids + p)
+    return prompts
 
 
 def counters(url: str) -> dict[str, float]:
