@@ -101,11 +101,13 @@ def main() -> None:
     results: dict = {"model": phase_model(args), "speculate": args.speculate}
     url = "http://127.0.0.1:3500"
     plan: dict[str, list[list[peer_load.Request]]] = {}
-    for flags in ([], ["--speculate", str(args.speculate)]):
+    # The prompts come from a server of their own: the measured servers start with an empty
+    # prefix cache (P + C would be cached on the server that answered P).
+    for key, flags in (("prompts", []), ("off", []), ("on", ["--speculate", str(args.speculate)])):
         args.server_flag = flags
         process, ready_s = start_server(args, 3500, timeout_s=900, base_flags=[])
         try:
-            if not plan:  # the prompts come from the server without speculation
+            if key == "prompts":
                 started = time.perf_counter()
                 single = self_copy_prompts(url, tokenizer, 3, 512, seed=40)
                 many = self_copy_prompts(url, tokenizer, 256, 256, seed=41)
@@ -115,8 +117,8 @@ def main() -> None:
                 plan = {"batch1": [[peer_load.Request(p, 512)] for p in single],
                         "burst64": [[peer_load.Request(p, 256) for p in many[:64]]],
                         "burst256": [[peer_load.Request(p, 256) for p in many]]}
-            key = "on" if flags else "off"
-            results[key] = {"ready_s": ready_s, **measure(url, plan)}
+            else:
+                results[key] = {"ready_s": ready_s, **measure(url, plan)}
         finally:
             stop(process)
         (args.out / "gpu_speculation.json").write_text(json.dumps(results, indent=1) + "\n")
