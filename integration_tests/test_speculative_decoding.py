@@ -1,6 +1,7 @@
 """Speculative decoding (`--speculate`) on the real stack: prompt-lookup drafts verified in the
 decode's forward pass change no token, greedy or seeded, under concurrency, preemption and the
 prefix cache; drafts are counted and kept where the text repeats itself."""
+import json
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -99,6 +100,11 @@ def test_stops_inside_a_verified_run_end_exactly_where_they_would(server, specul
         assert b["details"]["generated_tokens"] == a["details"]["generated_tokens"]
 
 
+def test_info_says_how_many_drafts(server, speculating):
+    assert httpx.get(speculating.url + "/info", timeout=10).json()["speculate"] == 4
+    assert httpx.get(server.url + "/info", timeout=10).json()["speculate"] == 0
+
+
 def test_streamed_tokens_equal_the_answer(speculating):
     prompt = PROMPTS[1]
     whole = generate(speculating.url, prompt, do_sample=False)
@@ -107,6 +113,5 @@ def test_streamed_tokens_equal_the_answer(speculating):
     with httpx.stream("POST", speculating.url + "/generate_stream", json=body, timeout=600) as r:
         for line in r.iter_lines():
             if line.startswith("data:"):
-                import json
                 ids.append(json.loads(line[5:])["token"]["id"])
     assert ids == [t["id"] for t in whole["details"]["tokens"]]

@@ -89,6 +89,7 @@ fn model_info(args: &Args, limits: &Limits, shard: &pb::InfoResponse) -> Info {
         max_batch_total_tokens: limits.max_batch_total_tokens,
         max_batch_size: args.max_batch_size,
         block_size: shard.block_size,
+        speculate: args.speculate,
         num_shard: args.num_shard,
         validation_workers: args.validation_workers,
         router: env!("CARGO_PKG_NAME"),

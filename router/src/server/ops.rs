@@ -27,6 +27,8 @@ pub struct Info {
     pub max_batch_total_tokens: u32,
     pub max_batch_size: Option<u32>,
     pub block_size: u32,
+    /// Drafts a decode may verify (`--speculate`); 0: speculative decoding is off.
+    pub speculate: u32,
     pub num_shard: u32,
     pub validation_workers: usize,
     pub router: &'static str,

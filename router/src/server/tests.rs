@@ -54,6 +54,7 @@ fn info() -> Info {
         max_batch_total_tokens: 256,
         max_batch_size: None,
         block_size: 16,
+        speculate: 0,
         num_shard: 1,
         validation_workers: 1,
         router: "textgen-router",
