@@ -2,8 +2,9 @@
 back from a server log and summarised: where a workload's wall time went, step by step.
 
 A record is one log line with `step=… sequences=… decodes=… tokens=… ran_us=… device_us=…`
-and, from routers that log it, `input_wait_us=…` (plain or JSON logs: the fields are matched
-by name).
+and, from routers that log them, `input_wait_us=… drafts=… drafted=…` (plain or JSON logs: the
+fields are matched by name). With speculative decoding `tokens` counts the drafts a step's
+decodes were allowed (`drafts`); `drafted` is how many the shard verified.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 
 LOG_FILTER = "info,textgen_router::scheduler::step_loop=debug"
 FIELDS = ("step", "sequences", "decodes", "tokens", "ran_us", "device_us")
-OPTIONAL_FIELDS = ("input_wait_us",)  # 0 when an older router's record lacks them
+OPTIONAL_FIELDS = ("input_wait_us", "drafts", "drafted")  # 0 when an older router's record lacks them
 _PATTERN = re.compile(
     "".join(rf"\W+{name}\W+(\d+)" for name in FIELDS) + "".join(rf"(?:\W+{name}\W+(\d+))?" for name in OPTIONAL_FIELDS)
 )
@@ -37,10 +38,12 @@ class StepRecord:
     device_us: int
     # Of device_us, the device's wait for the step's host preparation (0: fully overlapped).
     input_wait_us: int = 0
+    drafts: int = 0  # drafts the step's decodes were allowed (counted in `tokens`)
+    drafted: int = 0  # drafts the shard verified
 
     @property
     def prefill_tokens(self) -> int:
-        return self.tokens - self.decodes
+        return self.tokens - self.decodes - self.drafts
 
 
 def read(path: Path, start: int = 0) -> list[StepRecord]:
@@ -69,6 +72,9 @@ def summary(records: list[StepRecord]) -> dict:
         out["last_prefill_at_s"] = _seconds(records[: last + 1])
         out["prefill_steps_by_tokens"] = _by(prefill, TOKEN_EDGES, "tokens", "tokens")
     out["decode_steps"] = _by(decode, BATCH_EDGES, "sequences", "batch")
+    if any(r.drafts for r in records):
+        out["drafts"] = {"allowed": sum(r.drafts for r in records), "drafted": sum(r.drafted for r in records),
+                         "steps_verifying": sum(r.drafted > 0 for r in records)}  # fmt: skip
     return out
 
 

@@ -77,3 +77,15 @@ def test_the_device_wait_on_the_host_is_read_when_logged_and_counted_past_the_fl
     group = step_log.summary(records)["decode_steps"]["batch 32-95"]
     assert group["steps_waiting_on_host"] == 2 and abs(group["input_wait_s"] - 0.00212) < 1e-9
     assert group["device_median_ms"] == 6.0
+
+
+def test_drafts_are_decodes_not_prompt_tokens(tmp_path):
+    drafting = PLAIN + " input_wait_us={} drafts={} drafted={}"
+    lines = [drafting.format(1, 1, 1, 5, 6_000, 5_000, 10, 4, 4),  # a decode allowed 4, verified 4
+             drafting.format(2, 1, 1, 5, 5_000, 4_600, 10, 4, 0),  # allowed 4, nothing to draft
+             PLAIN.format(3, 1, 1, 1, 4_500, 4_500)]  # fmt: skip
+    records = step_log.read(write_log(tmp_path, lines))
+    assert [(r.drafts, r.drafted, r.prefill_tokens) for r in records] == [(4, 4, 0), (4, 0, 0), (0, 0, 0)]
+    summary = step_log.summary(records)
+    assert summary["prefill_steps"] == {"count": 0}
+    assert summary["drafts"] == {"allowed": 8, "drafted": 4, "steps_verifying": 1}

@@ -43,7 +43,10 @@ struct StepShape {
     sequences: usize,
     /// Sequences computing one token (decodes); the rest are prefill chunks.
     decodes: usize,
+    /// Budgeted tokens: prefill chunks, one per decode, and the drafts the decodes may verify.
     tokens: u32,
+    /// Drafts the step's decodes may verify (the shard may draft fewer: `drafted`).
+    drafts: u32,
 }
 
 pub async fn run<E: StepExecutor>(
@@ -141,6 +144,12 @@ fn launch<'a, E: StepExecutor>(
             .filter(|s| s.num_tokens == 1)
             .count(),
         tokens: planned.num_tokens,
+        drafts: planned
+            .request
+            .sequences
+            .iter()
+            .map(|s| s.max_draft_tokens)
+            .sum(),
     });
     if computes {
         metrics::histogram!(STEP_BATCH_SIZE).record(planned.request.sequences.len() as f64);
@@ -166,6 +175,8 @@ fn log_step(shape: &StepShape, ran_for: std::time::Duration, response: Option<&p
         ran_us = ran_for.as_micros() as u64,
         device_us = response.map_or(0, |r| r.device_ns / 1_000),
         input_wait_us = response.map_or(0, |r| r.input_wait_ns / 1_000),
+        drafts = shape.drafts,
+        drafted = response.map_or(0, |r| r.outputs.iter().map(|o| o.drafted).sum::<u32>()),
         "step"
     );
 }
