@@ -18,6 +18,7 @@ import json
 import random
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -44,8 +45,6 @@ def continuation(url: str, prompt: str, tokens: int) -> list[int]:
 def self_copy_prompts(url: str, tokenizer, count: int, answer: int, seed: int) -> list[list[int]]:
     """P + C + P for `count` seeded prompts P (random ids as text, encoded as the server encodes
     it), C the server's greedy answer to P as token ids: the model's own continuation of P."""
-    from concurrent.futures import ThreadPoolExecutor
-
     rng = random.Random(seed)
     texts = [tokenizer.decode(peer_load.random_ids(rng, PROMPT_TOKENS, TEXT_VOCAB)) for _ in range(count)]
     with ThreadPoolExecutor(min(count, 64)) as pool:
@@ -122,7 +121,7 @@ def main() -> None:
         finally:
             stop(process)
         (args.out / "gpu_speculation.json").write_text(json.dumps(results, indent=1) + "\n")
-    lines = [f"| workload | tok/s off | tok/s on | on / off | drafted | kept | acceptance |",
+    lines = ["| workload | tok/s off | tok/s on | on / off | drafted | kept | acceptance |",
              "|:--|--:|--:|--:|--:|--:|--:|"]
     for name in plan:
         off, on = results["off"][name], results["on"][name]

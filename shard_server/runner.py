@@ -165,7 +165,8 @@ class ModelRunner:
         launched.prepared = self._device_event()
         needs_hidden = any(self._wants_prefill_logprobs(item) for item in work)
         # A verification's every row is sampled; the graphs then gather those rows.
-        output_rows = _output_rows(work, tensors.query_starts) if any(item.drafts for item in work) else None
+        verifies = any(item.drafts for item in work)
+        output_rows = _output_rows(work, tensors.query_starts) if verifies else None
         hidden, decoded = self._forward(tensors, needs_hidden, output_rows)
         failed: set[int] = set()
         if settle is not None:
@@ -174,8 +175,9 @@ class ModelRunner:
             # end): its row ran in the forward, but it draws nothing and gets no output.
             failed = {i for i, item in enumerate(work) if item.state.id in self.table.failed}
         samplers = [i for i, item in enumerate(work) if item.sample and i not in failed]
-        row_items = [i for i in samplers for _ in range(1 + len(work[i].drafts))]
-        output_items = [i for i, item in enumerate(work) for _ in range(1 + len(item.drafts))]
+        # Without verifications (the hot path) each item has one row and the lists stay short.
+        row_items = _expand_rows(work, samplers) if verifies else samplers
+        output_items = _expand_rows(work, range(len(work))) if verifies else range(len(work))
         if decoded is not None and len(row_items) < len(output_items):
             sampling = set(samplers)
             index = [row for row, i in enumerate(output_items) if i in sampling]
@@ -437,6 +439,11 @@ def _sampled_rows(work: list[ScheduledWork], samplers: list[int], query_starts: 
         last = query_starts[i] + work[i].num_tokens - 1
         rows.extend(range(last - len(work[i].drafts), last + 1))
     return rows
+
+
+def _expand_rows(work: list[ScheduledWork], items) -> list[int]:
+    """Each of `items` (indices into work) once per row it samples: 1 + len(drafts) times."""
+    return [i for i in items for _ in range(1 + len(work[i].drafts))]
 
 
 def _output_rows(work: list[ScheduledWork], query_starts: list[int]) -> list[int]:

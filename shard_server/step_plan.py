@@ -180,6 +180,8 @@ def _add_drafts(item: ScheduledWork, k: int, capacity: int, limits: PoolLimits) 
         raise InvalidStepError(f"sequence {state.id}: no KV slot or position for {k} drafts")
     if state.needs_host_tokens:
         return
+    # The index is derived from the tokens alone: building it before the whole step is
+    # checked changes nothing a refused step must leave as it was.
     if state.ngram is None:
         state.ngram = NgramIndex()
     item.drafts = state.ngram.propose(state.token_ids, k)

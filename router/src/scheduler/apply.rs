@@ -89,7 +89,8 @@ impl SchedulerState {
             return;
         };
         let produced = 1 + next_tokens.len() as u32;
-        if produced > 1 + work.drafts || drafted > work.drafts {
+        // At most one token past the drafts verified, and no more drafts than allowed.
+        if produced > 1 + drafted || drafted > work.drafts {
             let message = format!(
                 "the shard returned {produced} tokens ({drafted} drafted) for sequence {id}, \
                  which was allowed {} drafts",

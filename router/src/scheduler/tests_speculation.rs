@@ -254,3 +254,34 @@ fn drafted_and_kept_tokens_are_counted() {
     let lengths = recorder.samples(names::SPECULATIVE_ACCEPTED_LENGTH);
     assert_eq!(lengths.iter().sum::<f64>(), f64::from(kept));
 }
+
+#[test]
+fn an_answer_with_more_tokens_than_drafts_verified_fails_only_that_sequence() {
+    let mut h = Harness::new(drafting(config(4, 64, 64), 4));
+    let id = h.submit(request(5, 30));
+    let other = h.submit(request(4, 3));
+    h.step(); // both prefills
+    let planned = h
+        .state
+        .plan_step(std::time::Instant::now())
+        .expect("two decodes");
+    h.state.deliver(planned.events);
+    let mut answer = h.sim.step(&planned.request);
+    let output = answer
+        .outputs
+        .iter_mut()
+        .find(|o| o.id == id)
+        .expect("its output");
+    output.drafted = 0;
+    output.next_tokens.push(pb::Token::default()); // a token past what was verified
+    let deliveries = h.state.apply(answer);
+    h.state.deliver(deliveries);
+    h.collect();
+    assert!(matches!(
+        h.events(id).last(),
+        Some(super::api::SequenceEvent::Error(_))
+    ));
+    h.run_pipelined(DEPTH, 100);
+    assert_eq!(h.tokens(other), expected_tokens(other, 4, 3));
+    assert_eq!(h.state.allocator().used(), 0);
+}
