@@ -32,6 +32,7 @@ class Settings:
     device: str | None
     attention: str | None
     cuda_graphs: str | None
+    cuda_graph_tokens: str | None
     kv_cache_dtype: str | None
     quantize: str | None
     kv_cache_tokens: int | None

@@ -23,6 +23,7 @@ import torch
 
 from .cuda_graphs import DEFAULT_SIZES as DEFAULT_GRAPH_SIZES
 from .cuda_graphs import parse_sizes
+from .mixed_graphs import MIXED_TOKEN_BUCKETS
 from .distributed import init_parallel
 from .grammar import GrammarEngine
 from .kernels.fp8_matmul import require_fp8_support
@@ -61,6 +62,7 @@ class ServeConfig:
     cuda_memory_fraction: float = 1.0
     attention: str | None = None  # triton on CUDA, reference elsewhere
     cuda_graphs: str = ",".join(map(str, DEFAULT_GRAPH_SIZES))
+    cuda_graph_tokens: str = ",".join(map(str, MIXED_TOKEN_BUCKETS))
     block_size: int = 16
     json_output: bool = False
     otlp_endpoint: str | None = None
@@ -124,6 +126,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=d.cuda_graphs,
         help="decode batch sizes replayed from CUDA graphs, comma-separated; 0 disables (default: %(default)s)",
     )
+    serve.add_argument(
+        "--cuda-graph-tokens",
+        default=d.cuda_graph_tokens,
+        help="token counts of the CUDA graphs for steps with prompt chunks beside decodes, comma-separated; "
+        "0 disables (default: %(default)s)",
+    )
     serve.add_argument("--block-size", type=int, default=d.block_size, help="tokens per KV block")
     serve.add_argument("--json-output", action="store_true")
     serve.add_argument(
@@ -147,10 +155,11 @@ def parse_config(argv: list[str] | None = None) -> ServeConfig:
         problems.append("--kv-cache-tokens must hold at least one block")
     if not 0 < config.cuda_memory_fraction <= 1:
         problems.append("--cuda-memory-fraction must be in (0, 1]")
-    try:
-        parse_sizes(config.cuda_graphs)
-    except ValueError as exc:
-        problems.append(str(exc))
+    for text, flag in ((config.cuda_graphs, "--cuda-graphs"), (config.cuda_graph_tokens, "--cuda-graph-tokens")):
+        try:
+            parse_sizes(text, flag)
+        except ValueError as exc:
+            problems.append(str(exc))
     if config.block_size < 1:
         problems.append("--block-size must be >= 1")
     if config.world_size < 1 or not 0 <= config.rank < config.world_size:
@@ -211,7 +220,8 @@ def load_service(
     grammars = GrammarEngine.for_model_dir(config.model_path, model_config.vocab_size)  # tokenizer read lazily
     runner = ModelRunner(model, spec, device, grammars)
     identity = ShardIdentity(model_config.model_type, parallel, attention)
-    sizing = PoolSizing(config.kv_cache_tokens, config.cuda_memory_fraction, parse_sizes(config.cuda_graphs))
+    sizing = PoolSizing(config.kv_cache_tokens, config.cuda_memory_fraction, parse_sizes(config.cuda_graphs),
+                        parse_sizes(config.cuda_graph_tokens, "--cuda-graph-tokens"))  # fmt: skip
     log.info(
         "loaded %s (%s%s, %s; KV cache %s) from %s", model_config.model_type, dtype,
         f" with {model_config.quantize} weights" if model_config.quantize else "", device, spec.dtype, config.model_path,

@@ -35,16 +35,16 @@ log = logging.getLogger(__name__)
 DEFAULT_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256, 320, 384, 512)
 
 
-def parse_sizes(text: str) -> tuple[int, ...]:
-    """TGI's `--cuda-graphs`: comma-separated batch sizes; "0" disables graphs."""
+def parse_sizes(text: str, flag: str = "--cuda-graphs") -> tuple[int, ...]:
+    """TGI's `--cuda-graphs` (and `--cuda-graph-tokens`): comma-separated sizes; "0" disables."""
     try:
         sizes = sorted({int(part) for part in text.split(",") if part.strip()})
     except ValueError:
-        raise ValueError(f"--cuda-graphs takes comma-separated integers, got {text!r}") from None
+        raise ValueError(f"{flag} takes comma-separated integers, got {text!r}") from None
     if sizes == [0]:
         return ()
     if not sizes or sizes[0] < 1:
-        raise ValueError(f"--cuda-graphs sizes must be >= 1 (or just 0 to disable), got {text!r}")
+        raise ValueError(f"{flag} sizes must be >= 1 (or just 0 to disable), got {text!r}")
     return tuple(sizes)
 
 

@@ -33,9 +33,14 @@ from .device_copy import copy_into
 # (tens to a few hundred) plus a prompt chunk. Past ~256 tokens a step is bound by the GEMMs'
 # arithmetic (~20 us per token), so padding to the next bucket costs in proportion: with
 # buckets 128/256/512 a 350-token step paid ~3 ms for its padding. No 448: a 448-token step
-# took 18.7 ms against 15.6 at 512 (the GEMMs' tiling at that row count). Past 512 an eager
-# step costs what its graph does (the device time hides the host launches).
-MIXED_TOKEN_BUCKETS = (64, 128, 192, 256, 320, 384, 512)
+# took 18.7 ms against 15.6 at 512 (the GEMMs' tiling at that row count). Up to 1,024 too:
+# alone an eager step past 512 tokens costs what its graph does, but in a serving shard its
+# host launches compete with the gRPC threads: under 32 req/s of Poisson arrivals, eager steps
+# of 513-1,024 tokens took 31.9 ms of device time against ~21 ms for their graphs, and they
+# were 20 % of what the running streams waited on (router step records, issue 23). Past
+# 1,024 the device time hides the launches, and the dense prefill path runs big prompts faster
+# than a graph's paged tiles (1,536 tokens: 38.3 ms eager, 42.2 graphed).
+MIXED_TOKEN_BUCKETS = (64, 128, 192, 256, 320, 384, 512, 640, 768, 896, 1024)
 
 
 def buckets_for(max_tokens: int, buckets: tuple[int, ...] = MIXED_TOKEN_BUCKETS) -> list[int]:

@@ -158,7 +158,7 @@ def _mixed_graphs(runner: ModelRunner, sizes: list[int], max_tokens: int, wanted
     """(MixedGraphs, token buckets) beside the decode graphs of `sizes`, or (None, []) without
     them. A mixed graph holds as many sequences as the largest decode graph, and the buckets
     stop at the first that covers a step of `max_tokens` (no step is longer)."""
-    if not sizes:
+    if not sizes or not wanted:
         return None, []
     cfg = runner.config
     mixed = MixedGraphs(runner.model, runner.backend, runner.block_size, cfg.max_position_embeddings,

@@ -58,6 +58,21 @@ def test_the_launcher_and_readme_name_the_shards_graph_sizes():
     assert f"| `--cuda-graphs` | 1,2,4,...,{DEFAULT_SIZES[-1]} |" in readme
 
 
+def test_the_launcher_and_readme_name_the_shards_mixed_graph_tokens():
+    from launcher.options import OPTIONS_BY_DEST
+    from shard_server.cli import parse_config
+    from shard_server.mixed_graphs import MIXED_TOKEN_BUCKETS
+
+    assert parse_sizes(OPTIONS_BY_DEST["cuda_graph_tokens"].child_default) == MIXED_TOKEN_BUCKETS
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    assert f"| `--cuda-graph-tokens` | 64,128,...,{MIXED_TOKEN_BUCKETS[-1]} |" in readme
+    base = ["serve", "--model-path", ".", "--uds-path", "/tmp/x"]
+    assert parse_sizes(parse_config(base).cuda_graph_tokens) == MIXED_TOKEN_BUCKETS
+    assert parse_sizes(parse_config([*base, "--cuda-graph-tokens", "0"]).cuda_graph_tokens) == ()
+    with pytest.raises(SystemExit):
+        parse_config([*base, "--cuda-graph-tokens", "64,x"])
+
+
 @pytest.mark.parametrize("family", ["llama", "mistral_window", "qwen3"])
 def test_triton_model_gives_the_reference_greedy_tokens(tiny_model_dirs, family):
     device = torch.device("cuda" if CUDA else "cpu")  # interpreted kernels on CPU
