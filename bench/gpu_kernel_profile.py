@@ -37,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.gpu_parity import parity_runner  # noqa: E402
 from bench.gpu_step_profile import _prefill_batch  # noqa: E402
+from shard_server import cuda_graphs  # noqa: E402
 from shard_server.kernels.pdl import programmatic_launch  # noqa: E402
 from shard_server.kv_cache import KV_CACHE_DTYPES  # noqa: E402
 from shard_server.pb import generate_pb2 as pb  # noqa: E402
@@ -207,14 +208,17 @@ def main() -> None:
     launch = parser.add_mutually_exclusive_group()
     launch.add_argument("--pdl", action="store_true")
     launch.add_argument("--pdl-prefetch", action="store_true")
+    parser.add_argument("--pdl-up-to", type=int, default=cuda_graphs.PDL_UP_TO_BATCH,
+                        help="with fp8 weights, decode graphs of up to this batch launch with PDL (default: shipped)")
     args = parser.parse_intermixed_args()  # cases may follow the options
+    cuda_graphs.PDL_UP_TO_BATCH = args.pdl_up_to  # read when the graphs are captured
     kv_dtype = KV_CACHE_DTYPES[args.kv_cache_dtype] if args.kv_cache_dtype else None
     with programmatic_launch(args.pdl or args.pdl_prefetch, prefetch_weights=args.pdl_prefetch):
         profile(args.model_dir, args.out, args.quantize, kv_dtype, set(args.cases))
 
 
 def profile(model_dir: Path, out: Path, quantize, kv_dtype, wanted: set) -> None:
-    runner, _ = parity_runner(model_dir, graph_sizes=(1, 64, 80, 256), memory_fraction=0.85, quantize=quantize,
+    runner, _ = parity_runner(model_dir, graph_sizes=(1, 4, 8, 16, 32, 64, 80, 256), memory_fraction=0.85, quantize=quantize,
                               kv_dtype=kv_dtype)  # fmt: skip
     results = {}
 
@@ -224,6 +228,8 @@ def profile(model_dir: Path, out: Path, quantize, kv_dtype, wanted: set) -> None
     cases = [
         ("decode_b1_ctx256", lambda: decode_case(runner, 1, 256)),
         ("decode_b1_ctx1024", lambda: decode_case(runner, 1, 1024)),
+        # Small batches at the Poisson 8 req/s workload's contexts (programmatic launch's band).
+        *((f"decode_b{b}_ctx512", lambda b=b: decode_case(runner, b, 512)) for b in (4, 8, 16, 32)),
         ("decode_b64_ctx600", lambda: decode_case(runner, 64, 600)),  # the Poisson 32 decodes
         ("decode_b80_ctx1280", lambda: decode_case(runner, 80, 1280)),
         ("decode_b256_ctx512", lambda: decode_case(runner, 256, 512)),

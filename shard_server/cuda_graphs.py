@@ -24,6 +24,7 @@ from .attention.base import StepLayout
 from .device_copy import copy_into
 from .kernels.dispatch import use_fused
 from .kernels.greedy import fused_greedy
+from .kernels.pdl import programmatic_launch
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +34,20 @@ log = logging.getLogger(__name__)
 # an 8B model's GEMMs stay bound by reading weights to about 400 rows on an H200. No 448: its
 # GEMMs ran slower than 512 rows' (mixed_graphs.MIXED_TOKEN_BUCKETS says by how much).
 DEFAULT_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256, 320, 384, 512)
+
+
+# With fp8 weights, decode graphs of up to this many sequences launch their Triton kernels
+# with programmatic dependent launch (`kernels/pdl.py`): each kernel's programs are placed
+# while the one before finishes, which pays where a step is ~325 kernels of a few microseconds.
+# H200, 8B, ms a step without -> with (bench/results/kernel_profile_pdl_h200.json): fp8 batch 1
+# 3.95 -> 3.70, 4 4.44 -> 4.14, 8 4.59 -> 4.48, 16 4.42 -> 4.44, 64 5.22 -> 5.33; bf16 is
+# slower with it at every batch to 16 (batch 1 4.64 -> 4.67, 16 5.10 -> 5.54).
+PDL_UP_TO_BATCH = 8
+
+
+def pdl_up_to(quantize: str | None) -> int:
+    """The largest decode graph captured with programmatic dependent launch (0: none)."""
+    return PDL_UP_TO_BATCH if quantize == "fp8" else 0
 
 
 def parse_sizes(text: str, flag: str = "--cuda-graphs") -> tuple[int, ...]:
@@ -84,7 +99,9 @@ def decode_outputs(model, hidden: torch.Tensor) -> DecodeOutputs:
 
 
 class DecodeGraphs:
-    def __init__(self, model, backend, block_size: int, max_positions: int, device: torch.device):
+    def __init__(self, model, backend, block_size: int, max_positions: int, device: torch.device,
+                 pdl_up_to: int = 0):  # fmt: skip
+        """`pdl_up_to`: graphs of up to this many sequences launch with PDL (`pdl_up_to()`)."""
         if not backend.cuda_graphs:
             raise ValueError(f"the {backend.name} attention backend cannot run from CUDA graphs")
         self.model = model
@@ -94,6 +111,7 @@ class DecodeGraphs:
         self.device = device
         self.steps: dict[int, CapturedStep] = {}
         self.pool = None
+        self.pdl_up_to = pdl_up_to
 
     @property
     def sizes(self) -> list[int]:
@@ -118,7 +136,11 @@ class DecodeGraphs:
         input_ids = torch.zeros(size, dtype=torch.long, device=self.device)
         positions = torch.zeros(size, dtype=torch.long, device=self.device)
         run = lambda: decode_outputs(self.model, self.model(input_ids, positions, kv_cache, metadata))  # noqa: E731
-        graph, outputs = record_graph(run, self.pool, self.device)
+        if size <= self.pdl_up_to:
+            with programmatic_launch(True):
+                graph, outputs = record_graph(run, self.pool, self.device)
+        else:
+            graph, outputs = record_graph(run, self.pool, self.device)
         self.steps[size] = CapturedStep(size, graph, input_ids, positions, metadata, outputs)
 
     def size_for(self, layout: StepLayout) -> int | None:

@@ -23,7 +23,7 @@ import logging
 
 import torch
 
-from .cuda_graphs import DecodeGraphs
+from .cuda_graphs import DecodeGraphs, pdl_up_to
 from .mixed_graphs import MIXED_TOKEN_BUCKETS, MixedGraphs, buckets_for, capture_all, graphs_memory_bytes
 from .pb import generate_pb2 as pb
 from .runner import ModelRunner
@@ -150,7 +150,8 @@ def _decode_graphs(runner: ModelRunner, wanted: tuple[int, ...], max_batch_size:
     sizes = [s for s in wanted if s < max_batch_size]
     sizes += [s for s in wanted if s >= max_batch_size][:1]
     cfg = runner.config
-    graphs = DecodeGraphs(runner.model, runner.backend, runner.block_size, cfg.max_position_embeddings, runner.device)
+    graphs = DecodeGraphs(runner.model, runner.backend, runner.block_size, cfg.max_position_embeddings, runner.device,
+                          pdl_up_to(cfg.quantize))  # fmt: skip
     return graphs, sizes
 
 

@@ -7,7 +7,9 @@ completed and its writes are visible, so no input is read early; then it lets th
 be placed the same way.
 
 Off by default: `programmatic_launch(True)` switches it on for a block of code (CUDA graphs
-record it when captured inside), so a benchmark can compare the same steps both ways.
+record it when captured inside), so a benchmark can compare the same steps both ways. The
+decode graphs of a few sequences over fp8 weights are captured so (`cuda_graphs.pdl_up_to`:
+where it measured faster).
 Kernels take it through `launch_args(x)`: their PDL constexpr, and Triton's `launch_pdl`.
 
 A kernel placed early can also start on what does not depend on the previous kernel: with

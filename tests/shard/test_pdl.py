@@ -29,6 +29,26 @@ def test_launches_ask_for_it_only_when_switched_on_and_on_cuda():
     assert launch_args(ON_CUDA) == {"PDL": False}
 
 
+def test_small_fp8_decode_graphs_are_captured_with_it_and_the_rest_without(monkeypatch):
+    from shard_server import cuda_graphs
+
+    assert cuda_graphs.pdl_up_to("fp8") == cuda_graphs.PDL_UP_TO_BATCH > 0
+    assert cuda_graphs.pdl_up_to(None) == 0  # bf16 measured slower with it
+    backend = SimpleNamespace(cuda_graphs=True, build_metadata=lambda *args, **kwargs: None)
+    graphs = cuda_graphs.DecodeGraphs(None, backend, 16, 64, torch.device("cpu"), pdl_up_to=8)
+    captured = {}
+
+    def record(run, pool, device):
+        captured[len(captured)] = launch_args(ON_CUDA)["PDL"]
+        return None, None
+
+    monkeypatch.setattr(cuda_graphs, "record_graph", record)
+    for size in (1, 8, 16):
+        graphs.capture_size(size, kv_cache=None)
+    assert captured == {0: True, 1: True, 2: False}
+    assert launch_args(ON_CUDA) == {"PDL": False}  # switched off again after the capture
+
+
 def test_weights_prefetch_only_under_programmatic_launch():
     from shard_server.kernels.pdl import prefetches_weights
 
