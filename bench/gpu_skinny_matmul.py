@@ -4,7 +4,12 @@ Every candidate config runs on several copies of the weight in turn, so no run f
 weight in L2 (o_proj's 33.5 MB would fit), replayed from a CUDA graph as decode steps are. Reported: µs per call, the weight bytes over that
 time, and the error against cuBLAS (both round one float32 sum to bf16).
 
-    python3 bench/gpu_skinny_matmul.py OUT_JSON
+    python3 bench/gpu_skinny_matmul.py OUT_JSON [--fp8-weights]
+
+`--fp8-weights`: the weights in e4m3 with a scale per output feature (`--quantize fp8`), each
+config with the rows and weight meeting in fp16 and in bf16, against the shipped choice
+(`config_for(..., weights_fp8=True)`); cuBLAS's column is then the bf16 weight's, for scale.
+An fp8 weight is half the bytes: the configs sized for bf16 stream half as much a step.
 """
 
 from __future__ import annotations
@@ -28,6 +33,12 @@ CONFIGS = [SkinnyConfig(n, k, w, s) for n, k, w, s in [
     # Split over K: more programs for the projections whose outputs alone do not fill the GPU (o, down).
     SkinnyConfig(n, k, w, s, split) for n, k, w, s, split in [
         (32, 256, 4, 4, 2), (64, 256, 4, 4, 2), (64, 256, 4, 4, 4), (128, 256, 4, 3, 4), (64, 512, 4, 3, 4)]]  # fmt: skip
+# fp8 weights: the same bytes a step as the bf16 configs (block_k doubled), and more programs.
+FP8_CONFIGS = [SkinnyConfig(n, k, w, s, split) for n, k, w, s, split in [
+    (16, 512, 4, 4, 1), (32, 512, 4, 4, 1), (32, 512, 4, 3, 1), (64, 512, 4, 3, 1), (64, 512, 4, 4, 1),
+    (16, 1024, 4, 3, 1), (32, 1024, 4, 3, 1), (64, 512, 8, 3, 1), (128, 256, 8, 3, 1), (32, 512, 4, 4, 2),
+    (64, 512, 4, 3, 2), (32, 512, 4, 4, 4), (16, 512, 4, 4, 2)]]  # fmt: skip
+FP8_ROWS = (1, 8)  # batch 1, and the Poisson 8 req/s workload's decode batch
 COPIES = 8
 
 
@@ -60,6 +71,8 @@ def graph_us(call, weights, repeats: int = 10) -> float:
 
 def main() -> None:
     out = Path(sys.argv[1])
+    if "--fp8-weights" in sys.argv[2:]:
+        return fp8_main(out)
     device = torch.device("cuda")
     results = {}
     for name, (n, k) in SHAPES.items():
@@ -85,6 +98,44 @@ def main() -> None:
             print(f"{key}: cublas {cublas:.1f} us ({nbytes / cublas / 1e6:.2f} TB/s), best {best['us']:.1f} us "
                   f"({best['tb_s']:.2f} TB/s) {best['config']}", flush=True)  # fmt: skip
         del weights
+    out.write_text(json.dumps(results, indent=1))
+
+
+def fp8_main(out: Path) -> None:
+    from shard_server.kernels.fp8_matmul import quantize_rows_reference
+    from shard_server.kernels.skinny_matmul import config_for
+
+    device = torch.device("cuda")
+    results = {}
+    for name, (n, k) in SHAPES.items():
+        dense = [torch.randn((n, k), device=device, dtype=torch.bfloat16) * 0.02 for _ in range(COPIES)]
+        cublas_weights = dense
+        quantized = [quantize_rows_reference(w) for w in dense]  # (e4m3 [n, k], float32 scale [n, 1])
+        scales = {id(q): s.view(-1) for q, s in quantized}
+        weights = [q for q, _ in quantized]
+        nbytes = n * k  # one byte a weight
+        for rows in FP8_ROWS:
+            x = torch.randn((rows, k), device=device, dtype=torch.bfloat16)
+            cublas = graph_us(lambda w: F.linear(x, w), cublas_weights)
+            want = F.linear(x, (weights[0].float() * scales[id(weights[0])][:, None]).to(torch.bfloat16)).float()
+            shipped = (config_for(rows, n, k, weights_fp8=True), n > k)
+            entries = []
+            for config, fp16 in [shipped, *((c, f) for c in [*CONFIGS, *FP8_CONFIGS] for f in (True, False))]:
+                call = lambda w: skinny_matmul(x, w, config, scales[id(w)], fp16_dot=fp16)  # noqa: E731
+                try:
+                    got = call(weights[0]).float()
+                    us = graph_us(call, weights)
+                except Exception as exc:  # a config the compiler refuses
+                    entries.append({"config": config.__dict__, "fp16_dot": fp16, "error": f"{type(exc).__name__}: {str(exc)[:160]}"})
+                    continue
+                error = float((got - want).abs().max() / want.abs().max())
+                entries.append({"config": config.__dict__, "fp16_dot": fp16, "us": us, "tb_s": nbytes / us / 1e6, "rel_err": error})
+            best = min((e for e in entries if "us" in e and e["rel_err"] < 2e-2), key=lambda e: e["us"])
+            key = f"{name}_m{rows}"
+            results[key] = {"bf16_cublas_us": cublas, "shipped": entries[0], "best": best, "all": entries}
+            print(f"{key}: shipped {entries[0].get('us', 0):.1f} us, best {best['us']:.1f} us ({best['tb_s']:.2f} TB/s) "
+                  f"{best['config']} fp16_dot={best['fp16_dot']}", flush=True)  # fmt: skip
+        del dense, cublas_weights, quantized, weights
     out.write_text(json.dumps(results, indent=1))
 
 

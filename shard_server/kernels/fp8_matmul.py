@@ -179,10 +179,11 @@ def fp8_linear(x: torch.Tensor | Fp8Rows, weight: torch.Tensor, weight_scale: to
     # Past 16 rows a weight-only tile grown to 128 rows ran 1.4-2.5x slower than cuBLASLt's fp8
     # product (bench/results/fp8_matmul_h200.json, run 5): there the rows are quantized too.
     if use_fused(flat) and skinny_rows(flat):
-        # Widening to fp16 pays where the features outnumber the depth (H200, 1 row: qkv 14.8
-        # vs bf16's 19.4 µs, gate_up 40.2 vs 48.4); o and down are ~1 µs faster in bf16.
+        # Widened to fp16, not bf16 (several instructions a value on sm_90): with the fp8 config,
+        # H200, 1 row, qkv 12.2 vs 17.9 µs, o 9.4 vs 13.4, gate_up 37.5 vs 51.5, down 19.8 vs
+        # 32.5. The rows then saturate at fp16's +-65504 (`skinny_matmul`).
         config = config_for(rows, features, depth, weights_fp8=True)
-        out = skinny_matmul(flat, weight, config, weight_scale, fp16_dot=features > depth)
+        out = skinny_matmul(flat, weight, config, weight_scale, fp16_dot=True)
     else:
         out = _quantized_product(*_quantized_rows(flat), weight, weight_scale, x.dtype)
     if bias is not None:

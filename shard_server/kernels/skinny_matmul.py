@@ -43,12 +43,20 @@ SQUARE = SkinnyConfig(block_n=32, block_k=256, num_warps=4, num_stages=4)  # o 4
 # gate_up (4096 -> 28672) stays with cuBLAS up to 8 rows: 55.7 µs against the best config's 57.6.
 CUBLAS_FROM_FEATURES = 16384
 CUBLAS_UP_TO_ROWS = 8
+# fp8 weights (half the bytes) in fp16 dots: the configs above stream too little a program, and
+# one config beats them on every projection, each key range a quarter of the depth (µs at 1 / 8
+# rows, was): qkv 12.2 / 12.7 (14.8 / 14.7), o 9.4 / 9.6 (12.2 / 12.7), gate_up 37.5 / 40.2
+# (40.4 / 40.6), down 19.8 / 20.5 (30.3 / 36.5); bench/gpu_skinny_matmul.py --fp8-weights,
+# bench/results/skinny_matmul_fp8_h200.json.
+FP8_WEIGHTS = SkinnyConfig(block_n=128, block_k=256, num_warps=4, num_stages=3, split_k=4)
 
 
 def config_for(rows: int, features: int, depth: int, weights_fp8: bool = False) -> SkinnyConfig | None:
     """The config for an [rows, depth] x [features, depth]^T product; None: cuBLAS is faster.
     cuBLAS has no bf16 x fp8 product, so fp8 weights always get a config."""
-    if features >= CUBLAS_FROM_FEATURES and rows <= CUBLAS_UP_TO_ROWS and not weights_fp8:
+    if weights_fp8:
+        return FP8_WEIGHTS
+    if features >= CUBLAS_FROM_FEATURES and rows <= CUBLAS_UP_TO_ROWS:
         return None
     if depth >= 2 * features:
         return DEEP

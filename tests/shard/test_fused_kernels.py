@@ -161,6 +161,10 @@ def test_skinny_config_follows_the_measured_table():
     assert config_for(4, 4096, 14336) == DEEP  # down
     assert config_for(1, 28672, 4096) is None  # gate_up: cuBLAS
     assert config_for(16, 28672, 4096) == WIDE
+    from shard_server.kernels.skinny_matmul import FP8_WEIGHTS
+
+    # fp8 weights: one config for every projection (cuBLAS has no bf16 x fp8 product).
+    assert {config_for(1, n, k, weights_fp8=True) for n, k in [(6144, 4096), (4096, 14336), (28672, 4096)]} == {FP8_WEIGHTS}
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -95,6 +95,10 @@ CASES = {
                                   dict(SKINNY, W_SCALED=True, X_SCALED=False, FP16_DOT=False, SPLIT_K=1), FP8_WEIGHT),  # fmt: skip
     "skinny_matmul_fp8_weights_fp16_dot": ("shard_server.kernels.skinny_matmul", "_skinny_matmul_kernel",
                                            dict(SKINNY, W_SCALED=True, X_SCALED=False, FP16_DOT=True, SPLIT_K=1), FP8_WEIGHT),
+    # The shipped fp8-weight config (`FP8_WEIGHTS`): 128 features, four key ranges.
+    "skinny_matmul_fp8_weights_split": ("shard_server.kernels.skinny_matmul", "_skinny_matmul_kernel",
+                                        dict(BLOCK_M=16, BLOCK_N=128, BLOCK_K=256, W_SCALED=True, X_SCALED=False,
+                                             FP16_DOT=True, SPLIT_K=4), FP8_WEIGHT),  # fmt: skip
     # fp8 rows x fp8 weights in 64-row tiles (`fp8_rows_product`), every config of its table.
     **{f"fp8_rows_gemm_n{n}_k{k}": ("shard_server.kernels.skinny_matmul", "_skinny_matmul_kernel",
                                     dict(BLOCK_M=64, BLOCK_N=n, BLOCK_K=k, W_SCALED=True, X_SCALED=True, FP16_DOT=False,
@@ -124,7 +128,8 @@ CASES = {
 # Every kernel of a decode layer, launched with programmatic dependent launch (`kernels/pdl.py`).
 PDL_CASES = ["add_rmsnorm_fp8_rows", "rotary_store_kv", "store_kv", "decode_attention", "split_decode_attention",
              "combine_splits", "silu_mul", "silu_mul_fp8_rows_block16384", "quantize_rows_fp8",
-             "fp8_rows_gemm_n64_k256", "sum_splits", "skinny_matmul_fp8_weights_fp16_dot"]  # fmt: skip
+             "fp8_rows_gemm_n64_k256", "sum_splits", "skinny_matmul_fp8_weights_fp16_dot",
+             "skinny_matmul_fp8_weights_split"]  # fmt: skip
 CASES.update({f"{name}_pdl": (*CASES[name][:2], dict(CASES[name][2], PDL=True), CASES[name][3]) for name in PDL_CASES})
 # ... and the matmul asking L2 for its weights first (fp8: 128 per line, bf16: 64).
 CASES["fp8_rows_gemm_prefetch_pdl"] = (*CASES["fp8_rows_gemm_n64_k256"][:2],
