@@ -34,7 +34,10 @@ fn schema_files(dir: &Path) -> Vec<PathBuf> {
     let mut files = Vec::new();
     let mut pending = vec![dir.to_path_buf()];
     while let Some(dir) = pending.pop() {
-        for entry in std::fs::read_dir(&dir).expect("readable directory").flatten() {
+        for entry in std::fs::read_dir(&dir)
+            .expect("readable directory")
+            .flatten()
+        {
             let path = entry.path();
             if path.is_dir() {
                 pending.push(path);
