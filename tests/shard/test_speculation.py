@@ -3,6 +3,8 @@ that is the same, token for token, with drafts as without (greedy and seeded sam
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from shard_server.pb import generate_pb2 as pb
@@ -158,6 +160,77 @@ def test_logprobs_and_alternatives_come_with_every_kept_token(runner, monkeypatc
     for token in [output.token, *output.next_tokens]:
         assert token.logprob <= 0.0
         assert len(token.top_ids) == 2 and token.top_ids[0] == token.id  # greedy: the best one
+
+
+# Upper 0.1 % point of the chi-square distribution with 3 degrees of freedom (4 categories).
+CHI2_3DOF_P001 = 16.27
+
+
+def chi_square(observed: list[int], expected: list[float]) -> float:
+    return sum((o - e) ** 2 / e for o, e in zip(observed, expected))
+
+
+def sample_batch(runner, seeds, decodes: int, drafts: dict | None = None) -> list[list[pb.Token]]:
+    """Each seed's sequence (top-k 4 sampling, its top-4 alternatives reported) through a
+    prefill and `decodes` decode steps, all in one batch; with `drafts` (tokens so far ->
+    draft) the first decode verifies one draft. Returns each sequence's tokens."""
+    driver, outs = StepDriver(runner), {seed: [] for seed in seeds}
+    new = [pb.NewSequence(id=seed, input_ids=PROMPT, prompt_len=len(PROMPT), top_n_tokens=4,
+                          sampling=pb.SamplingParameters(do_sample=True, top_k=4, seed=seed)) for seed in seeds]  # fmt: skip
+    first = [pb.ScheduledSequence(id=seed, num_tokens=len(PROMPT), new_block_ids=driver.blocks_for(seed, len(PROMPT)),
+                                  sample=True) for seed in seeds]  # fmt: skip
+    for output in driver.step(new=new, scheduled=first).outputs:
+        outs[output.id].append(output.token)
+    for _ in range(decodes):
+        k = 1 if drafts is not None else 0
+        scheduled = [pb.ScheduledSequence(id=seed, num_tokens=1, sample=True, max_draft_tokens=k,
+                                          new_block_ids=driver.blocks_for(seed, len(PROMPT) + len(outs[seed]) + k))
+                     for seed in seeds]  # fmt: skip
+        for output in driver.step(scheduled=scheduled).outputs:
+            outs[output.id] += [output.token, *output.next_tokens]
+        drafts = None
+    driver.step(released=list(seeds))
+    return [outs[seed] for seed in seeds]
+
+
+def rank_counts(drawn: list[pb.Token], reference: list[pb.Token]) -> tuple[list[int], list[float]]:
+    """How often each drawn token was the reference distribution's r-th most likely (observed),
+    against the sum of the reference probabilities of rank r (expected)."""
+    observed, expected = [0] * 4, [0.0] * 4
+    for token, ref in zip(drawn, reference):
+        observed[list(ref.top_ids).index(token.id)] += 1
+        for r, logprob in enumerate(ref.top_logprobs):
+            expected[r] += math.exp(logprob)
+    return observed, expected
+
+
+def test_kept_drafts_follow_the_models_distribution(tiny_model_dirs, monkeypatch):
+    """A chi-square test over many seeds. Each sequence verifies one draft, its most likely
+    next token, so about a third keep it and sample the token after it in the same step. Those
+    tokens, and every first one, are ranked under the distribution a plain decode (no drafts)
+    computes at the same position; the counts per rank must fit that distribution's mass."""
+    seeds = range(900)
+    runner = load_runner(tiny_model_dirs["llama"], block_size=4, num_blocks=len(seeds) * 6)
+    plain = sample_batch(runner, seeds, decodes=2)
+    # The draft for each sequence: the most likely token after its first one.
+    likely = {tuple(PROMPT + [tokens[0].id]): tokens[1].top_ids[0] for tokens in plain}
+
+    class LikelyDraft:
+        def propose(self, tokens, k):
+            return [likely[tuple(tokens)]][:k] if tuple(tokens) in likely else []
+
+    monkeypatch.setattr("shard_server.step_plan.NgramIndex", LikelyDraft)
+    speculative = sample_batch(runner, seeds, decodes=1, drafts=likely)
+    firsts = [(spec[1], ref[1]) for spec, ref in zip(speculative, plain)]
+    kept = [(spec[2], ref[2]) for spec, ref in zip(speculative, plain) if len(spec) == 3]
+    assert len(kept) > 150, "enough drafts kept to test the tokens sampled after them"
+    for pairs in (firsts, kept):
+        observed, expected = rank_counts(*zip(*pairs))
+        assert min(expected) > 5, expected  # the test's approximation holds
+        assert chi_square(observed, expected) < CHI2_3DOF_P001, (observed, expected)
+    # Seeded, the text is the plain one token for token, so the test above checks the
+    # speculative path's draws against the plain decode's distribution at each position.
+    assert [[t.id for t in spec] for spec in speculative] == [[t.id for t in ref[: len(spec)]] for spec, ref in zip(speculative, plain)]
 
 
 def test_drafts_are_refused_where_the_protocol_does_not_allow_them(runner):
