@@ -14,10 +14,10 @@ y = x @ W^T:
   [in/pack, out], unsigned zero points, scales [groups, out], g_idx): the stored unsigned
   values are exactly GPTQ's, and a symmetric checkpoint's zero point is 2^(bits-1).
 - `int-quantized` (W8A8 / W8A16): `weight` int8 [out, in], `weight_scale` [out, 1] (or one
-  per tensor), an optional all-zero `weight_zero_point`. `Int8Weight`: the reference product
-  quantizes each activation row to int8 (W8A8: scale amax/127, round to nearest, as the int8
-  GEMM kernel will) and multiplies the integers in float32 with both scales; W8A16 multiplies
-  the dequantized weight.
+  per tensor), an optional all-zero `weight_zero_point`. `Int8Weight`: W8A8 quantizes each
+  activation row to int8 (scale amax/127, round to nearest) and multiplies the integers exactly
+  in int32 (`int8_product`: cuBLASLt's int8 GEMM on CUDA), then applies both scales; W8A16
+  multiplies the dequantized weight.
 - block-wise fp8: `weight` e4m3 [out, in] and `weight_scale_inv` (compressed-tensors `block`
   strategy: `weight_scale`) float [ceil(out/bn), ceil(in/bk)]; W[i, j] = w[i, j] *
   scale[i // bn, j // bk]. `BlockFp8Weight` keeps the fp8 weight and the scale blocks its rows
@@ -186,6 +186,25 @@ def quantize_rows_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.round(wide / scale).clamp(-128, 127).to(torch.int8), scale
 
 
+# cuBLASLt's int8 GEMM (torch._int_mm) on CUDA takes more than 16 rows and both widths in
+# multiples of 8: fewer rows are padded to this many.
+INT_MM_MIN_ROWS = 17
+INT_MM_ALIGN = 8
+
+
+def int8_product(xq: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """xq [M, K] int8 @ weight [N, K]^T int8: the exact int32 sums [M, N], through the int8 GEMM
+    (torch._int_mm: cuBLASLt on CUDA) where its shapes allow, else in float64 (exact to 2^53;
+    float32 would round sums past 2^24, which 127 * 127 * K reaches from K = 1,041)."""
+    rows, (features, depth) = xq.shape[0], weight.shape
+    if features % INT_MM_ALIGN or depth % INT_MM_ALIGN:
+        return (xq.double() @ weight.double().t()).to(torch.int32)
+    padded = xq
+    if xq.is_cuda and rows < INT_MM_MIN_ROWS:
+        padded = F.pad(xq, (0, 0, 0, INT_MM_MIN_ROWS - rows))
+    return torch._int_mm(padded, weight.t())[:rows]
+
+
 class Int8Weight(nn.Module):
     """A rank's int8 [out, in] weight with float32 per-row scales [out, 1]."""
 
@@ -195,13 +214,12 @@ class Int8Weight(nn.Module):
         self.register_buffer("weight", torch.empty(shape, dtype=torch.int8, device=device))
         self.register_buffer("scale", torch.empty((shape[0], 1), dtype=torch.float32, device=device))
 
-    # The product: the one method an int8 GEMM kernel replaces.
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if not self.scheme.activations:
             return F.linear(x, self.dequantize(x.dtype), bias)
         flat = x.reshape(-1, x.shape[-1])
         xq, x_scale = quantize_rows_int8(flat)
-        out = ((xq.float() @ self.weight.float().t()) * x_scale * self.scale.view(1, -1)).to(x.dtype)
+        out = (int8_product(xq, self.weight).float() * x_scale * self.scale.view(1, -1)).to(x.dtype)
         if bias is not None:
             out = out + bias
         return out.view(*x.shape[:-1], self.out_features)

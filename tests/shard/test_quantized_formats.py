@@ -362,3 +362,23 @@ def test_gpu_reference_product_gives_the_oracles_tokens(checkpoints, name):
     tokens = [_decode_batch(make_runner(directory, "reference", torch.device("cuda")), prompts, new_tokens=8)
               for directory in checkpoints[name]]  # fmt: skip
     assert tokens[0] == tokens[1]
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="cuBLASLt's int8 GEMM"))])  # fmt: skip
+@pytest.mark.parametrize("rows", [1, 16, 17, 40])
+def test_the_int8_product_is_exact_where_float32_is_not(device, rows):
+    """Sums past 2^24 (127 * 127 * 16384 ~ 2.6e8), where float32 rounds: the int32 sums are
+    exact; fewer than 17 rows are padded on CUDA, and widths off the 8 alignment take float64."""
+    from shard_server.layers.quantized import int8_product
+
+    gen = torch.Generator().manual_seed(rows)
+    xq = torch.randint(100, 128, (rows, 16384), generator=gen, dtype=torch.int8)
+    weight = torch.randint(100, 128, (24, 16384), generator=gen, dtype=torch.int8)
+    want = xq.long() @ weight.long().t()
+    got = int8_product(xq.to(device), weight.to(device)).cpu()
+    assert got.dtype == torch.int32 and torch.equal(got.long(), want)
+    assert not torch.equal((xq.float() @ weight.float().t()).long(), want)  # float32 rounds these
+    odd = weight[:20, :1000]  # 20 features, 1000 deep: not the GEMM's shapes
+    assert torch.equal(int8_product(xq[:, :1000].to(device), odd.to(device)).cpu().long(),
+                       xq[:, :1000].long() @ odd.long().t())
