@@ -2,7 +2,8 @@
 
 Shapes: LLAMA3_8B (one 16 GB file, as the 8B benches expect), LLAMA3_70B (141 GB in bf16,
 streamed into ~20 GB shards plus model.safetensors.index.json, so at most one shard is ever
-in host memory) and TINY (a few MB, for CPU tests of the harnesses).
+in host memory), QWEN3_30B_A3B (61 GB of Qwen3-MoE: 128 experts, 8 a token) and TINY /
+TINY_MOE (a few MB, for CPU tests of the harnesses).
 
 The weights are random, so greedy decoding could pick tokens the demo tokenizer cannot
 decode (ids >= its vocabulary) or its special tokens (EOS would end a benchmark request
@@ -46,7 +47,39 @@ LLAMA3_70B = dict(LLAMA3_8B, hidden_size=8192, intermediate_size=28672, num_hidd
 # The demo tokenizer's 49,152 ids need a vocabulary at least that large; the rest is tiny.
 TINY = dict(LLAMA3_8B, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, head_dim=16, vocab_size=49152)  # fmt: skip
-SHAPES = {"8b": LLAMA3_8B, "70b": LLAMA3_70B, "tiny": TINY}
+# Qwen3-30B-A3B (issue 24's MoE benchmark): 48 layers of 128 experts, 8 routed a token; 61 GB.
+QWEN3_30B_A3B = dict(
+    architectures=["Qwen3MoeForCausalLM"],
+    model_type="qwen3_moe",
+    hidden_size=2048,
+    intermediate_size=6144,
+    moe_intermediate_size=768,
+    num_experts=128,
+    num_experts_per_tok=8,
+    norm_topk_prob=True,
+    decoder_sparse_step=1,
+    mlp_only_layers=[],
+    num_hidden_layers=48,
+    num_attention_heads=32,
+    num_key_value_heads=4,
+    head_dim=128,
+    vocab_size=151936,
+    max_position_embeddings=40960,
+    rms_norm_eps=1e-6,
+    rope_theta=1000000.0,
+    tie_word_embeddings=False,
+    hidden_act="silu",
+    attention_bias=False,
+    router_aux_loss_coef=0.001,
+    output_router_logits=False,
+    bos_token_id=1,
+    eos_token_id=2,
+    torch_dtype="bfloat16",
+)
+TINY_MOE = dict(QWEN3_30B_A3B, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_experts=8,
+                num_experts_per_tok=2, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                vocab_size=49152)  # fmt: skip
+SHAPES = {"8b": LLAMA3_8B, "70b": LLAMA3_70B, "tiny": TINY, "qwen3-30b-a3b": QWEN3_30B_A3B, "tiny-moe": TINY_MOE}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json")
 SPECIAL_IDS = range(17)  # the demo tokenizer's special tokens
 INDEX_NAME = "model.safetensors.index.json"
@@ -56,17 +89,31 @@ DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float
 
 
 def _layer_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
+    """A layer's random matrices, in the Hub's names: a dense MLP, or (with `num_experts`)
+    Qwen3-MoE's router and experts."""
     h, i, d = cfg["hidden_size"], cfg["intermediate_size"], cfg["head_dim"]
     q, kv = cfg["num_attention_heads"] * d, cfg["num_key_value_heads"] * d
-    return {
+    shapes = {
         "self_attn.q_proj.weight": (q, h),
         "self_attn.k_proj.weight": (kv, h),
         "self_attn.v_proj.weight": (kv, h),
         "self_attn.o_proj.weight": (h, q),
-        "mlp.gate_proj.weight": (i, h),
-        "mlp.up_proj.weight": (i, h),
-        "mlp.down_proj.weight": (h, i),
     }
+    if "num_experts" not in cfg:
+        return shapes | {"mlp.gate_proj.weight": (i, h), "mlp.up_proj.weight": (i, h), "mlp.down_proj.weight": (h, i)}
+    m = cfg["moe_intermediate_size"]
+    shapes["mlp.gate.weight"] = (cfg["num_experts"], h)
+    for e in range(cfg["num_experts"]):
+        shapes |= {f"mlp.experts.{e}.gate_proj.weight": (m, h), f"mlp.experts.{e}.up_proj.weight": (m, h),
+                   f"mlp.experts.{e}.down_proj.weight": (h, m)}  # fmt: skip
+    return shapes
+
+
+def _layer_norms(cfg: dict) -> list[tuple[str, tuple[int, ...]]]:
+    norms = [("input_layernorm.weight", (cfg["hidden_size"],)), ("post_attention_layernorm.weight", (cfg["hidden_size"],))]
+    if cfg["model_type"].startswith("qwen3"):  # per-head q/k norms
+        norms += [("self_attn.q_norm.weight", (cfg["head_dim"],)), ("self_attn.k_norm.weight", (cfg["head_dim"],))]
+    return norms
 
 
 @dataclass(frozen=True)
@@ -92,9 +139,21 @@ def tensor_specs(cfg: dict) -> list[TensorSpec]:
     for layer in range(cfg["num_hidden_layers"]):
         prefix = f"model.layers.{layer}."
         specs += [TensorSpec(prefix + name, shape, "normal") for name, shape in _layer_shapes(cfg).items()]
-        specs += [TensorSpec(prefix + "input_layernorm.weight", (h,), "ones"),
-                  TensorSpec(prefix + "post_attention_layernorm.weight", (h,), "ones")]  # fmt: skip
+        specs += [TensorSpec(prefix + name, shape, "ones") for name, shape in _layer_norms(cfg)]
     return specs
+
+
+def active_params_per_token(cfg: dict) -> int:
+    """Parameters one decoded token reads: every attention and norm weight, the routers, the
+    experts it is routed to (or the dense MLP), lm_head, and its own embedding row."""
+    per_layer, layer = 0, _layer_shapes(cfg)
+    for name, shape in layer.items():
+        numel = shape[0] * shape[1]
+        if ".experts." in name:
+            numel = numel * cfg["num_experts_per_tok"] // cfg["num_experts"]  # the routed share
+        per_layer += numel
+    per_layer += sum(shape[0] for _, shape in _layer_norms(cfg))
+    return per_layer * cfg["num_hidden_layers"] + (cfg["vocab_size"] + 2) * cfg["hidden_size"]
 
 
 def plan_shards(specs: list[TensorSpec], element_bytes: int, max_shard_bytes: int) -> list[list[TensorSpec]]:

@@ -1,5 +1,5 @@
-"""textgen against vLLM on one H200 (issue 23): the same random 8B (bf16), both engines at their
-shipped defaults, one client (bench/peer_load.py) driving both over `/v1/completions` with
+"""textgen against vLLM on one H200 (issue 23): the same random 8B (bf16; `--shape qwen3-30b-a3b`: the
+61 GB Qwen3-MoE of issue 24), both engines at their shipped defaults, one client (bench/peer_load.py) driving both over `/v1/completions` with
 token-id prompts, in one run. Reports each engine's figures and textgen / vLLM ratios.
 
     PYTHONPATH=. python3 bench/gpu_vs_vllm.py --tokenizer-dir DIR --router-binary BIN \
@@ -47,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import peer_load, step_log  # noqa: E402
 from bench.gpu_http_load import clients_for  # noqa: E402
-from bench.gpu_vs_transformers import MIX, TEXT_VOCAB, cpu_split, phase_model, start_server  # noqa: E402
+from bench.gpu_vs_transformers import MIX, TEXT_VOCAB, cpu_split, start_server  # noqa: E402
 
 ENGINES = ("textgen", "vllm")
 # Each engine's flags for its fp8 path (weights quantized at load, KV cache in e4m3).
@@ -212,7 +212,13 @@ def value(summary: dict, path: tuple[str, ...]) -> float | None:
 
 
 def report(results: dict) -> str:
-    lines = ["| workload | measure | textgen | vLLM | textgen / vLLM |", "|:--|:--|--:|--:|--:|"]
+    lines = []
+    if shares := batch1_roofline_shares(results):
+        model = results["model"]
+        lines += [f"Model: {model.get('shape')}, {model['active_bytes_per_token'] / 1e9:.2f} GB read a decoded token; "
+                  f"copy bandwidth {model['copy_bytes_per_s'] / 1e12:.2f} TB/s. Batch-1 decode as a share of that "
+                  "roofline: " + ", ".join(f"{e} {v:.2f}" for e, v in shares.items()), ""]  # fmt: skip
+    lines += ["| workload | measure | textgen | vLLM | textgen / vLLM |", "|:--|:--|--:|--:|--:|"]
     names = [n for n in results.get("textgen", {}) if isinstance(results["textgen"][n], dict)]
     for name in names:
         for label, path, _ in MEASURES:
@@ -239,6 +245,41 @@ def report(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def phase_model(args) -> dict:
+    """Writes the random model of `--shape` into --model-dir, or finds it there (its config.json,
+    written last, names the same shape); with the bytes a decoded token reads and the device's
+    copy bandwidth, for the batch-1 roofline."""
+    from bench.gpu_model import SHAPES, active_params_per_token, copy_bandwidth_bytes_per_s, tensor_specs
+    from bench.gpu_model import weights_bytes, write_random_llama
+
+    shape = SHAPES[args.shape]
+    out = {"shape": args.shape, "parameters": sum(spec.numel for spec in tensor_specs(shape)),
+           "active_bytes_per_token": 2 * active_params_per_token(shape)}  # fmt: skip
+    config = args.model_dir / "config.json"
+    same = ("model_type", "hidden_size", "num_hidden_layers")
+    if config.exists() and all(json.loads(config.read_text()).get(k) == shape[k] for k in same):
+        out["reused"] = True
+    else:
+        started = time.perf_counter()
+        write_random_llama(args.model_dir, args.tokenizer_dir, TEXT_VOCAB, shape=shape)
+        out["write_s"] = time.perf_counter() - started
+    out["bytes"] = weights_bytes(args.model_dir)
+    out["copy_bytes_per_s"] = copy_bandwidth_bytes_per_s()
+    return out
+
+
+def batch1_roofline_shares(results: dict) -> dict:
+    """Each engine's batch-1 decode as a share of the copy roofline of the bytes a token reads."""
+    model, shares = results.get("model", {}), {}
+    if not model.get("active_bytes_per_token") or not model.get("copy_bytes_per_s"):
+        return shares
+    ceiling = model["copy_bytes_per_s"] / model["active_bytes_per_token"]  # tokens/s
+    for engine, runs in results.items():
+        if isinstance(runs, dict) and isinstance(runs.get("batch1"), dict) and runs["batch1"].get("output_tok_s"):
+            shares[engine] = runs["batch1"]["output_tok_s"] / ceiling
+    return shares
+
+
 def _fmt(x: float | None) -> str:
     return "-" if x is None else f"{x:,.1f}"
 
@@ -250,7 +291,10 @@ def main() -> None:
     parser.add_argument("--router-binary", type=Path, default=Path("router/target/release/textgen-router"))
     parser.add_argument("--peer-env", type=Path, default=Path(".peer/tools/env.sh"))
     parser.add_argument("--work", type=Path, default=Path("/tmp/textgen-bench"))
-    parser.add_argument("--model-dir", type=Path, default=Path("/tmp/llama8b-random"))
+    parser.add_argument("--shape", default="8b", choices=["8b", "qwen3-30b-a3b", "tiny", "tiny-moe"],
+                        help="the random model's shape (bench/gpu_model.py SHAPES)")
+    parser.add_argument("--model-dir", type=Path, default=None, help="default: /tmp/llama8b-random for 8b, else "
+                        "/tmp/SHAPE-random")  # fmt: skip
     parser.add_argument("--client-cpus", type=int, default=6, help="cores kept for the HTTP clients (0: shared)")
     parser.add_argument("--engines", default=",".join(ENGINES))
     parser.add_argument("--quick", action="store_true", help="every workload shrunk (harness smoke test)")
@@ -260,6 +304,8 @@ def main() -> None:
     parser.add_argument("--fp8", action="store_true", help="both engines' fp8 paths (FP8_FLAGS)")
     parser.add_argument("--write-model", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.model_dir is None:
+        args.model_dir = Path("/tmp/llama8b-random" if args.shape == "8b" else f"/tmp/{args.shape}-random")
     args.precision_flags = FP8_FLAGS if args.fp8 else {"textgen": [], "vllm": []}
     args.server_flag = []  # start_server's extra flags: none, the defaults are measured
     args.variants = {}

@@ -92,3 +92,21 @@ def test_report_keeps_variants_apart_from_the_defaults_comparison():
     assert "| burst | output tok/s | 100.0 | 200.0 | 0.500 |" in defaults
     assert "--max-concurrent-requests 1024" in variant
     assert "| burst | output tok/s | 150.0 | 100.0 | 200.0 | 1.500 | 0.750 |" in variant
+
+
+def test_report_gives_batch1_as_a_share_of_the_roofline_of_the_bytes_a_token_reads():
+    from bench import gpu_model
+    from bench.gpu_vs_vllm import batch1_roofline_shares, report
+
+    moe = gpu_model.QWEN3_30B_A3B
+    active = gpu_model.active_params_per_token(moe)
+    # 8 of 128 experts a token: about a tenth of the 30.5B parameters, attention and lm_head included.
+    assert 2.9e9 < active < 3.2e9 < sum(spec.numel for spec in gpu_model.tensor_specs(moe)) / 9
+    model = {"shape": "qwen3-30b-a3b", "active_bytes_per_token": 2 * active, "copy_bytes_per_s": 4e12}
+    ceiling = 4e12 / (2 * active)
+    results = {"model": model, "textgen": {"batch1": {"output_tok_s": 0.5 * ceiling}},
+               "vllm": {"batch1": {"output_tok_s": 0.25 * ceiling}}}
+    shares = batch1_roofline_shares(results)
+    assert abs(shares["textgen"] - 0.5) < 1e-9 and abs(shares["vllm"] - 0.25) < 1e-9
+    assert "roofline: textgen 0.50, vllm 0.25" in report(results)
+    assert batch1_roofline_shares({"textgen": {"batch1": {"output_tok_s": 1.0}}}) == {}  # no model figures

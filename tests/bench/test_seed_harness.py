@@ -201,3 +201,26 @@ def test_ceilings_measured_in_a_child_process_come_back():
     ceilings = seed_benchmark.in_child(seed_benchmark.measure_ceilings, "cpu", "float32", 1, isolate=True)
     assert ceilings["copy_bytes_per_s"] > 1e8 and ceilings["matmul_flops_per_s"] > 1e8
     assert ceilings["device_name"].startswith("CPU")
+
+
+def test_the_moe_writer_gives_a_checkpoint_transformers_and_the_shard_agree_on(tmp_path, tokenizer_dir):
+    """The Qwen3-MoE shape of the MoE benchmark, tiny: its names and config load in both, and
+    the shard's prefill logits equal transformers' (so the 61 GB one is the model it says)."""
+    transformers = pytest.importorskip("transformers")
+    from shard_server.attention.base import StepLayout
+    from tests.shard.helpers import load_runner
+
+    params = gpu_model.write_random_llama(tmp_path, tokenizer_dir, TEXT_VOCAB, shape=gpu_model.TINY_MOE, device="cpu",
+                                          dtype=torch.float32)  # fmt: skip
+    assert params == sum(spec.numel for spec in gpu_model.tensor_specs(gpu_model.TINY_MOE))
+    reference = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, torch_dtype=torch.float32).eval()
+    prompt = [5, 300, 4096, 77, 1200, 9, 31000]
+    with torch.no_grad():
+        want = reference(torch.tensor([prompt])).logits[0]
+    runner = load_runner(tmp_path, block_size=4, num_blocks=8)
+    metadata = runner.backend.build_metadata(StepLayout([7], [7], [[0, 1]], 4), torch.device("cpu"))
+    with torch.inference_mode():
+        ids = torch.tensor(prompt)
+        got = runner.model.compute_logits(runner.model(ids, torch.arange(7), runner.kv_cache, metadata))
+    assert got.shape == want.shape and want.abs().max() > 0
+    assert (got - want).abs().max() <= 1e-4 * want.abs().max()
