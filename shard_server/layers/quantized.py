@@ -21,8 +21,9 @@ y = x @ W^T:
 - block-wise fp8: `weight` e4m3 [out, in] and `weight_scale_inv` (compressed-tensors `block`
   strategy: `weight_scale`) float [ceil(out/bn), ceil(in/bk)]; W[i, j] = w[i, j] *
   scale[i // bn, j // bk]. `BlockFp8Weight` keeps the fp8 weight and the scale blocks its rows
-  and columns touch, with each row's and column's block index; the reference product
-  dequantizes (activations unrounded). Expanding to one scale per row would be exact only when
+  and columns touch, with each row's and column's block index; up to 16 rows stream the fp8
+  weight through `kernels/block_fp8_matmul.py`, more multiply the dequantized weight
+  (activations unrounded either way). Expanding to one scale per row would be exact only when
   every block of a row shares a scale, so the blocks are kept.
 
 Tensor parallelism: column-parallel parts read their output rows (and the zero-point words and
@@ -37,7 +38,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..kernels.block_fp8_matmul import block_fp8_rows, column_block_starts
+from ..kernels.dispatch import use_fused
 from ..kernels.fp8_matmul import FP8
+from ..kernels.skinny_matmul import skinny_rows
 from ..models.quantization import BlockFp8Scheme, Int8Scheme, PackedScheme
 from ..weights import WeightsError, WeightStore
 from .int4 import PackedWeight, _Slice, unpack_cols, unpack_rows
@@ -281,12 +285,19 @@ class BlockFp8Weight(nn.Module):
         self.scheme, self.out_features, self.in_features = scheme, shape[0], shape[1]
         self.device = torch.device(device)
         self.register_buffer("weight", torch.empty(shape, dtype=FP8, device=device))
-        for name in ("scale", "row_block", "col_block"):
+        for name in ("scale", "row_block", "col_block", "col_starts"):
             self.register_buffer(name, None)
 
-    # The product: the one method a block-scaled fp8 GEMM kernel replaces.
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        return F.linear(x, self.dequantize(x.dtype), bias)
+        """Few rows (decodes) stream the fp8 weight through `block_fp8_rows`; more rows multiply
+        the dequantized weight, which a prefill's many rows amortise."""
+        flat = x.reshape(-1, x.shape[-1])
+        if not (use_fused(flat) and skinny_rows(flat)):
+            return F.linear(x, self.dequantize(x.dtype), bias)
+        out = block_fp8_rows(flat, self.weight, self.scale, self.row_block, self.col_starts)
+        if bias is not None:
+            out = out + bias
+        return out.view(*x.shape[:-1], self.out_features)
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         scales = self.scale[self.row_block.long()][:, self.col_block.long()]
@@ -318,9 +329,10 @@ class BlockFp8Weight(nn.Module):
         self._set(scales, torch.arange(out) // bn, torch.arange(start, end) // bk - low)
 
     def _set(self, scales: torch.Tensor, row_block: torch.Tensor, col_block: torch.Tensor) -> None:
-        self.scale = scales.to(self.device)
+        self.scale = scales.to(self.device, torch.float32)
         self.row_block = row_block.to(torch.int32).to(self.device)
         self.col_block = col_block.to(torch.int32).to(self.device)
+        self.col_starts = column_block_starts(self.col_block, self.scale.shape[1])
 
     def _check(self, store: WeightStore, prefix: str, in_features: int) -> int:
         fmt, name = self.scheme.describe(), f"{prefix}.weight"

@@ -382,3 +382,32 @@ def test_the_int8_product_is_exact_where_float32_is_not(device, rows):
     odd = weight[:20, :1000]  # 20 features, 1000 deep: not the GEMM's shapes
     assert torch.equal(int8_product(xq[:, :1000].to(device), odd.to(device)).cpu().long(),
                        xq[:, :1000].long() @ odd.long().t())
+
+
+@pytest.mark.parametrize("rows", [1, 5, 16])
+@pytest.mark.parametrize(("row_start", "col_start"), [(0, 0), (40, 70)])  # a rank's slice off the blocks
+def test_the_block_fp8_kernel_equals_the_dequantized_product(rows, row_start, col_start):
+    """Few rows through `block_fp8_rows` (interpreted on CPU) against x @ dequantize().T, for a
+    slice whose rows and columns start mid-block: per block, partial sums times each row's scale."""
+    pytest.importorskip("triton")
+    from shard_server.kernels.block_fp8_matmul import block_fp8_rows
+    from shard_server.kernels.dispatch import fused_kernels
+    from shard_server.layers.quantized import BlockFp8Weight
+    from shard_server.models.quantization import BlockFp8Scheme
+
+    gen = torch.Generator().manual_seed(rows + row_start)
+    out, depth, (bn, bk) = 72, 300, (32, 128)
+    weight = BlockFp8Weight(BlockFp8Scheme(block=(bn, bk)), (out, depth), torch.float16, "cpu")
+    weight.weight.copy_((torch.randn(out, depth, generator=gen) * 100).clamp(-448, 448).to(torch.float8_e4m3fn))
+    row_ids, col_ids = torch.arange(row_start, row_start + out), torch.arange(col_start, col_start + depth)
+    low_r, low_c = row_start // bn, col_start // bk
+    blocks = (-(-(row_start + out) // bn) - low_r, -(-(col_start + depth) // bk) - low_c)
+    weight._set(torch.rand(blocks, generator=gen) + 0.01, row_ids // bn - low_r, col_ids // bk - low_c)
+    x = torch.randn(rows, depth, generator=gen).half()
+    want = x.float() @ weight.dequantize().t()
+    with fused_kernels(True, on_cpu=True):
+        got = weight.linear(x, None)
+    direct = block_fp8_rows(x, weight.weight, weight.scale, weight.row_block, weight.col_starts)
+    assert torch.equal(got, direct) and got.dtype == torch.float16
+    torch.testing.assert_close(got.float(), want, atol=2e-2 * want.abs().max().item(), rtol=2e-3)
+    assert weight.col_starts.tolist()[0] == 0 and weight.col_starts.tolist()[-1] == depth
