@@ -17,7 +17,8 @@ y = x @ W^T:
   per tensor), an optional all-zero `weight_zero_point`. `Int8Weight`: W8A8 quantizes each
   activation row to int8 (scale amax/127, round to nearest) and multiplies the integers exactly
   in int32 (`int8_product`: cuBLASLt's int8 GEMM on CUDA), then applies both scales; W8A16
-  multiplies the dequantized weight.
+  streams the int8 weight through the skinny kernel up to 16 rows (as fp8 weights) and
+  multiplies the dequantized weight above.
 - block-wise fp8: `weight` e4m3 [out, in] and `weight_scale_inv` (compressed-tensors `block`
   strategy: `weight_scale`) float [ceil(out/bn), ceil(in/bk)]; W[i, j] = w[i, j] *
   scale[i // bn, j // bk]. `BlockFp8Weight` keeps the fp8 weight and the scale blocks its rows
@@ -41,7 +42,7 @@ from torch import nn
 from ..kernels.block_fp8_matmul import block_fp8_rows, column_block_starts
 from ..kernels.dispatch import use_fused
 from ..kernels.fp8_matmul import FP8
-from ..kernels.skinny_matmul import skinny_rows
+from ..kernels.skinny_matmul import config_for, skinny_matmul, skinny_rows
 from ..models.quantization import BlockFp8Scheme, Int8Scheme, PackedScheme
 from ..weights import WeightsError, WeightStore
 from .int4 import PackedWeight, _Slice, unpack_cols, unpack_rows
@@ -219,9 +220,15 @@ class Int8Weight(nn.Module):
         self.register_buffer("scale", torch.empty((shape[0], 1), dtype=torch.float32, device=device))
 
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        if not self.scheme.activations:
-            return F.linear(x, self.dequantize(x.dtype), bias)
         flat = x.reshape(-1, x.shape[-1])
+        if not self.scheme.activations:
+            if not (use_fused(flat) and skinny_rows(flat)):
+                return F.linear(x, self.dequantize(x.dtype), bias)
+            # W8A16 decodes: the int8 weight streamed and widened in the kernel, as fp8 weights are.
+            config = config_for(flat.shape[0], self.out_features, self.in_features, weights_fp8=True)
+            out = skinny_matmul(flat, self.weight, config, self.scale.view(-1), fp16_dot=True)
+            out = out if bias is None else out + bias
+            return out.view(*x.shape[:-1], self.out_features)
         xq, x_scale = quantize_rows_int8(flat)
         out = (int8_product(xq, self.weight).float() * x_scale * self.scale.view(1, -1)).to(x.dtype)
         if bias is not None:

@@ -95,6 +95,10 @@ CASES = {
                                   dict(SKINNY, W_SCALED=True, X_SCALED=False, FP16_DOT=False, SPLIT_K=1), FP8_WEIGHT),  # fmt: skip
     "skinny_matmul_fp8_weights_fp16_dot": ("shard_server.kernels.skinny_matmul", "_skinny_matmul_kernel",
                                            dict(SKINNY, W_SCALED=True, X_SCALED=False, FP16_DOT=True, SPLIT_K=1), FP8_WEIGHT),
+    # W8A16 int8 weights at decode batch sizes, in the fp8 weights' config.
+    "skinny_matmul_int8_weights": ("shard_server.kernels.skinny_matmul", "_skinny_matmul_kernel",
+                                   dict(BLOCK_M=16, BLOCK_N=128, BLOCK_K=256, W_SCALED=True, X_SCALED=False,
+                                        FP16_DOT=True, SPLIT_K=4), {"w_ptr": "*i8", "w_scale_ptr": "*fp32"}),  # fmt: skip
     # Block-scaled fp8 weights (DeepSeek / Qwen3-FP8) at decode batch sizes.
     "block_fp8_rows": ("shard_server.kernels.block_fp8_matmul", "_block_fp8_rows_kernel",
                        dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=128),

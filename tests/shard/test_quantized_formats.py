@@ -411,3 +411,24 @@ def test_the_block_fp8_kernel_equals_the_dequantized_product(rows, row_start, co
     assert torch.equal(got, direct) and got.dtype == torch.float16
     torch.testing.assert_close(got.float(), want, atol=2e-2 * want.abs().max().item(), rtol=2e-3)
     assert weight.col_starts.tolist()[0] == 0 and weight.col_starts.tolist()[-1] == depth
+
+
+@pytest.mark.parametrize("rows", [1, 16])
+def test_w8a16_decodes_stream_the_int8_weight_through_the_skinny_kernel(rows):
+    """Up to 16 rows of a W8A16 layer (interpreted on CPU) equal x @ dequantize().T; the int8
+    values widen exactly, each output feature's scale applies once at the end."""
+    pytest.importorskip("triton")
+    from shard_server.kernels.dispatch import fused_kernels
+    from shard_server.layers.quantized import Int8Weight
+    from shard_server.models.quantization import Int8Scheme
+
+    gen = torch.Generator().manual_seed(rows)
+    weight = Int8Weight(Int8Scheme(activations=False), (80, 300), torch.float16, "cpu")
+    weight.weight.copy_(torch.randint(-128, 128, (80, 300), generator=gen, dtype=torch.int8))
+    weight.scale.copy_(torch.rand(80, 1, generator=gen) / 100 + 1e-3)
+    x = torch.randn(rows, 300, generator=gen).half()
+    want = x.float() @ weight.dequantize().t()
+    with fused_kernels(True, on_cpu=True):
+        got = weight.linear(x, None)
+    assert got.dtype == torch.float16 and got.shape == (rows, 80)
+    torch.testing.assert_close(got.float(), want, atol=2e-2 * want.abs().max().item(), rtol=2e-3)
