@@ -120,7 +120,10 @@ def _layer_norms(cfg: dict) -> list[tuple[str, tuple[int, ...]]]:
 class TensorSpec:
     name: str
     shape: tuple[int, ...]
-    kind: str  # "normal", "ones" or "head" (normal with the unusable rows zeroed)
+    # "normal", "ones" or "head" (normal with the unusable rows zeroed); a 4-bit checkpoint's
+    # "words" (random int32 of 8 values), "zeros" (int32 of 8 zero points), "scales" (fp16)
+    # and "g_idx" (each input's group)
+    kind: str
 
     @property
     def numel(self) -> int:
@@ -129,16 +132,48 @@ class TensorSpec:
             n *= d
         return n
 
+    def nbytes(self, element_bytes: int) -> int:
+        """Bytes stored: the model dtype's, or the packed tensors' own."""
+        return self.numel * {"words": 4, "zeros": 4, "g_idx": 4, "scales": 2}.get(self.kind, element_bytes)
 
-def tensor_specs(cfg: dict) -> list[TensorSpec]:
-    """Every tensor in the order its random values are drawn (which fixes the weights)."""
+
+# Random 4-bit checkpoints (issue 25's benchmarks), as GPTQ (v1, symmetric) and AutoAWQ (GEMM)
+# store them: groups of 128 inputs, one fp16 scale per group and output.
+GROUP_SIZE = 128
+QUANTIZATION_CONFIGS = {
+    "gptq": {"quant_method": "gptq", "bits": 4, "group_size": GROUP_SIZE, "desc_act": False, "sym": True,
+             "checkpoint_format": "gptq"},
+    "awq": {"quant_method": "awq", "bits": 4, "group_size": GROUP_SIZE, "zero_point": True, "version": "gemm"},
+}  # fmt: skip
+# Zero points of 8 (the middle of 0..15), eight to a word: GPTQ v1 stores each minus one.
+ZERO_WORDS = {"gptq": 0x77777777, "awq": 0x88888888 - (1 << 32)}
+
+
+def _packed_specs(prefix: str, out: int, depth: int, checkpoint: str) -> list[TensorSpec]:
+    """The tensors of one [out, depth] linear in a 4-bit checkpoint."""
+    groups = depth // GROUP_SIZE
+    words = (depth // 8, out) if checkpoint == "gptq" else (depth, out // 8)
+    specs = [TensorSpec(prefix + ".qweight", words, "words"), TensorSpec(prefix + ".qzeros", (groups, out // 8), "zeros"),
+             TensorSpec(prefix + ".scales", (groups, out), "scales")]  # fmt: skip
+    return specs + ([TensorSpec(prefix + ".g_idx", (depth,), "g_idx")] if checkpoint == "gptq" else [])
+
+
+def tensor_specs(cfg: dict, checkpoint: str | None = None) -> list[TensorSpec]:
+    """Every tensor in the order its random values are drawn (which fixes the weights); with
+    `checkpoint` ("gptq" or "awq") the decoder's linears packed in 4 bits."""
+    if checkpoint is not None and "num_experts" in cfg:
+        raise ValueError("4-bit checkpoints are written for dense shapes only")
     h, vocab = cfg["hidden_size"], cfg["vocab_size"]
     specs = [TensorSpec("model.embed_tokens.weight", (vocab, h), "normal"),
              TensorSpec("model.norm.weight", (h,), "ones"),
              TensorSpec("lm_head.weight", (vocab, h), "head")]  # fmt: skip
     for layer in range(cfg["num_hidden_layers"]):
         prefix = f"model.layers.{layer}."
-        specs += [TensorSpec(prefix + name, shape, "normal") for name, shape in _layer_shapes(cfg).items()]
+        for name, shape in _layer_shapes(cfg).items():
+            if checkpoint is None:
+                specs.append(TensorSpec(prefix + name, shape, "normal"))
+            else:
+                specs += _packed_specs(prefix + name.removesuffix(".weight"), *shape, checkpoint)
         specs += [TensorSpec(prefix + name, shape, "ones") for name, shape in _layer_norms(cfg)]
     return specs
 
@@ -156,12 +191,21 @@ def active_params_per_token(cfg: dict) -> int:
     return per_layer * cfg["num_hidden_layers"] + (cfg["vocab_size"] + 2) * cfg["hidden_size"]
 
 
+def decode_bytes_per_token(cfg: dict, checkpoint: str | None = None, element_bytes: int = 2) -> int:
+    """Bytes one decoded token reads from the weights: `active_params_per_token` in the model
+    dtype, or, for a 4-bit checkpoint, every stored tensor but the embedding table (one row)."""
+    if checkpoint is None:
+        return element_bytes * active_params_per_token(cfg)
+    stored = sum(spec.nbytes(element_bytes) for spec in tensor_specs(cfg, checkpoint))
+    return stored - (cfg["vocab_size"] - 1) * cfg["hidden_size"] * element_bytes
+
+
 def plan_shards(specs: list[TensorSpec], element_bytes: int, max_shard_bytes: int) -> list[list[TensorSpec]]:
     """Consecutive groups of at most max_shard_bytes (a bigger tensor gets a shard alone)."""
     shards: list[list[TensorSpec]] = [[]]
     size = 0
     for spec in specs:
-        nbytes = spec.numel * element_bytes
+        nbytes = spec.nbytes(element_bytes)
         if shards[-1] and size + nbytes > max_shard_bytes:
             shards.append([])
             size = 0
@@ -187,8 +231,10 @@ class Spill:
 
 def write_random_llama(directory: Path, tokenizer_dir: Path, text_vocab: int, seed: int = 0,
                        shape: dict = LLAMA3_8B, device: str = "cuda", dtype: torch.dtype = torch.bfloat16,
-                       max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES, spill: Spill | None = None) -> int:  # fmt: skip
-    """Writes config, weights and tokenizer; returns the parameter count.
+                       max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES, spill: Spill | None = None,
+                       checkpoint: str | None = None) -> int:  # fmt: skip
+    """Writes config, weights and tokenizer; returns the parameter count (of the unpacked model).
+    `checkpoint` "gptq" / "awq": the decoder's linears as a random 4-bit checkpoint of that method.
 
     Shard by shard: one shard's tensors are drawn on `device`, moved to the host, saved and
     freed before the next. With more than one shard, model.safetensors.index.json maps every
@@ -196,7 +242,7 @@ def write_random_llama(directory: Path, tokenizer_dir: Path, text_vocab: int, se
     directory.mkdir(parents=True, exist_ok=True)
     gen = torch.Generator(device).manual_seed(seed)
     element_bytes = torch.empty((), dtype=dtype).element_size()
-    specs = tensor_specs(shape)
+    specs = tensor_specs(shape, checkpoint)
     shards = plan_shards(specs, element_bytes, max_shard_bytes)
     names = shard_file_names(len(shards))
     (directory / "config.json").unlink(missing_ok=True)  # written last: marks a complete model
@@ -206,6 +252,15 @@ def write_random_llama(directory: Path, tokenizer_dir: Path, text_vocab: int, se
     def draw(spec: TensorSpec) -> torch.Tensor:
         if spec.kind == "ones":
             return torch.ones(spec.shape).to(dtype)
+        if spec.kind == "words":
+            return torch.randint(-(1 << 31), 1 << 31, spec.shape, generator=gen, device=device, dtype=torch.int64).to(
+                torch.int32).cpu()  # fmt: skip
+        if spec.kind == "zeros":
+            return torch.full(spec.shape, ZERO_WORDS[checkpoint], dtype=torch.int32)
+        if spec.kind == "scales":  # values of (q - 8) * scale spread about as the dense weights' 0.02
+            return (torch.rand(spec.shape, generator=gen, device=device) * 0.004 + 0.002).half().cpu()
+        if spec.kind == "g_idx":
+            return (torch.arange(spec.shape[0]) // GROUP_SIZE).to(torch.int32)
         tensor = (torch.randn(spec.shape, generator=gen, device=device) * 0.02).to(dtype)
         if spec.kind == "head":
             tensor[text_vocab:] = 0
@@ -215,7 +270,7 @@ def write_random_llama(directory: Path, tokenizer_dir: Path, text_vocab: int, se
     weight_map, kept = {}, 0
     for shard, file_name in zip(shards, names):
         tensors = {spec.name: draw(spec) for spec in shard}
-        nbytes = sum(spec.numel for spec in shard) * element_bytes
+        nbytes = sum(spec.nbytes(element_bytes) for spec in shard)
         target = directory / file_name
         if spill is not None and kept + nbytes > spill.budget_bytes:
             spill.directory.mkdir(parents=True, exist_ok=True)
@@ -227,7 +282,7 @@ def write_random_llama(directory: Path, tokenizer_dir: Path, text_vocab: int, se
         del tensors
         weight_map.update({spec.name: file_name for spec in shard})
     if len(shards) > 1:
-        total = sum(spec.numel for spec in specs) * element_bytes
+        total = sum(spec.nbytes(element_bytes) for spec in specs)
         index = {"metadata": {"total_size": total}, "weight_map": weight_map}
         (directory / INDEX_NAME).write_text(json.dumps(index, indent=1))
     else:
@@ -235,8 +290,10 @@ def write_random_llama(directory: Path, tokenizer_dir: Path, text_vocab: int, se
     for name in TOKENIZER_FILES:
         shutil.copy(tokenizer_dir / name, directory / name)
     config = dict(shape, torch_dtype=DTYPE_NAMES[dtype])
+    if checkpoint is not None:
+        config["quantization_config"] = QUANTIZATION_CONFIGS[checkpoint]
     (directory / "config.json").write_text(json.dumps(config, indent=1))
-    return sum(spec.numel for spec in specs)
+    return sum(spec.numel for spec in tensor_specs(shape))
 
 
 def weights_bytes(directory: Path) -> int:

@@ -1,5 +1,6 @@
 """textgen against vLLM on one H200 (issue 23): the same random 8B (bf16; `--shape qwen3-30b-a3b`: the
-61 GB Qwen3-MoE of issue 24), both engines at their shipped defaults, one client (bench/peer_load.py) driving both over `/v1/completions` with
+61 GB Qwen3-MoE of issue 24; `--checkpoint gptq|awq`: the shape as a random 4-bit checkpoint, issue 25),
+both engines at their shipped defaults, one client (bench/peer_load.py) driving both over `/v1/completions` with
 token-id prompts, in one run. Reports each engine's figures and textgen / vLLM ratios.
 
     PYTHONPATH=. python3 bench/gpu_vs_vllm.py --tokenizer-dir DIR --router-binary BIN \
@@ -215,7 +216,8 @@ def report(results: dict) -> str:
     lines = []
     if shares := batch1_roofline_shares(results):
         model = results["model"]
-        lines += [f"Model: {model.get('shape')}, {model['active_bytes_per_token'] / 1e9:.2f} GB read a decoded token; "
+        lines += [f"Model: {model.get('shape')} {model.get('checkpoint', '')}, {model['active_bytes_per_token'] / 1e9:.2f} "
+                  "GB read a decoded token; "
                   f"copy bandwidth {model['copy_bytes_per_s'] / 1e12:.2f} TB/s. Batch-1 decode as a share of that "
                   "roofline: " + ", ".join(f"{e} {v:.2f}" for e, v in shares.items()), ""]  # fmt: skip
     lines += ["| workload | measure | textgen | vLLM | textgen / vLLM |", "|:--|:--|--:|--:|--:|"]
@@ -249,19 +251,21 @@ def phase_model(args) -> dict:
     """Writes the random model of `--shape` into --model-dir, or finds it there (its config.json,
     written last, names the same shape); with the bytes a decoded token reads and the device's
     copy bandwidth, for the batch-1 roofline."""
-    from bench.gpu_model import SHAPES, active_params_per_token, copy_bandwidth_bytes_per_s, tensor_specs
-    from bench.gpu_model import weights_bytes, write_random_llama
+    from bench.gpu_model import QUANTIZATION_CONFIGS, SHAPES, copy_bandwidth_bytes_per_s, decode_bytes_per_token
+    from bench.gpu_model import tensor_specs, weights_bytes, write_random_llama
 
-    shape = SHAPES[args.shape]
-    out = {"shape": args.shape, "parameters": sum(spec.numel for spec in tensor_specs(shape)),
-           "active_bytes_per_token": 2 * active_params_per_token(shape)}  # fmt: skip
+    shape, checkpoint = SHAPES[args.shape], args.checkpoint
+    out = {"shape": args.shape, "checkpoint": checkpoint or "bf16",
+           "parameters": sum(spec.numel for spec in tensor_specs(shape)),
+           "active_bytes_per_token": decode_bytes_per_token(shape, checkpoint)}  # fmt: skip
     config = args.model_dir / "config.json"
     same = ("model_type", "hidden_size", "num_hidden_layers")
-    if config.exists() and all(json.loads(config.read_text()).get(k) == shape[k] for k in same):
+    found = json.loads(config.read_text()) if config.exists() else {}
+    if all(found.get(k) == shape[k] for k in same) and found.get("quantization_config") == QUANTIZATION_CONFIGS.get(checkpoint):
         out["reused"] = True
     else:
         started = time.perf_counter()
-        write_random_llama(args.model_dir, args.tokenizer_dir, TEXT_VOCAB, shape=shape)
+        write_random_llama(args.model_dir, args.tokenizer_dir, TEXT_VOCAB, shape=shape, checkpoint=checkpoint)
         out["write_s"] = time.perf_counter() - started
     out["bytes"] = weights_bytes(args.model_dir)
     out["copy_bytes_per_s"] = copy_bandwidth_bytes_per_s()
@@ -293,8 +297,10 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=Path("/tmp/textgen-bench"))
     parser.add_argument("--shape", default="8b", choices=["8b", "qwen3-30b-a3b", "tiny", "tiny-moe"],
                         help="the random model's shape (bench/gpu_model.py SHAPES)")
+    parser.add_argument("--checkpoint", choices=["gptq", "awq"], default=None,
+                        help="a random 4-bit checkpoint of that method instead of bf16 (issue 25)")
     parser.add_argument("--model-dir", type=Path, default=None, help="default: /tmp/llama8b-random for 8b, else "
-                        "/tmp/SHAPE-random")  # fmt: skip
+                        "/tmp/SHAPE[-CHECKPOINT]-random")  # fmt: skip
     parser.add_argument("--client-cpus", type=int, default=6, help="cores kept for the HTTP clients (0: shared)")
     parser.add_argument("--engines", default=",".join(ENGINES))
     parser.add_argument("--quick", action="store_true", help="every workload shrunk (harness smoke test)")
@@ -305,7 +311,9 @@ def main() -> None:
     parser.add_argument("--write-model", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.model_dir is None:
-        args.model_dir = Path("/tmp/llama8b-random" if args.shape == "8b" else f"/tmp/{args.shape}-random")
+        plain = args.shape == "8b" and args.checkpoint is None
+        suffix = f"-{args.checkpoint}" if args.checkpoint else ""
+        args.model_dir = Path("/tmp/llama8b-random" if plain else f"/tmp/{args.shape}{suffix}-random")
     args.precision_flags = FP8_FLAGS if args.fp8 else {"textgen": [], "vllm": []}
     args.server_flag = []  # start_server's extra flags: none, the defaults are measured
     args.variants = {}

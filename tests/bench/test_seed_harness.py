@@ -224,3 +224,32 @@ def test_the_moe_writer_gives_a_checkpoint_transformers_and_the_shard_agree_on(t
         got = runner.model.compute_logits(runner.model(ids, torch.arange(7), runner.kv_cache, metadata))
     assert got.shape == want.shape and want.abs().max() > 0
     assert (got - want).abs().max() <= 1e-4 * want.abs().max()
+
+
+@pytest.mark.parametrize("checkpoint", ["gptq", "awq"])
+def test_the_4bit_writer_gives_checkpoints_the_shard_loads_as_declared(tmp_path, tokenizer_dir, checkpoint):
+    """Random GPTQ / AWQ checkpoints for issue 25's benchmarks: the shard reads them from their
+    quantization_config, every weight is an integer from -8 to 7 times its group's scale, and
+    the model runs."""
+    from shard_server.attention.base import StepLayout
+    from tests.shard.helpers import load_runner
+
+    shape = dict(gpu_model.TINY, hidden_size=128, intermediate_size=256, head_dim=32)
+    params = gpu_model.write_random_llama(tmp_path, tokenizer_dir, TEXT_VOCAB, shape=shape, device="cpu",
+                                          dtype=torch.float16, checkpoint=checkpoint)  # fmt: skip
+    assert params == sum(spec.numel for spec in gpu_model.tensor_specs(shape))
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["quantization_config"] == gpu_model.QUANTIZATION_CONFIGS[checkpoint]
+    runner = load_runner(tmp_path, dtype=torch.float16, block_size=4, num_blocks=8)
+    assert runner.model.config.quantize == checkpoint
+    layer = runner.model.layers[0]
+    for linear in (layer.self_attn.qkv_proj, layer.mlp.down_proj):
+        packed = linear.packed
+        weight = packed.dequantize()  # [out, in]
+        scales = packed.scales[packed.g_idx.long()].float().t()  # each weight's group scale
+        steps = weight / scales
+        assert torch.equal(steps, steps.round()) and steps.min() == -8 and steps.max() == 7
+    metadata = runner.backend.build_metadata(StepLayout([5], [5], [[0, 1]], 4), torch.device("cpu"))
+    with torch.inference_mode():
+        logits = runner.model.compute_logits(runner.model(torch.arange(5) + 300, torch.arange(5), runner.kv_cache, metadata))
+    assert torch.isfinite(logits).all() and logits.abs().max() > 0
