@@ -122,7 +122,8 @@ class TensorSpec:
     shape: tuple[int, ...]
     # "normal", "ones" or "head" (normal with the unusable rows zeroed); a 4-bit checkpoint's
     # "words" (random int32 of 8 values), "zeros" (int32 of 8 zero points), "scales" (fp16)
-    # and "g_idx" (each input's group)
+    # and "g_idx" (each input's group); a block-wise fp8 checkpoint's "fp8" weights and their
+    # "block_scales" (float32)
     kind: str
 
     @property
@@ -134,7 +135,8 @@ class TensorSpec:
 
     def nbytes(self, element_bytes: int) -> int:
         """Bytes stored: the model dtype's, or the packed tensors' own."""
-        return self.numel * {"words": 4, "zeros": 4, "g_idx": 4, "scales": 2}.get(self.kind, element_bytes)
+        return self.numel * {"words": 4, "zeros": 4, "g_idx": 4, "scales": 2, "fp8": 1,
+                             "block_scales": 4}.get(self.kind, element_bytes)  # fmt: skip
 
 
 # Random 4-bit checkpoints (issue 25's benchmarks), as GPTQ (v1, symmetric) and AutoAWQ (GEMM)
@@ -144,13 +146,20 @@ QUANTIZATION_CONFIGS = {
     "gptq": {"quant_method": "gptq", "bits": 4, "group_size": GROUP_SIZE, "desc_act": False, "sym": True,
              "checkpoint_format": "gptq"},
     "awq": {"quant_method": "awq", "bits": 4, "group_size": GROUP_SIZE, "zero_point": True, "version": "gemm"},
+    # DeepSeek-V3 / Qwen3-FP8 style: e4m3 weights, one scale per 128 x 128 block.
+    "fp8-block": {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128]},
 }  # fmt: skip
+FP8_BLOCK = 128
 # Zero points of 8 (the middle of 0..15), eight to a word: GPTQ v1 stores each minus one.
 ZERO_WORDS = {"gptq": 0x77777777, "awq": 0x88888888 - (1 << 32)}
 
 
 def _packed_specs(prefix: str, out: int, depth: int, checkpoint: str) -> list[TensorSpec]:
-    """The tensors of one [out, depth] linear in a 4-bit checkpoint."""
+    """The tensors of one [out, depth] linear in a 4-bit or block-wise fp8 checkpoint."""
+    if checkpoint == "fp8-block":
+        blocks = (-(-out // FP8_BLOCK), -(-depth // FP8_BLOCK))
+        return [TensorSpec(prefix + ".weight", (out, depth), "fp8"),
+                TensorSpec(prefix + ".weight_scale_inv", blocks, "block_scales")]  # fmt: skip
     groups = depth // GROUP_SIZE
     words = (depth // 8, out) if checkpoint == "gptq" else (depth, out // 8)
     specs = [TensorSpec(prefix + ".qweight", words, "words"), TensorSpec(prefix + ".qzeros", (groups, out // 8), "zeros"),
@@ -160,9 +169,9 @@ def _packed_specs(prefix: str, out: int, depth: int, checkpoint: str) -> list[Te
 
 def tensor_specs(cfg: dict, checkpoint: str | None = None) -> list[TensorSpec]:
     """Every tensor in the order its random values are drawn (which fixes the weights); with
-    `checkpoint` ("gptq" or "awq") the decoder's linears packed in 4 bits."""
+    `checkpoint` ("gptq", "awq" or "fp8-block") the decoder's linears in that format."""
     if checkpoint is not None and "num_experts" in cfg:
-        raise ValueError("4-bit checkpoints are written for dense shapes only")
+        raise ValueError("quantized checkpoints are written for dense shapes only")
     h, vocab = cfg["hidden_size"], cfg["vocab_size"]
     specs = [TensorSpec("model.embed_tokens.weight", (vocab, h), "normal"),
              TensorSpec("model.norm.weight", (h,), "ones"),
@@ -234,7 +243,7 @@ def write_random_llama(directory: Path, tokenizer_dir: Path, text_vocab: int, se
                        max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES, spill: Spill | None = None,
                        checkpoint: str | None = None) -> int:  # fmt: skip
     """Writes config, weights and tokenizer; returns the parameter count (of the unpacked model).
-    `checkpoint` "gptq" / "awq": the decoder's linears as a random 4-bit checkpoint of that method.
+    `checkpoint` "gptq" / "awq" / "fp8-block": the decoder's linears as a random checkpoint of that method.
 
     Shard by shard: one shard's tensors are drawn on `device`, moved to the host, saved and
     freed before the next. With more than one shard, model.safetensors.index.json maps every
@@ -261,6 +270,11 @@ def write_random_llama(directory: Path, tokenizer_dir: Path, text_vocab: int, se
             return (torch.rand(spec.shape, generator=gen, device=device) * 0.004 + 0.002).half().cpu()
         if spec.kind == "g_idx":
             return (torch.arange(spec.shape[0]) // GROUP_SIZE).to(torch.int32)
+        if spec.kind == "fp8":  # times block scales of ~0.01: weights spread about as the dense 0.02
+            return torch.randn(spec.shape, generator=gen, device=device).mul(2).clamp(-448, 448).to(
+                torch.float8_e4m3fn).cpu()  # fmt: skip
+        if spec.kind == "block_scales":
+            return (torch.rand(spec.shape, generator=gen, device=device) * 0.01 + 0.005).cpu()
         tensor = (torch.randn(spec.shape, generator=gen, device=device) * 0.02).to(dtype)
         if spec.kind == "head":
             tensor[text_vocab:] = 0

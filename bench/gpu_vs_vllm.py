@@ -1,5 +1,5 @@
 """textgen against vLLM on one H200 (issue 23): the same random 8B (bf16; `--shape qwen3-30b-a3b`: the
-61 GB Qwen3-MoE of issue 24; `--checkpoint gptq|awq`: the shape as a random 4-bit checkpoint, issue 25),
+61 GB Qwen3-MoE of issue 24; `--checkpoint gptq|awq|fp8-block`: the shape as a random quantized checkpoint, issue 25),
 both engines at their shipped defaults, one client (bench/peer_load.py) driving both over `/v1/completions` with
 token-id prompts, in one run. Reports each engine's figures and textgen / vLLM ratios.
 
@@ -297,8 +297,8 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=Path("/tmp/textgen-bench"))
     parser.add_argument("--shape", default="8b", choices=["8b", "qwen3-30b-a3b", "tiny", "tiny-moe"],
                         help="the random model's shape (bench/gpu_model.py SHAPES)")
-    parser.add_argument("--checkpoint", choices=["gptq", "awq"], default=None,
-                        help="a random 4-bit checkpoint of that method instead of bf16 (issue 25)")
+    parser.add_argument("--checkpoint", choices=["gptq", "awq", "fp8-block"], default=None,
+                        help="a random checkpoint of that method instead of bf16 (issue 25)")
     parser.add_argument("--model-dir", type=Path, default=None, help="default: /tmp/llama8b-random for 8b, else "
                         "/tmp/SHAPE[-CHECKPOINT]-random")  # fmt: skip
     parser.add_argument("--client-cpus", type=int, default=6, help="cores kept for the HTTP clients (0: shared)")

@@ -253,3 +253,18 @@ def test_the_4bit_writer_gives_checkpoints_the_shard_loads_as_declared(tmp_path,
     with torch.inference_mode():
         logits = runner.model.compute_logits(runner.model(torch.arange(5) + 300, torch.arange(5), runner.kv_cache, metadata))
     assert torch.isfinite(logits).all() and logits.abs().max() > 0
+
+
+def test_the_block_fp8_writer_gives_a_checkpoint_the_shard_loads_as_declared(tmp_path, tokenizer_dir):
+    from shard_server.layers.quantized import BlockFp8Weight
+
+    shape = dict(gpu_model.TINY, hidden_size=128, intermediate_size=256, head_dim=32)
+    gpu_model.write_random_llama(tmp_path, tokenizer_dir, TEXT_VOCAB, shape=shape, device="cpu", dtype=torch.bfloat16,
+                                 checkpoint="fp8-block")  # fmt: skip
+    from tests.shard.helpers import load_model
+
+    model = load_model(tmp_path, dtype=torch.float32)
+    down = model.layers[0].mlp.down_proj.packed
+    assert isinstance(down, BlockFp8Weight) and down.scale.shape == (1, 2)  # [128, 256] in 128 x 128 blocks
+    weight = down.dequantize()
+    assert 0.005 < weight.std() < 0.05 and torch.isfinite(weight).all()
