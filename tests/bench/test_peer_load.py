@@ -28,6 +28,7 @@ class FakeCompletions(BaseHTTPRequestHandler):
                 return
             cls.open_now += 1
             cls.most_open = max(cls.most_open, cls.open_now)
+        done = False
         try:
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
@@ -37,11 +38,17 @@ class FakeCompletions(BaseHTTPRequestHandler):
                 self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
                 self.wfile.flush()
                 time.sleep(0.01)
+            # Closed before the client can read the end: it may send its next request at once
+            # (a real server frees the slot before its last event, too).
+            with cls.lock:
+                cls.open_now -= 1
+            done = True
             usage = {"choices": [], "usage": {"completion_tokens": body["max_tokens"]}}
             self.wfile.write(f"data: {json.dumps(usage)}\n\ndata: [DONE]\n\n".encode())
         finally:
-            with cls.lock:
-                cls.open_now -= 1
+            if not done:
+                with cls.lock:
+                    cls.open_now -= 1
         self.close_connection = True
 
     def log_message(self, *args):
