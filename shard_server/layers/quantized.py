@@ -191,6 +191,12 @@ def quantize_rows_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.round(wide / scale).clamp(-128, 127).to(torch.int8), scale
 
 
+def _shaped(out: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """A product of x's rows flattened, plus the bias, back in x's leading shape."""
+    out = out if bias is None else out + bias
+    return out.view(*x.shape[:-1], out.shape[-1])
+
+
 # cuBLASLt's int8 GEMM (torch._int_mm) on CUDA takes more than 16 rows and both widths in
 # multiples of 8: fewer rows are padded to this many.
 INT_MM_MIN_ROWS = 17
@@ -226,14 +232,10 @@ class Int8Weight(nn.Module):
                 return F.linear(x, self.dequantize(x.dtype), bias)
             # W8A16 decodes: the int8 weight streamed and widened in the kernel, as fp8 weights are.
             config = config_for(flat.shape[0], self.out_features, self.in_features, weights_fp8=True)
-            out = skinny_matmul(flat, self.weight, config, self.scale.view(-1), fp16_dot=True)
-            out = out if bias is None else out + bias
-            return out.view(*x.shape[:-1], self.out_features)
+            return _shaped(skinny_matmul(flat, self.weight, config, self.scale.view(-1), fp16_dot=True), x, bias)
         xq, x_scale = quantize_rows_int8(flat)
         out = (int8_product(xq, self.weight).float() * x_scale * self.scale.view(1, -1)).to(x.dtype)
-        if bias is not None:
-            out = out + bias
-        return out.view(*x.shape[:-1], self.out_features)
+        return _shaped(out, x, bias)
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         return (self.weight.float() * self.scale).to(dtype)
@@ -301,10 +303,7 @@ class BlockFp8Weight(nn.Module):
         flat = x.reshape(-1, x.shape[-1])
         if not (use_fused(flat) and skinny_rows(flat)):
             return F.linear(x, self.dequantize(x.dtype), bias)
-        out = block_fp8_rows(flat, self.weight, self.scale, self.row_block, self.col_starts)
-        if bias is not None:
-            out = out + bias
-        return out.view(*x.shape[:-1], self.out_features)
+        return _shaped(block_fp8_rows(flat, self.weight, self.scale, self.row_block, self.col_starts), x, bias)
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         scales = self.scale[self.row_block.long()][:, self.col_block.long()]
