@@ -26,6 +26,7 @@ import triton.language as tl
 from .pdl import launch_args, wait_for_previous_kernel
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+FP8 = torch.float8_e4m3fn
 
 
 @dataclass(frozen=True)
@@ -54,15 +55,23 @@ TILES = (
 )
 
 
+@dataclass(frozen=True)
+class ExpertScales:
+    """fp8 experts' float32 scales, one per weight row: w13 [E, 2I], w2 [E, H]; W = fp8 * scale."""
+
+    w13: torch.Tensor
+    w2: torch.Tensor
+
+
 def tile_for(pairs: int, experts: int) -> MoeTile:
     per_expert = pairs / max(1, experts)
     return next(tile for bound, tile in TILES if bound is None or per_expert <= bound)
 
 
 def fused_moe_applies(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor) -> bool:
-    """Float weights of x's dtype. Anything else (fp8 weights with their per-channel scales)
-    stays on the torch path rather than being multiplied unscaled."""
-    return x.dim() == 2 and x.dtype in DTYPES and w13.dtype == x.dtype and w2.dtype == x.dtype
+    """Weights of x's dtype, or fp8 (e4m3) weights with one scale per expert row (`--quantize
+    fp8`), both alike. Anything else stays on the torch path."""
+    return x.dim() == 2 and x.dtype in DTYPES and w13.dtype in (x.dtype, FP8) and w2.dtype == w13.dtype
 
 
 def align_to_blocks(topk_ids: torch.Tensor, experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -91,13 +100,16 @@ def align_to_blocks(topk_ids: torch.Tensor, experts: int, block_m: int) -> tuple
 
 
 @triton.jit
-def _moe_gemm_kernel(a_ptr, w_ptr, out_ptr, topk_weights_ptr, sorted_pairs_ptr, block_expert_ptr,
-                     N, K, PAIRS, TOP_K, NUM_BLOCKS_M, a_stride, w_stride_e, w_stride_n, w_stride_k, out_stride,
-                     GATE_UP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                     GROUP_M: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
+def _moe_gemm_kernel(a_ptr, w_ptr, w_scale_ptr, out_ptr, topk_weights_ptr, sorted_pairs_ptr, block_expert_ptr,
+                     N, K, PAIRS, TOP_K, NUM_BLOCKS_M, a_stride, w_stride_e, w_stride_n, w_stride_k, scale_stride_e,
+                     out_stride, GATE_UP: tl.constexpr, SCALED: tl.constexpr, BLOCK_M: tl.constexpr,
+                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, PRECISION: tl.constexpr,
+                     PDL: tl.constexpr):  # fmt: skip
     # GATE_UP: a = x [T, K] (a pair's row is its token), w = w13 [E, 2N, K]; out [pairs, N] in the
     # model dtype holds silu(gate) * up. Else: a = that [pairs, K], w = w2 [E, N, K]; out [pairs, N]
-    # float32 holds the pair's routing weight times its expert's output.
+    # float32 holds the pair's routing weight times its expert's output. SCALED: w is fp8, widened
+    # to a's dtype in registers (exact: every e4m3 value is a bf16 / fp16 one), and each output
+    # feature's sum is multiplied by its row's scale (w_scale [E, rows of w]) before any rounding.
     pid = tl.program_id(0)
     blocks_n = tl.cdiv(N, BLOCK_N)
     # Grouped order: GROUP_M row tiles run through the feature tiles side by side, so with several
@@ -126,10 +138,15 @@ def _moe_gemm_kernel(a_ptr, w_ptr, out_ptr, topk_weights_ptr, sorted_pairs_ptr, 
         a = tl.load(a_rows + ks[None, :], mask=pair_ok[:, None] & k_ok[None, :], other=0.0)
         w_mask = k_ok[:, None] & col_ok[None, :]
         w = tl.load(w_cols + ks[:, None] * w_stride_k, mask=w_mask, other=0.0)
-        acc = tl.dot(a, w, acc, input_precision=PRECISION)
+        acc = tl.dot(a, w.to(a.dtype), acc, input_precision=PRECISION)
         if GATE_UP:  # the up rows sit N rows below the gate rows
             w = tl.load(w_cols + N * w_stride_n + ks[:, None] * w_stride_k, mask=w_mask, other=0.0)
-            acc_up = tl.dot(a, w, acc_up, input_precision=PRECISION)
+            acc_up = tl.dot(a, w.to(a.dtype), acc_up, input_precision=PRECISION)
+    if SCALED:
+        scales = w_scale_ptr + expert.to(tl.int64) * scale_stride_e + cols
+        acc *= tl.load(scales, mask=col_ok, other=0.0)[None, :]
+        if GATE_UP:
+            acc_up *= tl.load(scales + N, mask=col_ok, other=0.0)[None, :]
     dtype = a_ptr.dtype.element_ty
     if GATE_UP:  # rounded where torch rounds: F.linear's outputs, F.silu's, the product
         gate = acc.to(dtype).to(tl.float32)
@@ -142,22 +159,27 @@ def _moe_gemm_kernel(a_ptr, w_ptr, out_ptr, topk_weights_ptr, sorted_pairs_ptr, 
     tl.store(out, result.to(out_ptr.dtype.element_ty), mask=pair_ok[:, None] & col_ok[None, :])
 
 
-def _launch(a, w, out, topk_weights, sorted_pairs, block_expert, n, k, top_k, tile: MoeTile, gate_up: bool) -> None:
+def _launch(a, w, w_scale, out, topk_weights, sorted_pairs, block_expert, n, k, top_k, tile: MoeTile,
+            gate_up: bool) -> None:  # fmt: skip
     blocks_m = block_expert.numel()
     grid = (blocks_m * triton.cdiv(n, tile.block_n),)
+    scaled = w_scale is not None
     _moe_gemm_kernel[grid](
-        a, w, out, topk_weights, sorted_pairs, block_expert, n, k, out.shape[0], top_k, blocks_m,
-        a.stride(0), w.stride(0), w.stride(1), w.stride(2), out.stride(0),
-        GATE_UP=gate_up, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, GROUP_M=tile.group_m,
+        a, w, w_scale if scaled else w, out, topk_weights, sorted_pairs, block_expert, n, k, out.shape[0], top_k,
+        blocks_m, a.stride(0), w.stride(0), w.stride(1), w.stride(2), w_scale.stride(0) if scaled else 0,
+        out.stride(0), GATE_UP=gate_up, SCALED=scaled, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n,
+        BLOCK_K=tile.block_k, GROUP_M=tile.group_m,
         PRECISION="ieee" if a.dtype == torch.float32 else None,  # float32 weights: no tf32 rounding
         num_warps=tile.num_warps, num_stages=tile.num_stages, **launch_args(a),
     )  # fmt: skip
 
 
 def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
-                  topk_ids: torch.Tensor, tile: MoeTile | None = None) -> torch.Tensor:  # fmt: skip
+                  topk_ids: torch.Tensor, tile: MoeTile | None = None, scales: ExpertScales | None = None
+                  ) -> torch.Tensor:  # fmt: skip
     """`reference_experts`' result (see `fused_moe_applies`): x [T, H], w13 [E, 2I, H] (gate rows,
-    then up), w2 [E, H, I], topk_weights float [T, k], topk_ids [T, k] -> [T, H] in x's dtype."""
+    then up), w2 [E, H, I], topk_weights float [T, k], topk_ids [T, k] -> [T, H] in x's dtype.
+    fp8 weights come with their `scales`."""
     tokens, hidden = x.shape
     experts, inter = w13.shape[0], w13.shape[1] // 2
     top_k = topk_ids.shape[1]
@@ -170,7 +192,9 @@ def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_wei
     sorted_pairs, block_expert = align_to_blocks(topk_ids, experts, tile.block_m)
     weights = topk_weights.reshape(-1).float().contiguous()
     act = torch.empty(pairs, inter, dtype=x.dtype, device=x.device)
-    _launch(x, w13, act, weights, sorted_pairs, block_expert, inter, hidden, top_k, tile, gate_up=True)
+    w13_scale, w2_scale = (scales.w13, scales.w2) if scales is not None else (None, None)
+    _launch(x, w13, w13_scale, act, weights, sorted_pairs, block_expert, inter, hidden, top_k, tile, gate_up=True)
     per_pair = torch.empty(pairs, w2.shape[1], dtype=torch.float32, device=x.device)
-    _launch(act, w2, per_pair, weights, sorted_pairs, block_expert, w2.shape[1], inter, top_k, tile, gate_up=False)
+    _launch(act, w2, w2_scale, per_pair, weights, sorted_pairs, block_expert, w2.shape[1], inter, top_k, tile,
+            gate_up=False)  # fmt: skip
     return per_pair.view(tokens, top_k, -1).sum(dim=1).to(x.dtype)

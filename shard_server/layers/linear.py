@@ -66,18 +66,9 @@ class _Weight(nn.Module):
 
     def _set_rows(self, rows: slice, value: torch.Tensor, store: WeightStore, prefix: str, start: int) -> None:
         """Fills `rows` of the weight with `value`, the checkpoint's rows [start, ...) of `prefix`."""
-        if value.dtype == FP8:
-            if self.weight_scale is None:
-                raise WeightsError(f"{prefix}.weight is fp8 but config.json declares no fp8 quantization")
-            self.weight[rows].copy_(value)
-            self.weight_scale[rows].copy_(_checkpoint_scale(store, prefix, start, value.shape[0]))
-        elif value.dtype.itemsize == 1:
-            raise WeightsError(f"{prefix}.weight is {value.dtype}; of 8-bit weights only fp8 e4m3 loads")
-        elif self.weight_scale is None:
-            self.weight[rows].copy_(value)
-        else:
-            quantized, scale = quantize_rows_reference(value.to(self.weight.device))
-            self.weight[rows].copy_(quantized)
+        weight, scale = weight_rows(value, store, prefix, start, self.weight.device, fp8=self.weight_scale is not None)
+        self.weight[rows].copy_(weight)
+        if scale is not None:
             self.weight_scale[rows].copy_(scale)
 
     def takes_fp8_rows(self, x: torch.Tensor) -> bool:
@@ -90,6 +81,19 @@ class _Weight(nn.Module):
         if self.weight_scale is not None:
             return fp8_linear(x, self.weight, self.weight_scale, bias)
         return project(x, self.weight, bias)
+
+
+def weight_rows(value: torch.Tensor, store: WeightStore, prefix: str, start: int, device, fp8: bool
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
+    """Checkpoint rows [start, ...) of `prefix`'s weight as served: as they are, or (`fp8`) in fp8
+    with [rows, 1] float32 scales, an fp8 checkpoint's own or quantized here row by row."""
+    if value.dtype == FP8:
+        if not fp8:
+            raise WeightsError(f"{prefix}.weight is fp8 but config.json declares no fp8 quantization")
+        return value, _checkpoint_scale(store, prefix, start, value.shape[0])
+    if value.dtype.itemsize == 1:
+        raise WeightsError(f"{prefix}.weight is {value.dtype}; of 8-bit weights only fp8 e4m3 loads")
+    return quantize_rows_reference(value.to(device)) if fp8 else (value, None)
 
 
 def _checkpoint_scale(store: WeightStore, prefix: str, start: int, rows: int) -> torch.Tensor:

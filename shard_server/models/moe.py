@@ -30,7 +30,9 @@ from torch import nn
 
 from ..distributed import ParallelContext
 from ..kernels.dispatch import use_fused
-from ..kernels.fused_moe import fused_experts, fused_moe_applies
+from ..kernels.fp8_matmul import FP8
+from ..kernels.fused_moe import ExpertScales, fused_experts, fused_moe_applies
+from ..layers.linear import weight_rows
 from ..layers.norm import RMSNorm
 from ..weights import WeightStore
 from .config import ModelConfig
@@ -49,11 +51,22 @@ def route(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[t
     return weights, ids
 
 
+def dequantized(weight: torch.Tensor, scale: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+    """Stacked expert weights [E, rows, cols] in `dtype`: fp8 ones times their row scales [E, rows]."""
+    return weight if scale is None else (weight.float() * scale[..., None]).to(dtype)
+
+
 def reference_experts(
-    x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    scales: ExpertScales | None = None,
 ) -> torch.Tensor:
     """sum_j topk_weights[t, j] * expert_{topk_ids[t, j]}(x[t]), accumulated in float32: [T, hidden]
-    in x's dtype. With tensor parallelism this is the rank's partial sum."""
+    in x's dtype. With tensor parallelism this is the rank's partial sum. fp8 experts (`scales`)
+    are dequantized one at a time to x's dtype."""
     tokens, hidden = x.shape
     out = torch.zeros(tokens, w2.shape[1], dtype=torch.float32, device=x.device)
     flat_ids = topk_ids.reshape(-1)
@@ -66,19 +79,27 @@ def reference_experts(
         if count == 0:
             continue
         rows = token_of[start : start + count]
-        gate, up = F.linear(x[rows], w13[expert]).chunk(2, dim=-1)
-        y = F.linear(F.silu(gate) * up, w2[expert])
+        gate_up = dequantized(w13[expert], scales and scales.w13[expert], x.dtype)
+        gate, up = F.linear(x[rows], gate_up).chunk(2, dim=-1)
+        y = F.linear(F.silu(gate) * up, dequantized(w2[expert], scales and scales.w2[expert], x.dtype))
         out[rows] += y.float() * weight_of[start : start + count, None]  # a token picks an expert once
         start += count
     return out.to(x.dtype)
 
 
 def dense_experts(
-    x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    scales: ExpertScales | None = None,
 ) -> torch.Tensor:
     """The same sum with static shapes (every expert on every token, weighted by a dense [T, experts]
-    combine matrix that is zero off the top k): what a CUDA graph can capture until the fused
-    kernel exists. experts/top_k times the reference's work."""
+    combine matrix that is zero off the top k): what a CUDA graph can capture where the fused
+    kernel is switched off. experts/top_k times the reference's work."""
+    if scales is not None:
+        w13, w2 = dequantized(w13, scales.w13, x.dtype), dequantized(w2, scales.w2, x.dtype)
     combine = torch.zeros(x.shape[0], w13.shape[0], dtype=torch.float32, device=x.device)
     combine.scatter_(1, topk_ids, topk_weights.float())
     gate, up = torch.einsum("th,eih->eti", x, w13).chunk(2, dim=-1)
@@ -87,16 +108,20 @@ def dense_experts(
 
 
 def experts_forward(
-    x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    scales: ExpertScales | None = None,
 ) -> torch.Tensor:
-    """The routed experts' output [T, hidden]: the fused kernel where it applies (fp8 or other
-    weights never reach it); else the reference loop, or its static-shape twin under CUDA-graph
-    capture (the loop syncs with the host)."""
+    """The routed experts' output [T, hidden]: the fused kernel where it applies; else the
+    reference loop, or its static-shape twin under CUDA-graph capture (the loop syncs with the host)."""
     if use_fused(x) and fused_moe_applies(x, w13, w2):
-        return fused_experts(x, w13, w2, topk_weights, topk_ids)
+        return fused_experts(x, w13, w2, topk_weights, topk_ids, scales=scales)
     if x.is_cuda and torch.cuda.is_current_stream_capturing():
-        return dense_experts(x, w13, w2, topk_weights, topk_ids)
-    return reference_experts(x, w13, w2, topk_weights, topk_ids)
+        return dense_experts(x, w13, w2, topk_weights, topk_ids, scales)
+    return reference_experts(x, w13, w2, topk_weights, topk_ids, scales)
 
 
 class MoeBlock(nn.Module):
@@ -112,10 +137,18 @@ class MoeBlock(nn.Module):
         self.rows = ctx.split(size, "expert intermediate size")
         local = self.rows[1] - self.rows[0]
         self.router = nn.Parameter(torch.empty(moe.num_experts, hidden, dtype=dtype, device=device), requires_grad=False)
+        fp8 = cfg.quantize == "fp8"  # e4m3 experts, a float32 scale a row (--quantize fp8, or the checkpoint's)
         self.w13 = nn.Parameter(
-            torch.empty(moe.num_experts, 2 * local, hidden, dtype=dtype, device=device), requires_grad=False
+            torch.empty(moe.num_experts, 2 * local, hidden, dtype=FP8 if fp8 else dtype, device=device),
+            requires_grad=False,
         )
-        self.w2 = nn.Parameter(torch.empty(moe.num_experts, hidden, local, dtype=dtype, device=device), requires_grad=False)
+        self.w2 = nn.Parameter(
+            torch.empty(moe.num_experts, hidden, local, dtype=FP8 if fp8 else dtype, device=device), requires_grad=False
+        )
+        self.w13_scale = self.w2_scale = None
+        if fp8:
+            self.w13_scale = nn.Parameter(torch.empty(moe.num_experts, 2 * local, device=device), requires_grad=False)
+            self.w2_scale = nn.Parameter(torch.empty(moe.num_experts, hidden, device=device), requires_grad=False)
         self.shared_expert = self.shared_expert_gate = None
         if moe.shared_expert_intermediate_size:
             # A dense MLP sliced like the Llama MLP; its down projection is not all-reduced on its
@@ -131,16 +164,28 @@ class MoeBlock(nn.Module):
         self.router.copy_(store.get(f"{prefix}.gate.weight"))
         for e in range(self.moe.num_experts):
             expert = f"{prefix}.experts.{e}"
-            self.w13[e, :local].copy_(store.get_rows(f"{expert}.{gate_name}.weight", start, end))
-            self.w13[e, local:].copy_(store.get_rows(f"{expert}.{up_name}.weight", start, end))
-            self.w2[e].copy_(store.get_cols(f"{expert}.{down_name}.weight", start, end))
+            self._fill(self.w13, self.w13_scale, (e, slice(0, local)), store, f"{expert}.{gate_name}", start,
+                       store.get_rows(f"{expert}.{gate_name}.weight", start, end))  # fmt: skip
+            self._fill(self.w13, self.w13_scale, (e, slice(local, 2 * local)), store, f"{expert}.{up_name}", start,
+                       store.get_rows(f"{expert}.{up_name}.weight", start, end))  # fmt: skip
+            self._fill(self.w2, self.w2_scale, (e, slice(None)), store, f"{expert}.{down_name}", 0,
+                       store.get_cols(f"{expert}.{down_name}.weight", start, end))  # fmt: skip
         if self.shared_expert is not None:
             self.shared_expert.load(store, f"{prefix}.shared_expert")
             self.shared_expert_gate.copy_(store.get(f"{prefix}.shared_expert_gate.weight"))
 
+    @staticmethod
+    def _fill(weight, scale, index, store: WeightStore, prefix: str, start: int, value: torch.Tensor) -> None:
+        """weight[index] (and its scales) from checkpoint rows [start, ...) of `prefix`."""
+        value, value_scale = weight_rows(value, store, prefix, start, weight.device, fp8=scale is not None)
+        weight[index].copy_(value)
+        if scale is not None:
+            scale[index].copy_(value_scale.view(-1))
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = route(F.linear(x, self.router), self.moe.top_k, self.moe.norm_topk_prob)
-        out = experts_forward(x, self.w13, self.w2, weights, ids)
+        scales = None if self.w13_scale is None else ExpertScales(self.w13_scale, self.w2_scale)
+        out = experts_forward(x, self.w13, self.w2, weights, ids, scales)
         if self.shared_expert is not None:
             out = out + torch.sigmoid(F.linear(x, self.shared_expert_gate)) * self.shared_expert(x)
         return self.ctx.all_reduce(out)
@@ -178,10 +223,10 @@ class MoeDecoderLayer(nn.Module):
 def check_moe_supported(cfg: ModelConfig) -> None:
     if cfg.moe is None:
         raise UnsupportedModelError(f"{cfg.model_type} is not a Mixture-of-Experts model")
-    if cfg.quantize is not None:
+    if cfg.quantize not in (None, "fp8"):
         raise UnsupportedModelError(
             f"{cfg.model_type}: {cfg.quantize} weights are not supported for Mixture-of-Experts models yet; "
-            "serve the bf16/fp16 checkpoint without --quantize"
+            "serve the bf16/fp16 checkpoint, or it with --quantize fp8"
         )
 
 

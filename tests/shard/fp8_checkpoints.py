@@ -7,7 +7,7 @@ from safetensors.torch import load_file, save_file
 from shard_server.kernels.fp8_matmul import FP8, FP8_MAX, quantize_rows_reference
 from shard_server.weights import read_config
 
-LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "w1", "w2", "w3")  # w*: Mixtral's experts
 COMPRESSED_TENSORS = {"quant_method": "compressed-tensors", "format": "float-quantized", "ignore": ["lm_head"],
                       "config_groups": {"group_0": {"targets": ["Linear"],
                                                     "weights": {"type": "float", "num_bits": 8, "strategy": "channel"},

@@ -18,8 +18,10 @@ pytest.importorskip("triton")
 
 from shard_server.distributed import ParallelContext  # noqa: E402
 from shard_server.kernels.dispatch import fused_kernels  # noqa: E402
+from shard_server.kernels.fp8_matmul import quantize_rows_reference  # noqa: E402
 from shard_server.kernels.fused_moe import (  # noqa: E402
     TILES,
+    ExpertScales,
     MoeTile,
     align_to_blocks,
     fused_experts,
@@ -128,17 +130,41 @@ def test_default_tiles_through_experts_forward():
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
 
 
-def test_fp8_and_mixed_weights_stay_on_the_torch_path(monkeypatch):
+def fp8_experts(w13, w2):
+    """The experts in e4m3 with a scale per row, as --quantize fp8 stores them."""
+    (q13, s13), (q2, s2) = (quantize_rows_reference(w.reshape(-1, w.shape[-1])) for w in (w13, w2))
+    experts = w13.shape[0]
+    return q13.view(w13.shape), q2.view(w2.shape), ExpertScales(s13.view(experts, -1), s2.view(experts, -1))
+
+
+def test_mixed_weights_stay_on_the_torch_path(monkeypatch):
     x, w13, w2, weights, ids = make_case(3, 4, 2, hidden=16, inter=16, seed=4)
     assert fused_moe_applies(x, w13, w2)
-    assert not fused_moe_applies(x, w13.to(torch.float8_e4m3fn), w2.to(torch.float8_e4m3fn))
+    q13, q2, _ = fp8_experts(w13, w2)
+    assert fused_moe_applies(x, q13, q2), "fp8 experts (with their scales) take the kernel"
+    assert not fused_moe_applies(x, q13, w2)
     assert not fused_moe_applies(x.half(), w13, w2)
     calls = []
     monkeypatch.setattr(moe_module, "reference_experts", lambda *args: calls.append(args) or "reference")
-    monkeypatch.setattr(moe_module, "fused_experts", lambda *args: pytest.fail("fp8 weights reached the kernel"))
+    monkeypatch.setattr(moe_module, "fused_experts", lambda *args, **kw: pytest.fail("mixed weights reached the kernel"))
     with fused_kernels(True, on_cpu=True):
-        assert experts_forward(x, w13.to(torch.float8_e4m3fn), w2, weights, ids) == "reference"
+        assert experts_forward(x, q13, w2, weights, ids) == "reference"
     assert len(calls) == 1
+
+
+@pytest.mark.parametrize("tokens, experts, top_k, skew", [(1, 8, 2, 0.0), (13, 16, 4, 8.0), (40, 4, 2, 0.0)])
+def test_fp8_experts_match_the_dequantizing_reference(tokens, experts, top_k, skew):
+    """fp8 weights widened in registers and each feature scaled by its row's scale: the reference
+    with the experts dequantized, within float32's rounding (every e4m3 value is exact there)."""
+    x, w13, w2, weights, ids = make_case(tokens, experts, top_k, hidden=40, inter=24, skew=skew, seed=tokens)
+    q13, q2, scales = fp8_experts(w13, w2)
+    want = reference_experts(x, q13, q2, weights, ids, scales)
+    assert (want - reference_experts(x, w13, w2, weights, ids)).abs().max() > 1e-4, "fp8 rounding changed nothing"
+    with fused_kernels(True, on_cpu=True):
+        got = fused_experts(x, q13, q2, weights, ids, SMALL, scales=scales)
+        through_forward = experts_forward(x, q13, q2, weights, ids, scales)
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(through_forward, want, atol=1e-4, rtol=1e-4)
 
 
 def test_tile_table_covers_every_shape():
@@ -213,3 +239,15 @@ def test_gpu_fused_experts_under_a_cuda_graph(tokens):
         graph.replay()
         want = reference_experts(x2, w13, w2, weights2, ids2)
         torch.testing.assert_close(out.float(), want.float(), atol=3e-2, rtol=3e-2)
+
+
+@needs_cuda
+@pytest.mark.parametrize("tokens", [1, 7, 256])
+def test_gpu_fp8_experts_at_a_qwen3_30b_shape(tokens):
+    """bf16 rows against e4m3 experts: the dequantizing reference, within bf16's rounding."""
+    x, w13, w2, weights, ids = make_case(tokens, dtype=torch.bfloat16, device="cuda", seed=tokens, **QWEN3_30B)
+    q13, q2, scales = fp8_experts(w13.float(), w2.float())
+    want = reference_experts(x, q13, q2, weights, ids, scales)
+    got = experts_forward(x, q13, q2, weights, ids, scales)
+    assert want.abs().max() > 0.3
+    torch.testing.assert_close(got.float(), want.float(), atol=3e-2, rtol=3e-2)

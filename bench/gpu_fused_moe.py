@@ -1,0 +1,106 @@
+"""The fused MoE kernel's row tiles, timed on an H200 at the shapes users serve (issue 24).
+
+For each MoE shape and token count, every candidate `MoeTile` runs `fused_experts` (both grouped
+GEMMs, the alignment and the final sum) under uniform random routing, replayed from a CUDA graph
+as a step runs it, over several copies of the experts so no call finds them in L2. Reported per
+case: µs per call for every tile, the shipped choice (`tile_for`) and the fastest, and what the
+call moved or computed: the bytes of the experts it hit over the time (decode is memory-bound)
+and its TFLOP/s (prefill is compute-bound). The shipped tile's error against `reference_experts`
+is checked once per case.
+
+    python3 bench/gpu_fused_moe.py OUT_JSON [--shapes qwen3-30b-a3b,mixtral,olmoe]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.gpu_skinny_matmul import graph_us  # noqa: E402
+from shard_server.kernels.fused_moe import MoeTile, fused_experts, tile_for  # noqa: E402
+from shard_server.models.moe import reference_experts  # noqa: E402
+
+# (experts, hidden, intermediate, top_k) of one layer, as the Hub configs give them.
+SHAPES = {
+    "qwen3-30b-a3b": (128, 2048, 768, 8),
+    "olmoe": (64, 2048, 1024, 8),
+    "mixtral": (8, 4096, 14336, 2),
+}
+TOKENS = (1, 4, 16, 64, 256, 1024, 4096)
+CANDIDATES = [MoeTile(m, n, k, g, w, s) for m, n, k, g, w, s in [
+    (16, 32, 128, 1, 4, 4), (16, 64, 128, 1, 4, 4), (16, 64, 256, 1, 4, 3), (16, 128, 128, 1, 4, 3),
+    (16, 64, 128, 1, 4, 5), (32, 64, 128, 4, 4, 3), (32, 128, 64, 8, 4, 4), (64, 64, 64, 8, 4, 4),
+    (64, 128, 64, 8, 4, 4), (64, 128, 64, 8, 8, 3), (128, 128, 64, 8, 8, 3), (128, 256, 64, 8, 8, 3),
+    (64, 256, 64, 8, 8, 3)]]  # fmt: skip
+COPIES = 4
+
+
+def hit_bytes(topk_ids: torch.Tensor, hidden: int, inter: int, element: int) -> int:
+    """The expert weights a call must read: each expert hit at least once, gate_up and down."""
+    return int(topk_ids.unique().numel()) * 3 * hidden * inter * element
+
+
+def case(shape: tuple[int, int, int, int], tokens: int, generator: torch.Generator) -> dict:
+    experts, hidden, inter, top_k = shape
+    dtype, device = torch.bfloat16, "cuda"
+    copies = [(torch.randn(experts, 2 * inter, hidden, dtype=dtype, device=device, generator=generator) * 0.02,
+               torch.randn(experts, hidden, inter, dtype=dtype, device=device, generator=generator) * 0.02)
+              for _ in range(COPIES)]  # fmt: skip
+    x = torch.randn(tokens, hidden, dtype=dtype, device=device, generator=generator)
+    logits = torch.randn(tokens, experts, device=device, generator=generator)
+    topk_weights, topk_ids = torch.softmax(logits, -1).topk(top_k, dim=-1)
+    shipped = tile_for(tokens * top_k, experts)
+    w13, w2 = copies[0]
+    got = fused_experts(x, w13, w2, topk_weights, topk_ids, shipped).float()
+    want = reference_experts(x, w13, w2, topk_weights, topk_ids).float()
+    rel_err = float((got - want).norm() / want.norm().clamp_min(1e-12))
+    tiles = {}
+    for tile in dict.fromkeys([shipped, *CANDIDATES]):
+        try:
+            us = graph_us(lambda w, t=tile: fused_experts(x, w[0], w[1], topk_weights, topk_ids, t), copies)
+        except Exception as exc:  # a tile the compiler refuses (shared memory) is reported, not fatal
+            tiles[str(tile)] = {"error": f"{type(exc).__name__}: {str(exc)[:120]}"}
+            continue
+        tiles[str(tile)] = {"us": us}
+    timed = {k: v for k, v in tiles.items() if "us" in v}
+    best = min(timed, key=lambda k: timed[k]["us"])
+    moved = hit_bytes(topk_ids, hidden, inter, 2)
+    flops = 2 * tokens * top_k * 3 * hidden * inter
+
+    def figures(us: float) -> dict:
+        return {"us": us, "tb_s": moved / us / 1e6, "tflop_s": flops / us / 1e6}
+
+    del copies
+    torch.cuda.empty_cache()
+    return {"tokens": tokens, "rel_err_shipped": rel_err, "hit_bytes": moved,
+            "shipped": {"tile": str(shipped), **figures(tiles[str(shipped)]["us"])},
+            "best": {"tile": best, **figures(timed[best]["us"])},
+            "shipped_over_best": tiles[str(shipped)]["us"] / timed[best]["us"], "tiles": tiles}  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--shapes", default=",".join(SHAPES))
+    parser.add_argument("--tokens", default=",".join(map(str, TOKENS)))
+    args = parser.parse_args()
+    generator = torch.Generator("cuda").manual_seed(0)
+    results: dict = {"device": torch.cuda.get_device_name(), "copies": COPIES}
+    for name in args.shapes.split(","):
+        for tokens in map(int, args.tokens.split(",")):
+            r = case(SHAPES[name], tokens, generator)
+            results.setdefault(name, []).append(r)
+            print(f"{name} T={tokens}: shipped {r['shipped']['us']:.1f} us ({r['shipped']['tb_s']:.2f} TB/s, "
+                  f"{r['shipped']['tflop_s']:.0f} TFLOP/s), best {r['best']['us']:.1f} us {r['best']['tile']}, "
+                  f"err {r['rel_err_shipped']:.1e}", flush=True)  # fmt: skip
+            args.out.write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
