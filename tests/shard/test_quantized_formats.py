@@ -54,6 +54,8 @@ FORMATS = {
     "fp8-block128": block_fp8_config((128, 128)),
     "fp8-block-ct": block_fp8_ct_config((128, 128)),
 }
+# The kernel cases: compiled on a GPU host (where Triton's interpreter is off), interpreted on CPU.
+KERNEL_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 WEIGHT_ONLY = [name for name in FORMATS if name != "w8a8-int8"]
 QUANTIZE = {"pack-quantized": "compressed-tensors", "int-quantized": "compressed-tensors", "float-quantized": "fp8",
             None: "fp8"}  # fmt: skip
@@ -387,8 +389,9 @@ def test_the_int8_product_is_exact_where_float32_is_not(device, rows):
 @pytest.mark.parametrize("rows", [1, 5, 16])
 @pytest.mark.parametrize(("row_start", "col_start"), [(0, 0), (40, 70)])  # a rank's slice off the blocks
 def test_the_block_fp8_kernel_equals_the_dequantized_product(rows, row_start, col_start):
-    """Few rows through `block_fp8_rows` (interpreted on CPU) against x @ dequantize().T, for a
-    slice whose rows and columns start mid-block: per block, partial sums times each row's scale."""
+    """Few rows through `block_fp8_rows` (compiled on a GPU host, interpreted on CPU) against
+    x @ dequantize().T, for a slice whose rows and columns start mid-block: per block, partial
+    sums times each row's scale."""
     pytest.importorskip("triton")
     from shard_server.kernels.block_fp8_matmul import block_fp8_rows
     from shard_server.kernels.dispatch import fused_kernels
@@ -397,13 +400,13 @@ def test_the_block_fp8_kernel_equals_the_dequantized_product(rows, row_start, co
 
     gen = torch.Generator().manual_seed(rows + row_start)
     out, depth, (bn, bk) = 72, 300, (32, 128)
-    weight = BlockFp8Weight(BlockFp8Scheme(block=(bn, bk)), (out, depth), torch.float16, "cpu")
+    weight = BlockFp8Weight(BlockFp8Scheme(block=(bn, bk)), (out, depth), torch.float16, KERNEL_DEVICE)
     weight.weight.copy_((torch.randn(out, depth, generator=gen) * 100).clamp(-448, 448).to(torch.float8_e4m3fn))
     row_ids, col_ids = torch.arange(row_start, row_start + out), torch.arange(col_start, col_start + depth)
     low_r, low_c = row_start // bn, col_start // bk
     blocks = (-(-(row_start + out) // bn) - low_r, -(-(col_start + depth) // bk) - low_c)
     weight._set(torch.rand(blocks, generator=gen) + 0.01, row_ids // bn - low_r, col_ids // bk - low_c)
-    x = torch.randn(rows, depth, generator=gen).half()
+    x = torch.randn(rows, depth, generator=gen).half().to(KERNEL_DEVICE)
     want = x.float() @ weight.dequantize().t()
     with fused_kernels(True, on_cpu=True):
         got = weight.linear(x, None)
@@ -415,18 +418,19 @@ def test_the_block_fp8_kernel_equals_the_dequantized_product(rows, row_start, co
 
 @pytest.mark.parametrize("rows", [1, 16])
 def test_w8a16_decodes_stream_the_int8_weight_through_the_skinny_kernel(rows):
-    """Up to 16 rows of a W8A16 layer (interpreted on CPU) equal x @ dequantize().T; the int8
-    values widen exactly, each output feature's scale applies once at the end."""
+    """Up to 16 rows of a W8A16 layer (compiled on a GPU host, interpreted on CPU) equal
+    x @ dequantize().T; the int8 values widen exactly, each output feature's scale applies once
+    at the end."""
     pytest.importorskip("triton")
     from shard_server.kernels.dispatch import fused_kernels
     from shard_server.layers.quantized import Int8Weight
     from shard_server.models.quantization import Int8Scheme
 
     gen = torch.Generator().manual_seed(rows)
-    weight = Int8Weight(Int8Scheme(activations=False), (80, 300), torch.float16, "cpu")
+    weight = Int8Weight(Int8Scheme(activations=False), (80, 300), torch.float16, KERNEL_DEVICE)
     weight.weight.copy_(torch.randint(-128, 128, (80, 300), generator=gen, dtype=torch.int8))
     weight.scale.copy_(torch.rand(80, 1, generator=gen) / 100 + 1e-3)
-    x = torch.randn(rows, 300, generator=gen).half()
+    x = torch.randn(rows, 300, generator=gen).half().to(KERNEL_DEVICE)
     want = x.float() @ weight.dequantize().t()
     with fused_kernels(True, on_cpu=True):
         got = weight.linear(x, None)
