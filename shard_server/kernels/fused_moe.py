@@ -5,7 +5,9 @@ and `dense_experts` runs every expert on every token: one costs a host sync and 
 expert, the other experts/top_k times the work. Here every (token, k) pair is sorted by expert,
 each expert's group is padded to the GEMM's BLOCK_M rows, and one launch multiplies every row tile
 by its expert's weights. All shapes are fixed by (tokens, top_k, experts, BLOCK_M), so a CUDA
-graph captures it: no `.item()`, no bincount (CUDA's reads the max to the host).
+graph captures it: no `.item()`, no bincount (CUDA's reads the max to the host). A decode
+batch's sort is one program (`_align_kernel`, a counting sort): as torch ops it was about twenty
+launches, ~60 of the 83 us a Qwen3-30B-A3B layer took at one token on an H200.
 
 Numerics follow the reference: products in float32 rounded to the model dtype after gate_up,
 after SiLU, after the product and after down, as torch rounds them; weighted sums in float32,
@@ -23,6 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .dispatch import next_power_of_two, use_fused
 from .pdl import launch_args, wait_for_previous_kernel
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -44,14 +47,17 @@ class MoeTile:
 # smallest tensor-core tile (16: padding rows cost no memory traffic but waste the MMA) and deep
 # K steps keep many loads in flight. With more rows an expert the work turns compute-bound and
 # wider tiles reuse each loaded weight tile over more rows. Shapes, not models, pick a tile, so
-# any hidden / intermediate size gets one; the numbers follow the usual shape of tuned Hopper
-# tables for 64-128 experts (Qwen3-30B-A3B, OLMoE) and Mixtral's 8. Not yet timed on this tree:
-# correct on an H200 at the Qwen3-30B-A3B shape (tests/shard/test_fused_moe.py), speed unmeasured.
+# any hidden / intermediate size gets one. Timed on an H200 at the Qwen3-30B-A3B shape
+# (bench/gpu_fused_moe.py, bench/results/fused_moe_tiles_h200.json, 13 candidates): at 1, 16 and
+# 256 tokens the shipped tile was the fastest or within 0.1 %; at 4,096 tokens (256 rows an
+# expert) 128-row tiles took 1,040 us against 1,186 for 64-row ones, so they start past 192 rows
+# (below that a 128-row tile would mostly pad). Mixtral's 8 experts are not timed yet.
 TILES = (
     (4, MoeTile(block_m=16, block_n=64, block_k=128, group_m=1, num_warps=4, num_stages=4)),  # decode
     (24, MoeTile(block_m=32, block_n=64, block_k=128, group_m=4, num_warps=4, num_stages=3)),
     (96, MoeTile(block_m=64, block_n=64, block_k=64, group_m=8, num_warps=4, num_stages=4)),
-    (None, MoeTile(block_m=64, block_n=128, block_k=64, group_m=8, num_warps=8, num_stages=3)),  # prefill
+    (192, MoeTile(block_m=64, block_n=128, block_k=64, group_m=8, num_warps=8, num_stages=3)),
+    (None, MoeTile(block_m=128, block_n=128, block_k=64, group_m=8, num_warps=8, num_stages=3)),  # prefill
 )
 
 
@@ -97,6 +103,67 @@ def align_to_blocks(topk_ids: torch.Tensor, experts: int, block_m: int) -> tuple
     block_expert = torch.searchsorted(padded_end, starts, right=True).to(torch.int32)
     block_expert = torch.where(block_expert < experts, block_expert, -1)
     return sorted_pairs, block_expert
+
+
+# One program aligns up to this many pairs (decode batches: 256 tokens at top 8). Past it the
+# torch ops above, whose ~20 launches then cost little next to the GEMMs, spread the work over
+# the GPU; a single program's chunk loop would grow with the pairs.
+ALIGN_IN_ONE_PROGRAM_UP_TO = 2048
+ALIGN_CHUNK = 128  # pairs a step of the program's loops: [chunk, chunk] and [chunk, experts] compares
+
+
+def align_pairs(topk_ids: torch.Tensor, experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`align_to_blocks`' result, for a decode batch in one launch (`_align_kernel`) instead of
+    about twenty small torch ops, whose launches cost a decode step more than its GEMMs."""
+    flat = topk_ids.reshape(-1)
+    pairs = flat.numel()
+    if pairs > ALIGN_IN_ONE_PROGRAM_UP_TO or pairs == 0 or not use_fused(flat):
+        return align_to_blocks(topk_ids, experts, block_m)
+    blocks = triton.cdiv(pairs + min(experts, pairs) * (block_m - 1), block_m)
+    sorted_pairs = torch.empty(blocks * block_m, dtype=torch.int32, device=flat.device)
+    block_expert = torch.empty(blocks, dtype=torch.int32, device=flat.device)
+    next_slot = torch.empty(experts, dtype=torch.int32, device=flat.device)  # the kernel's scratch
+    _align_kernel[(1,)](flat, sorted_pairs, block_expert, next_slot, pairs, experts, blocks, BLOCK_M=block_m,
+                        EXPERTS_POW2=next_power_of_two(experts), CHUNK=ALIGN_CHUNK, num_warps=4)  # fmt: skip
+    return sorted_pairs, block_expert
+
+
+@triton.jit
+def _align_kernel(ids_ptr, sorted_ptr, block_expert_ptr, next_slot_ptr, PAIRS, EXPERTS, BLOCKS,
+                  BLOCK_M: tl.constexpr, EXPERTS_POW2: tl.constexpr, CHUNK: tl.constexpr):  # fmt: skip
+    # A counting sort in one program: count each expert's pairs, lay the padded groups out, then
+    # place every pair at its group's next free slot, chunk by chunk in pair order (so a group
+    # keeps pair order, as the stable argsort of `align_to_blocks` does).
+    experts = tl.arange(0, EXPERTS_POW2)
+    expert_ok = experts < EXPERTS
+    counts = tl.zeros((EXPERTS_POW2,), tl.int32)
+    for p0 in range(0, PAIRS, CHUNK):
+        pair = p0 + tl.arange(0, CHUNK)
+        ids = tl.load(ids_ptr + pair, mask=pair < PAIRS, other=-1).to(tl.int32)
+        counts += tl.sum((ids[:, None] == experts[None, :]).to(tl.int32), axis=0)
+    padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    ends = tl.cumsum(padded, axis=0)
+    next_slot = ends - padded
+    for s0 in range(0, BLOCKS * BLOCK_M, CHUNK):  # padding rows hold PAIRS, one past the last pair
+        slot = s0 + tl.arange(0, CHUNK)
+        tl.store(sorted_ptr + slot, tl.zeros((CHUNK,), tl.int32) + PAIRS, mask=slot < BLOCKS * BLOCK_M)
+    for b0 in range(0, BLOCKS, CHUNK):  # a block's expert: the group holding its first row
+        block = b0 + tl.arange(0, CHUNK)
+        ended = (ends[None, :] <= (block * BLOCK_M)[:, None]) & expert_ok[None, :]
+        owner = tl.sum(ended.to(tl.int32), axis=1)
+        tl.store(block_expert_ptr + block, tl.where(owner < EXPERTS, owner, -1), mask=block < BLOCKS)
+    earlier = tl.arange(0, CHUNK)[None, :] < tl.arange(0, CHUNK)[:, None]
+    for p0 in range(0, PAIRS, CHUNK):
+        pair = p0 + tl.arange(0, CHUNK)
+        pair_ok = pair < PAIRS
+        ids = tl.load(ids_ptr + pair, mask=pair_ok, other=-1).to(tl.int32)
+        tl.store(next_slot_ptr + experts, next_slot, mask=expert_ok)
+        tl.debug_barrier()  # every thread sees the slots before gathering them by expert
+        base = tl.load(next_slot_ptr + ids, mask=pair_ok, other=0)
+        rank = tl.sum(((ids[:, None] == ids[None, :]) & earlier).to(tl.int32), axis=1)  # same expert, earlier
+        tl.store(sorted_ptr + base + rank, pair, mask=pair_ok)
+        next_slot += tl.sum((ids[:, None] == experts[None, :]).to(tl.int32), axis=0)
+        tl.debug_barrier()  # the gathers are done before the next chunk's slots overwrite them
 
 
 @triton.jit
@@ -189,7 +256,7 @@ def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_wei
     if x.stride(1) != 1:
         x = x.contiguous()
     tile = tile or tile_for(pairs, experts)
-    sorted_pairs, block_expert = align_to_blocks(topk_ids, experts, tile.block_m)
+    sorted_pairs, block_expert = align_pairs(topk_ids, experts, tile.block_m)
     weights = topk_weights.reshape(-1).float().contiguous()
     act = torch.empty(pairs, inter, dtype=x.dtype, device=x.device)
     w13_scale, w2_scale = (scales.w13, scales.w2) if scales is not None else (None, None)

@@ -19,9 +19,11 @@ pytest.importorskip("triton")
 from shard_server.distributed import ParallelContext  # noqa: E402
 from shard_server.kernels.dispatch import fused_kernels  # noqa: E402
 from shard_server.kernels.fp8_matmul import quantize_rows_reference  # noqa: E402
+from shard_server.kernels import fused_moe  # noqa: E402
 from shard_server.kernels.fused_moe import (  # noqa: E402
     TILES,
     ExpertScales,
+    align_pairs,
     MoeTile,
     align_to_blocks,
     fused_experts,
@@ -89,6 +91,32 @@ def check_alignment(topk_ids, experts, block_m):
 def test_alignment_groups_every_pair_once_in_aligned_blocks(tokens, experts, top_k, skew, block_m):
     _, _, _, _, ids = make_case(tokens, experts, top_k, 4, 4, skew=skew, seed=tokens + experts)
     check_alignment(ids, experts, block_m)
+
+
+@pytest.mark.parametrize("tokens, experts, top_k, skew, block_m", [
+    (1, 4, 1, 0.0, 16), (1, 128, 8, 0.0, 16), (7, 8, 2, 0.0, 4), (13, 16, 4, 8.0, 16), (9, 6, 2, 20.0, 1),
+    (40, 60, 4, 0.0, 16),   # 60 experts (Qwen2-MoE): not a power of two
+    (256, 128, 8, 0.0, 16),  # 2,048 pairs: sixteen chunks, the most one program takes
+    (300, 8, 2, 5.0, 64),   # several chunks, skewed, wide row tiles
+])  # fmt: skip
+def test_the_one_program_alignment_equals_the_torch_ops(tokens, experts, top_k, skew, block_m):
+    _, _, _, _, ids = make_case(tokens, experts, top_k, 4, 4, skew=skew, seed=tokens + experts)
+    want = align_to_blocks(ids, experts, block_m)
+    with fused_kernels(True, on_cpu=True):
+        got = align_pairs(ids, experts, block_m)
+    assert got[0].dtype == got[1].dtype == torch.int32
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+def test_alignment_past_one_programs_share_takes_the_torch_ops(monkeypatch):
+    _, _, _, _, ids = make_case(6, 8, 2, 4, 4, seed=5)
+    calls = []
+    monkeypatch.setattr(fused_moe, "ALIGN_IN_ONE_PROGRAM_UP_TO", 11)
+    monkeypatch.setattr(fused_moe, "align_to_blocks", lambda *args: calls.append(args) or "torch")
+    with fused_kernels(True, on_cpu=True):
+        assert fused_moe.align_pairs(ids, 8, 16) == "torch" and len(calls) == 1
+        monkeypatch.setattr(fused_moe, "ALIGN_IN_ONE_PROGRAM_UP_TO", 12)
+        assert fused_moe.align_pairs(ids, 8, 16) != "torch"
 
 
 def test_alignment_with_every_pair_on_one_expert():
@@ -171,6 +199,7 @@ def test_tile_table_covers_every_shape():
     assert tile_for(1 * 8, 128) == TILES[0][1]  # decode
     assert tile_for(256 * 8, 128).block_m == 32
     assert tile_for(8192 * 8, 128) == TILES[-1][1]  # prefill
+    assert tile_for(4096 * 8, 128).block_m == 128 and tile_for(2048 * 8, 128).block_m == 64  # 256 / 128 rows an expert
     assert tile_for(10**9, 1) == TILES[-1][1] and tile_for(1, 10**6) == TILES[0][1]
     for _, tile in TILES:
         assert min(tile.block_m, tile.block_n, tile.block_k) >= 16  # tensor-core tiles
