@@ -52,6 +52,11 @@ class W4A16Tile:
     num_warps: int
     num_stages: int
     split_k: int = 1  # at most this many K ranges a program each, only as many as fill the GPU
+    # How a tile's words become values: False, load each word once and split it by a reshape of
+    # [words, pack, N] (the layout change may go through shared memory); True, each row loads
+    # the word holding it (the pack rows sharing a word hit L1, not HBM) and shifts its value
+    # out: no reshape. Which is faster is for bench/gpu_w4a16.py to tell.
+    unpack_by_row: bool = False
 
 
 # (most rows, tile), first match wins. Untuned defaults (see the module docstring): decode tiles
@@ -111,7 +116,7 @@ def _tile_in_one_group(tile: W4A16Tile, depth: int, group_rows: int | None) -> b
 def _w4a16_kernel(x_ptr, qweight_ptr, zeros_ptr, scales_ptr, g_idx_ptr, out_ptr, M, N, K, group_rows, x_stride,
                   out_stride, split_stride, BITS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, TILE_GROUP: tl.constexpr, IEEE: tl.constexpr,
-                  PDL: tl.constexpr):  # fmt: skip
+                  UNPACK_BY_ROW: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
     # Row tiles are the grid's first axis: programs reading one weight slice run together and
     # all but the first find its words in L2. With SPLIT_K > 1 program (.., .., s) reduces the
     # s-th range of K and writes its float32 partial at s * split_stride into out_ptr.
@@ -135,12 +140,17 @@ def _w4a16_kernel(x_ptr, qweight_ptr, zeros_ptr, scales_ptr, g_idx_ptr, out_ptr,
         ks = k0 + tl.arange(0, BLOCK_K)
         k_ok = ks < k_hi
         x = tl.load(x_rows + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-        words = k0 // PACK + tl.arange(0, WORDS)  # K is a multiple of PACK, so k_hi // PACK ends the words
-        packed = tl.load(qweight_ptr + words[:, None] * N + cols[None, :],
-                         mask=(words < k_hi // PACK)[:, None] & col_ok[None, :], other=0)  # fmt: skip
-        # [WORDS, PACK, BLOCK_N] -> [BLOCK_K, BLOCK_N]: row w*PACK + i is value i of word w (GPTQ's order).
-        # The arithmetic shift of a negative word smears its sign into the high bits; the mask drops them.
-        q = tl.reshape((packed[:, None, :] >> shifts[None, :, None]) & ((1 << BITS) - 1), (BLOCK_K, BLOCK_N))
+        # Row k is value k % PACK of word k // PACK (GPTQ's order). The arithmetic shift of a
+        # negative word smears its sign into the high bits; the mask drops them.
+        if UNPACK_BY_ROW:
+            packed = tl.load(qweight_ptr + (ks // PACK)[:, None] * N + cols[None, :],
+                             mask=k_ok[:, None] & col_ok[None, :], other=0)  # fmt: skip
+            q = (packed >> ((ks % PACK) * BITS)[:, None]) & ((1 << BITS) - 1)
+        else:
+            words = k0 // PACK + tl.arange(0, WORDS)  # K is a multiple of PACK, so k_hi // PACK ends the words
+            packed = tl.load(qweight_ptr + words[:, None] * N + cols[None, :],
+                             mask=(words < k_hi // PACK)[:, None] & col_ok[None, :], other=0)  # fmt: skip
+            q = tl.reshape((packed[:, None, :] >> shifts[None, :, None]) & ((1 << BITS) - 1), (BLOCK_K, BLOCK_N))
         if TILE_GROUP:  # the whole tile in one group: one zero and scale per column
             group = k0 // group_rows
             zero = tl.load(zeros_ptr + group * N + cols, mask=col_ok, other=0).to(tl.int32)[None, :]
@@ -215,7 +225,7 @@ def w4a16_matmul(x: torch.Tensor, qweight: torch.Tensor, zeros: torch.Tensor, sc
     _w4a16_kernel[grid](
         x, qweight, zeros, scales, g_idx, target, rows, features, depth, max(step, 1), x.stride(0), features,
         rows * features, BITS=bits, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k,
-        SPLIT_K=splits, TILE_GROUP=one_group, IEEE=x.dtype == torch.float32,
+        SPLIT_K=splits, TILE_GROUP=one_group, IEEE=x.dtype == torch.float32, UNPACK_BY_ROW=tile.unpack_by_row,
         num_warps=tile.num_warps, num_stages=tile.num_stages, **launch_args(x),
     )  # fmt: skip
     if splits > 1:

@@ -174,7 +174,7 @@ def test_mixed_weights_stay_on_the_torch_path(monkeypatch):
     assert not fused_moe_applies(x.half(), w13, w2)
     calls = []
     monkeypatch.setattr(moe_module, "reference_experts", lambda *args: calls.append(args) or "reference")
-    monkeypatch.setattr(moe_module, "fused_experts", lambda *args, **kw: pytest.fail("mixed weights reached the kernel"))
+    monkeypatch.setattr(moe_module, "fused_experts", lambda *a, **kw: pytest.fail("mixed weights reached the kernel"))
     with fused_kernels(True, on_cpu=True):
         assert experts_forward(x, q13, w2, weights, ids) == "reference"
     assert len(calls) == 1

@@ -170,15 +170,16 @@ def test_float32_activations_get_exact_products(rows):
 SMALL = W4A16Tile(block_m=16, block_n=16, block_k=32, num_warps=4, num_stages=2)
 
 
+@pytest.mark.parametrize("unpack_by_row", [False, True], ids=["reshape", "by-row"])
 @pytest.mark.parametrize("split_k", [1, 3])
 @pytest.mark.parametrize("layout", ["4bit-g32", "4bit-channel", "4bit-g64-actorder", "8bit-g128"])
-def test_small_tiles_cover_masked_edges_many_tiles_and_split_k(layout, split_k):
+def test_small_tiles_cover_masked_edges_many_tiles_and_split_k(layout, split_k, unpack_by_row):
     """16x16x32 tiles over 17 rows x 37 columns x 200 inputs: row, column and K tails masked,
-    several programs per axis, K split in 3 ranges (the last one shorter)."""
+    several programs per axis, K split in 3 ranges (the last one shorter); either unpacking."""
     bits, group_size, act_order, sym = LAYOUTS[layout]
     weight = make_weight(bits, group_size, act_order, sym)
     x = activations(17, 200, torch.float16)
-    tile = W4A16Tile(**{**SMALL.__dict__, "split_k": split_k})
+    tile = W4A16Tile(**{**SMALL.__dict__, "split_k": split_k, "unpack_by_row": unpack_by_row})
     assert_matches(kernel(weight, x, tile), reference(weight, x), torch.float16, layout)
 
 
@@ -380,15 +381,19 @@ def test_a_tiny_int4_model_gives_the_reference_paths_greedy_tokens(checkpoints, 
 
 COMPILE_CASES = {  # name: (constexprs, pointer types)
     "w4a16_decode_split_pdl": (dict(BITS=4, BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, SPLIT_K=4, TILE_GROUP=True,
-                                    IEEE=False, PDL=True), {"out_ptr": "*fp32"}),  # fmt: skip
+                                    IEEE=False, UNPACK_BY_ROW=False, PDL=True), {"out_ptr": "*fp32"}),  # fmt: skip
     "w4a16_prefill_gathered": (dict(BITS=4, BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, SPLIT_K=1, TILE_GROUP=False,
-                                    IEEE=False, PDL=False), {}),  # fmt: skip
+                                    IEEE=False, UNPACK_BY_ROW=False, PDL=False), {}),  # fmt: skip
     "w4a16_prefill_tile_group": (dict(BITS=4, BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, SPLIT_K=1, TILE_GROUP=True,
-                                      IEEE=False, PDL=False), {}),  # fmt: skip
+                                      IEEE=False, UNPACK_BY_ROW=False, PDL=False), {}),  # fmt: skip
+    "w4a16_decode_by_row": (dict(BITS=4, BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, SPLIT_K=4, TILE_GROUP=True,
+                                 IEEE=False, UNPACK_BY_ROW=True, PDL=False), {"out_ptr": "*fp32"}),  # fmt: skip
     "w4a16_float32_ieee": (dict(BITS=4, BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, SPLIT_K=1, TILE_GROUP=True,
-                                IEEE=True, PDL=False), {"x_ptr": "*fp32", "out_ptr": "*fp32"}),  # fmt: skip
+                                IEEE=True, UNPACK_BY_ROW=False, PDL=False),
+                           {"x_ptr": "*fp32", "out_ptr": "*fp32"}),  # fmt: skip
     "w8a16_fp16_gathered": (dict(BITS=8, BLOCK_M=32, BLOCK_N=64, BLOCK_K=128, SPLIT_K=1, TILE_GROUP=False,
-                                 IEEE=False, PDL=False), {"x_ptr": "*fp16", "out_ptr": "*fp16"}),  # fmt: skip
+                                 IEEE=False, UNPACK_BY_ROW=True, PDL=False),
+                            {"x_ptr": "*fp16", "out_ptr": "*fp16"}),  # fmt: skip
 }
 
 
