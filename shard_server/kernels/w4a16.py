@@ -21,9 +21,13 @@ activations' columns instead); it is not done yet.
 Decode rows (1-32) would leave most SMs idle with one program per output tile, so the reduction
 is split over K (`split_k`), float32 partials summed by the skinny matmul's reduction kernel.
 
-Tiles come from `TILES`, keyed by rows. They are sensible defaults, NOT TUNED: nothing here was
-timed on a GPU. A benchmark over the 8B/70B projection shapes should replace the entries (the
-table is the only place they live) and may add per-shape rows the way `fp8_matmul.py` does.
+From `DEQUANTIZE_FROM_ROWS` rows (big decode batches, prefill) the product is compute-bound, and
+the weight is instead dequantized in one pass to the rows' dtype for cuBLAS to multiply.
+
+Tiles come from `TILES`, keyed by rows. They are sensible defaults, NOT TUNED: on an H200 the
+served 8B GPTQ model decoded slower than bf16 with them (bench/results/gpu_vs_vllm_h200_gptq.md).
+bench/gpu_w4a16.py times candidates over the 8B/70B projection shapes; its results should
+replace the entries (the table is the only place they live), per shape where that pays.
 """
 
 from __future__ import annotations
@@ -69,6 +73,16 @@ TILES = (
     (256, W4A16Tile(block_m=64, block_n=128, block_k=64, num_warps=4, num_stages=3)),
     (None, W4A16Tile(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=3)),
 )
+
+# From this many rows a product dequantizes the packed weight to the rows' dtype in one pass
+# (`dequantize_packed`) and lets cuBLAS multiply it. The step is then compute-bound, and on an
+# H200 the kernel's tiles ran at about half of cuBLAS's rate there (8B GPTQ, router step records
+# in bench/results/gpu_vs_vllm_h200_gptq.md, ms a step against bf16's: 140 rows 21.5 vs 9.0,
+# 395 rows 33.9 vs 17.4, a 3,750-token prefill 195 vs 105). The pass reads 4 bits and writes 16
+# per weight, ~19 GB a step for the 8B model (estimated 5-9 ms, not yet timed): a win from
+# about 64 rows on those numbers, so 128 leaves a margin. bench/gpu_w4a16.py times both.
+DEQUANTIZE_FROM_ROWS = 128
+DEQUANTIZE_TILE = (64, 128)  # [K rows, N columns] of the weight a program writes
 
 _SWITCH = {"enabled": True, "on_cpu": False}
 
@@ -170,6 +184,36 @@ def _w4a16_kernel(x_ptr, qweight_ptr, zeros_ptr, scales_ptr, g_idx_ptr, out_ptr,
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
 
 
+@triton.jit
+def _dequantize_kernel(qweight_ptr, zeros_ptr, scales_ptr, g_idx_ptr, out_ptr, N, K, BITS: tl.constexpr,
+                       BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
+    # out [K, N] = (q - zero) * scale in float32, rounded once to out's dtype: the weight the
+    # reference `PackedWeight.dequantize` builds, transposed. Row k is value k % PACK of word k // PACK.
+    PACK: tl.constexpr = 32 // BITS
+    ks = tl.program_id(0) * BLOCK_K + tl.arange(0, BLOCK_K)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    ok = (ks < K)[:, None] & (cols < N)[None, :]
+    packed = tl.load(qweight_ptr + (ks // PACK).to(tl.int64)[:, None] * N + cols[None, :], mask=ok, other=0)
+    q = (packed >> ((ks % PACK) * BITS)[:, None]) & ((1 << BITS) - 1)
+    at = tl.load(g_idx_ptr + ks, mask=ks < K, other=0).to(tl.int64)[:, None] * N + cols[None, :]
+    zero = tl.load(zeros_ptr + at, mask=ok, other=0).to(tl.int32)
+    scale = tl.load(scales_ptr + at, mask=ok, other=0.0).to(tl.float32)
+    w = (q - zero).to(tl.float32) * scale
+    tl.store(out_ptr + ks.to(tl.int64)[:, None] * N + cols[None, :], w.to(out_ptr.dtype.element_ty), mask=ok)
+
+
+def dequantize_packed(qweight: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor, g_idx: torch.Tensor,
+                      bits: int, dtype: torch.dtype) -> torch.Tensor:  # fmt: skip
+    """The packed weight as a [K, N] tensor of `dtype` (K = the inputs), in one launch."""
+    depth, features = qweight.shape[0] * (32 // bits), qweight.shape[1]
+    out = torch.empty((depth, features), dtype=dtype, device=qweight.device)
+    block_k, block_n = DEQUANTIZE_TILE
+    grid = (triton.cdiv(depth, block_k), triton.cdiv(features, block_n))
+    _dequantize_kernel[grid](qweight, zeros, scales, g_idx, out, features, depth, BITS=bits, BLOCK_K=block_k,
+                             BLOCK_N=block_n, num_warps=4)  # fmt: skip
+    return out
+
+
 def check_operands(x: torch.Tensor, qweight: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor,
                    g_idx: torch.Tensor, bits: int) -> None:  # fmt: skip
     """Raises ValueError naming what does not fit the packed layout; the kernel would read out of bounds."""
@@ -204,8 +248,11 @@ def w4a16_matmul(x: torch.Tensor, qweight: torch.Tensor, zeros: torch.Tensor, sc
                  tile: W4A16Tile | None = None) -> torch.Tensor:  # fmt: skip
     """x [M, K] @ the packed weight [K, N] -> [M, N] in x's dtype. `group_rows`: rows per group when
     the groups are contiguous from row 0 (g_idx[k] == k // group_rows), else None. `tile`: a
-    fixed tile (tests), else `TILES`' for M rows; a given tile's split_k is used as it is."""
+    fixed tile (tests), else `TILES`' for M rows, or from `DEQUANTIZE_FROM_ROWS` rows the
+    dequantized weight through cuBLAS; a given tile's split_k is used as it is."""
     check_operands(x, qweight, zeros, scales, g_idx, bits)
+    if tile is None and x.shape[0] >= DEQUANTIZE_FROM_ROWS:
+        return x @ dequantize_packed(qweight, zeros, scales, g_idx, bits, x.dtype)
     if x.stride(1) != 1:
         x = x.contiguous()
     rows, depth = x.shape

@@ -34,6 +34,8 @@ from shard_server.distributed import ParallelContext  # noqa: E402
 from shard_server.kernels.dispatch import fused_kernels  # noqa: E402
 from shard_server.kernels import w4a16 as w4a16_module  # noqa: E402
 from shard_server.kernels.w4a16 import (  # noqa: E402
+    DEQUANTIZE_FROM_ROWS,
+    dequantize_packed,
     FILL_PROGRAMS,
     TILES,
     W4A16Tile,
@@ -148,6 +150,35 @@ def test_kernel_matches_the_reference_product(layout, rows, dtype):
     assert (weight.group_rows is None) == act_order  # act-order is read through g_idx
     x = activations(rows, 200, dtype)
     assert_matches(kernel(weight, x), reference(weight, x), dtype, layout)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=["fp16", "bf16", "fp32"])
+@pytest.mark.parametrize("layout", ["4bit-g32", "4bit-channel", "4bit-g64-actorder", "8bit-g32-actorder"])
+def test_the_dequantize_pass_builds_the_reference_weight(layout, dtype):
+    bits, group_size, act_order, sym = LAYOUTS[layout]
+    weight = make_weight(bits, group_size, act_order, sym, depth=256, features=150)  # masked tile edges
+    with fused_kernels(True, on_cpu=True):
+        got = dequantize_packed(weight.qweight, weight.zeros, weight.scales, weight.g_idx, bits, dtype)
+    want = weight.dequantize(dtype).t()
+    if dtype == torch.bfloat16 and not CUDA:  # the interpreter truncates float32 to bf16; GPUs round
+        wide = weight.dequantize(torch.float32).t().contiguous()
+        want = (wide.view(torch.int32) & ~0xFFFF).view(torch.float32).to(dtype)
+    assert got.shape == (256, 150) and torch.equal(got, want)
+
+
+def test_many_rows_multiply_the_dequantized_weight(monkeypatch):
+    """From DEQUANTIZE_FROM_ROWS rows a product dequantizes once and multiplies (cuBLAS on a GPU);
+    one row fewer takes the kernel's tiles."""
+    weight = make_weight(4, 64, act_order=True)
+    passes = []
+    real = w4a16_module.dequantize_packed
+    monkeypatch.setattr(w4a16_module, "dequantize_packed", lambda *args: passes.append(args) or real(*args))
+    x = activations(DEQUANTIZE_FROM_ROWS, 200, torch.float16)
+    assert_matches(kernel(weight, x), reference(weight, x), torch.float16)
+    assert len(passes) == 1
+    fewer = x[: DEQUANTIZE_FROM_ROWS - 1]
+    assert_matches(kernel(weight, fewer), reference(weight, fewer), torch.float16)
+    assert len(passes) == 1
 
 
 def test_act_order_groups_matter_to_the_product():
@@ -410,6 +441,9 @@ def _compile_all() -> None:
         compiled, _ = compile_module.compile_for_hopper(name, aligned=True)
         if not constants["IEEE"]:  # exact float32 dots are FMAs; half tiles must reach the tensor cores
             assert "mma" in compiled.asm["ptx"], f"{name}: no tensor-core instruction in the PTX"
+    compile_module.CASES["w4a16_dequantize"] = ("shard_server.kernels.w4a16", "_dequantize_kernel",
+                                                dict(BITS=4, BLOCK_K=64, BLOCK_N=128), {**common, "out_ptr": "*bf16"})
+    compile_module.compile_case("w4a16_dequantize")
 
 
 def test_the_kernel_compiles_for_hopper():
