@@ -32,6 +32,7 @@ from ..distributed import ParallelContext
 from ..kernels.dispatch import use_fused
 from ..kernels.fp8_matmul import FP8
 from ..kernels.fused_moe import ExpertScales, fused_experts, fused_moe_applies
+from ..kernels.moe_routing import fused_route, routes_in_one_launch
 from ..layers.linear import weight_rows
 from ..layers.norm import RMSNorm
 from ..weights import WeightStore
@@ -43,7 +44,14 @@ from .sharding import ShardingError
 
 
 def route(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Softmax over all experts in float32, then the top k: (weights float32 [T, k], ids int64 [T, k])."""
+    """Softmax over all experts in float32, then the top k: (weights float32 [T, k], ids int64 [T, k]).
+    One Triton launch where fused kernels apply (`kernels/moe_routing.py`), else `reference_route`."""
+    if use_fused(router_logits) and routes_in_one_launch(router_logits, top_k):
+        return fused_route(router_logits, top_k, renormalize)
+    return reference_route(router_logits, top_k, renormalize)
+
+
+def reference_route(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
     probs = torch.softmax(router_logits.float(), dim=-1)
     weights, ids = torch.topk(probs, top_k, dim=-1)
     if renormalize:

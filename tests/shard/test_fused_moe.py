@@ -280,3 +280,26 @@ def test_gpu_fp8_experts_at_a_qwen3_30b_shape(tokens):
     got = experts_forward(x, q13, q2, weights, ids, scales)
     assert want.abs().max() > 0.3
     torch.testing.assert_close(got.float(), want.float(), atol=3e-2, rtol=3e-2)
+
+
+@pytest.mark.parametrize("tokens, experts, top_k, renormalize, dtype", [
+    (1, 128, 8, True, torch.bfloat16), (5, 60, 4, False, torch.bfloat16), (3, 8, 2, True, torch.float16),
+    (4, 6, 6, False, torch.bfloat16), (0, 8, 2, True, torch.bfloat16),
+    (2, 1024, 8, True, torch.float32),  # bf16 would hold ties among 1,024 logits, which torch orders its own way
+])  # fmt: skip
+def test_routing_in_one_launch_equals_the_torch_ops(tokens, experts, top_k, renormalize, dtype):
+    logits = (torch.randn(tokens, experts, generator=torch.Generator().manual_seed(experts)) * 3).to(DEVICE, dtype)
+    want = moe_module.reference_route(logits, top_k, renormalize)
+    with fused_kernels(True, on_cpu=True):
+        got = route(logits, top_k, renormalize)
+    assert got[1].dtype == torch.int64 and got[0].dtype == torch.float32 and got[0].shape == (tokens, top_k)
+    assert torch.equal(got[1], want[1]), "the same experts, in the same order"
+    torch.testing.assert_close(got[0], want[0], atol=1e-6, rtol=1e-5)
+
+
+def test_a_tie_goes_to_the_earliest_expert():
+    logits = torch.tensor([[0.0, 2.0, 1.0, 2.0, 2.0]], device=DEVICE)
+    with fused_kernels(True, on_cpu=True):
+        weights, ids = route(logits, 3, renormalize=True)
+    assert ids.tolist() == [[1, 3, 4]]
+    torch.testing.assert_close(weights, torch.full((1, 3), 1 / 3, device=DEVICE))

@@ -30,6 +30,8 @@ FP8_WEIGHT = {"w_ptr": "*fp8e4nv", "w_scale_ptr": "*fp32"}
 NORM = dict(N=4096, BLOCK=4096, HAS_RESIDUAL=True, FP8_MAX=448.0, TINY=1e-12)
 
 # name: (module, kernel, constexprs, pointer types other than bf16)
+MOE_POINTERS = {"w_scale_ptr": "*fp32", "topk_weights_ptr": "*fp32", "sorted_pairs_ptr": "*i32",
+                "block_expert_ptr": "*i32"}
 CASES = {
     "store_kv": ("shard_server.attention.triton_kernels", "store_kv_kernel",
                  dict(WIDTH=1024, WIDTH_P=1024, KV_MAX=0.0), METADATA),  # fmt: skip
@@ -132,6 +134,19 @@ CASES = {
     "rotary_partial": ("shard_server.kernels.rotary", "_rotary_kernel",
                        dict(Q_HEADS=24, Q_HEADS_P=32, K_HEADS=8, K_HEADS_P=8, HALF=48, HALF_P=64),
                        {"positions_ptr": "*i64"}),  # fmt: skip
+    # MoE: the grouped GEMMs (bf16 and fp8 experts), the one-program alignment and the routing.
+    "moe_gate_up": ("shard_server.kernels.fused_moe", "_moe_gemm_kernel",
+                    dict(GATE_UP=True, SCALED=False, BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, GROUP_M=1, PRECISION=None),
+                    MOE_POINTERS),  # fmt: skip
+    "moe_down_fp8_experts": ("shard_server.kernels.fused_moe", "_moe_gemm_kernel",
+                             dict(GATE_UP=False, SCALED=True, BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8,
+                                  PRECISION=None),
+                             dict(MOE_POINTERS, w_ptr="*fp8e4nv", out_ptr="*fp32")),  # fmt: skip
+    "moe_align": ("shard_server.kernels.fused_moe", "_align_kernel", dict(BLOCK_M=16, EXPERTS_POW2=128, CHUNK=128),
+                  {"ids_ptr": "*i64", "sorted_ptr": "*i32", "block_expert_ptr": "*i32", "next_slot_ptr": "*i32"}),
+    "moe_route": ("shard_server.kernels.moe_routing", "_route_kernel",
+                  dict(TOP_K=8, EXPERTS_POW2=128, K_POW2=8, RENORMALIZE=True),
+                  {"weights_ptr": "*fp32", "ids_ptr": "*i64"}),  # fmt: skip
 }
 # Every kernel of a decode layer, launched with programmatic dependent launch (`kernels/pdl.py`).
 PDL_CASES = ["add_rmsnorm_fp8_rows", "rotary_store_kv", "store_kv", "decode_attention", "split_decode_attention",
