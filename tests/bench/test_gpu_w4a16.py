@@ -1,0 +1,76 @@
+"""bench/gpu_w4a16.py's pure-Python parts on CPU: its candidates, its packed weight, its TILES table."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+from bench import gpu_w4a16 as bench  # noqa: E402
+from shard_server.kernels.w4a16 import W4A16Tile, _tile_in_one_group  # noqa: E402
+from shard_server.layers.int4 import PackedWeight, unpack_rows  # noqa: E402
+from shard_server.models.quantization import PackedScheme  # noqa: E402
+
+EIGHT_B = ["8b.qkv", "8b.o", "8b.gate_up", "8b.down"]
+
+
+@pytest.mark.parametrize("rows", [*bench.ROWS, 2, 8, 100, 300, 8192])
+def test_every_row_count_has_candidates_the_kernel_runs_in_one_group(rows):
+    tiles = bench.candidates(rows)
+    assert 15 <= len(tiles) <= 30 if rows in bench.ROWS else tiles  # the default run's budget: ~4 GPU minutes
+    assert {tile.unpack_by_row for tile in tiles} == {False, True}
+    for tile in tiles:
+        assert tile.block_k % 32 == 0 and tile.block_m <= max(16, rows), tile
+        assert _tile_in_one_group(tile, 4096, bench.GROUP), tile  # no g_idx gather at group size 128
+    for shape in bench.SHAPES:
+        entry, timed = bench.case_tiles(rows, *bench.SHAPES[shape])
+        assert timed[0] == entry and len(set(timed)) == len(timed)
+        assert {bench.fitted(tile, rows, *bench.SHAPES[shape]) for tile in tiles} <= set(timed)
+
+
+def test_fitting_cuts_the_split_count_to_fill_the_gpu():
+    tile = W4A16Tile(16, 64, 128, 4, 4, split_k=8)
+    assert bench.fitted(tile, 1, *bench.SHAPES["8b.gate_up"]).split_k == 1  # 448 column tiles already
+    assert bench.fitted(tile, 1, *bench.SHAPES["8b.o"]).split_k == 4  # 64 column tiles: 4 splits fill 264
+    assert bench.fitted(tile, 1, *bench.SHAPES["8b.o"]).block_n == 64
+
+
+def test_the_bench_weight_is_what_a_gptq_layer_holds():
+    n, k = 64, 512
+    qweight, zeros, scales, g_idx = bench.packed_weight(n, k, torch.Generator().manual_seed(0), "cpu")
+    values = unpack_rows(qweight, bench.BITS)
+    assert sorted(values.unique().tolist()) == list(range(16))
+    layer = PackedWeight.from_values(PackedScheme("gptq", 4, bench.GROUP), values, zeros, scales, g_idx)
+    assert torch.equal(layer.qweight, qweight) and layer.group_rows == bench.GROUP
+    for dtype in (torch.float32, torch.bfloat16):
+        got = bench.dequantize(qweight, zeros, scales, g_idx, dtype)
+        assert got.shape == (k, n) and torch.equal(got.t(), layer.dequantize(dtype))
+    assert bench.packed_bytes(n, k) == qweight.numel() * 4 + zeros.numel() * 2 + scales.numel() * 2
+
+
+def test_the_table_takes_each_row_counts_fastest_fit_and_merges_neighbours():
+    first, second = bench.candidates(1)[0], bench.candidates(16)[1]  # split 1: no other tile fits to them
+    fast = {1: first, 4: first, 16: second}
+    fits = {(shape, rows, tile): bench.fitted(tile, rows, *bench.SHAPES[shape])
+            for shape in EIGHT_B for rows in fast for tile in bench.candidates(rows)}  # fmt: skip
+    timings = {shape: {rows: {} for rows in fast} for shape in EIGHT_B}
+    for (shape, rows, _), fit in fits.items():
+        timings[shape][rows][fit] = 10.0
+    for shape in EIGHT_B:
+        for rows, tile in fast.items():
+            timings[shape][rows][fits[shape, rows, tile]] = 1.0
+    best = bench.best_per_rows(timings, EIGHT_B)
+    assert {rows: tile for rows, (tile, _) in best.items()} == fast and best[16][1] == 4.0
+    table = bench.tiles_table(best)
+    assert eval(table.removeprefix("TILES = "), {"W4A16Tile": W4A16Tile}) == ((4, first), (None, second))
+
+    del timings["8b.down"][16][fits["8b.down", 16, second]]  # not timed on one shape: out of the running
+    tile, total = bench.best_per_rows(timings, EIGHT_B)[16]
+    assert tile != second and 4.0 < total < 40.0
