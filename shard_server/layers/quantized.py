@@ -18,14 +18,14 @@ y = x @ W^T:
   activation row to int8 (scale amax/127, round to nearest) and multiplies the integers exactly
   in int32 (`int8_product`: cuBLASLt's int8 GEMM on CUDA), then applies both scales; W8A16
   streams the int8 weight through the skinny kernel up to 16 rows (as fp8 weights) and
-  multiplies the dequantized weight above.
+  multiplies the weight dequantized in one pass (`kernels/dequantize.py`) above.
 - block-wise fp8: `weight` e4m3 [out, in] and `weight_scale_inv` (compressed-tensors `block`
-  strategy: `weight_scale`) float [ceil(out/bn), ceil(in/bk)]; W[i, j] = w[i, j] *
-  scale[i // bn, j // bk]. `BlockFp8Weight` keeps the fp8 weight and the scale blocks its rows
-  and columns touch, with each row's and column's block index; up to 16 rows stream the fp8
-  weight through `kernels/block_fp8_matmul.py`, more multiply the dequantized weight
-  (activations unrounded either way). Expanding to one scale per row would be exact only when
-  every block of a row shares a scale, so the blocks are kept.
+  strategy: `weight_scale`) float [ceil(out/bn), ceil(in/bk)]; W[i, j] = w[i, j] * scale[i // bn,
+  j // bk]. `BlockFp8Weight` keeps the fp8 weight and the scale blocks its rows and columns touch,
+  with each row's and column's block index; up to 16 rows stream the fp8 weight through
+  `kernels/block_fp8_matmul.py`, more multiply the weight dequantized in one pass
+  (`kernels/dequantize.py`; activations unrounded either way). Expanding to one scale per row
+  would be exact only when every block of a row shares a scale, so the blocks are kept.
 
 Tensor parallelism: column-parallel parts read their output rows (and the zero-point words and
 scale block rows that cover them); row-parallel slices read their input columns (the words,
@@ -40,6 +40,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..kernels.block_fp8_matmul import block_fp8_rows, column_block_starts
+from ..kernels.dequantize import dequantize_8bit
 from ..kernels.dispatch import use_fused
 from ..kernels.fp8_matmul import FP8
 from ..kernels.skinny_matmul import config_for, skinny_matmul, skinny_rows
@@ -228,8 +229,10 @@ class Int8Weight(nn.Module):
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])
         if not self.scheme.activations:
-            if not (use_fused(flat) and skinny_rows(flat)):
+            if not use_fused(flat):
                 return F.linear(x, self.dequantize(x.dtype), bias)
+            if not skinny_rows(flat):  # many rows: the weight widened in one pass, cuBLAS multiplies
+                return F.linear(x, dequantize_8bit(self.weight, self.scale, x.dtype), bias)
             # W8A16 decodes: the int8 weight streamed and widened in the kernel, as fp8 weights are.
             config = config_for(flat.shape[0], self.out_features, self.in_features, weights_fp8=True)
             return _shaped(skinny_matmul(flat, self.weight, config, self.scale.view(-1), fp16_dot=True), x, bias)
@@ -299,10 +302,12 @@ class BlockFp8Weight(nn.Module):
 
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """Few rows (decodes) stream the fp8 weight through `block_fp8_rows`; more rows multiply
-        the dequantized weight, which a prefill's many rows amortise."""
+        the weight dequantized in one pass (`dequantize_8bit`), which a prefill's many rows amortise."""
         flat = x.reshape(-1, x.shape[-1])
-        if not (use_fused(flat) and skinny_rows(flat)):
+        if not use_fused(flat):
             return F.linear(x, self.dequantize(x.dtype), bias)
+        if not skinny_rows(flat):
+            return F.linear(x, dequantize_8bit(self.weight, self.scale, x.dtype, self.row_block, self.col_block), bias)
         return _shaped(block_fp8_rows(flat, self.weight, self.scale, self.row_block, self.col_starts), x, bias)
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -335,7 +340,7 @@ class BlockFp8Weight(nn.Module):
         self._set(scales, torch.arange(out) // bn, torch.arange(start, end) // bk - low)
 
     def _set(self, scales: torch.Tensor, row_block: torch.Tensor, col_block: torch.Tensor) -> None:
-        self.scale = scales.to(self.device, torch.float32)
+        self.scale = scales.to(self.device, torch.float32).contiguous()
         self.row_block = row_block.to(torch.int32).to(self.device)
         self.col_block = col_block.to(torch.int32).to(self.device)
         self.col_starts = column_block_starts(self.col_block, self.scale.shape[1])

@@ -134,6 +134,12 @@ CASES = {
     "rotary_partial": ("shard_server.kernels.rotary", "_rotary_kernel",
                        dict(Q_HEADS=24, Q_HEADS_P=32, K_HEADS=8, K_HEADS_P=8, HALF=48, HALF_P=64),
                        {"positions_ptr": "*i64"}),  # fmt: skip
+    # 8-bit weights widened in one pass for many-row products: block-wise fp8, W8A16 int8.
+    "dequantize_block_fp8": ("shard_server.kernels.dequantize", "_dequantize_kernel",
+                             dict(BLOCKED=True, BLOCK_N=64, BLOCK_K=128),
+                             {"w_ptr": "*fp8e4nv", "scale_ptr": "*fp32", "row_block_ptr": "*i32", "col_block_ptr": "*i32"}),
+    "dequantize_int8_rows": ("shard_server.kernels.dequantize", "_dequantize_kernel",
+                             dict(BLOCKED=False, BLOCK_N=64, BLOCK_K=128), {"w_ptr": "*i8", "scale_ptr": "*fp32"}),
     # MoE: the grouped GEMMs (bf16 and fp8 experts), the one-program alignment and the routing.
     "moe_gate_up": ("shard_server.kernels.fused_moe", "_moe_gemm_kernel",
                     dict(GATE_UP=True, SCALED=False, BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, GROUP_M=1, PRECISION=None),

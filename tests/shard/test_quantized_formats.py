@@ -27,6 +27,7 @@ from shard_server.distributed import ParallelContext
 from shard_server.layers.int4 import PackedWeight, unpack_cols
 from shard_server.layers.quantized import BlockFp8Weight, Int8Weight, quantize_rows_int8
 from shard_server.models.config import ModelConfig, UnsupportedModelError
+from shard_server.models.quantization import BlockFp8Scheme, Int8Scheme
 from shard_server.weights import WeightsError, read_config
 
 from .int4_checkpoints import edit_checkpoint
@@ -395,25 +396,16 @@ def test_the_block_fp8_kernel_equals_the_dequantized_product(rows, row_start, co
     pytest.importorskip("triton")
     from shard_server.kernels.block_fp8_matmul import block_fp8_rows
     from shard_server.kernels.dispatch import fused_kernels
-    from shard_server.layers.quantized import BlockFp8Weight
-    from shard_server.models.quantization import BlockFp8Scheme
 
-    gen = torch.Generator().manual_seed(rows + row_start)
-    out, depth, (bn, bk) = 72, 300, (32, 128)
-    weight = BlockFp8Weight(BlockFp8Scheme(block=(bn, bk)), (out, depth), torch.float16, KERNEL_DEVICE)
-    weight.weight.copy_((torch.randn(out, depth, generator=gen) * 100).clamp(-448, 448).to(torch.float8_e4m3fn))
-    row_ids, col_ids = torch.arange(row_start, row_start + out), torch.arange(col_start, col_start + depth)
-    low_r, low_c = row_start // bn, col_start // bk
-    blocks = (-(-(row_start + out) // bn) - low_r, -(-(col_start + depth) // bk) - low_c)
-    weight._set(torch.rand(blocks, generator=gen) + 0.01, row_ids // bn - low_r, col_ids // bk - low_c)
-    x = torch.randn(rows, depth, generator=gen).half().to(KERNEL_DEVICE)
+    weight = _block_fp8_weight(72, 300, row_start, col_start, seed=rows + row_start)
+    x = torch.randn(rows, 300, generator=torch.Generator().manual_seed(rows)).half().to(KERNEL_DEVICE)
     want = x.float() @ weight.dequantize().t()
     with fused_kernels(True, on_cpu=True):
         got = weight.linear(x, None)
     direct = block_fp8_rows(x, weight.weight, weight.scale, weight.row_block, weight.col_starts)
     assert torch.equal(got, direct) and got.dtype == torch.float16
     torch.testing.assert_close(got.float(), want, atol=2e-2 * want.abs().max().item(), rtol=2e-3)
-    assert weight.col_starts.tolist()[0] == 0 and weight.col_starts.tolist()[-1] == depth
+    assert weight.col_starts.tolist()[0] == 0 and weight.col_starts.tolist()[-1] == 300
 
 
 @pytest.mark.parametrize("rows", [1, 16])
@@ -423,16 +415,74 @@ def test_w8a16_decodes_stream_the_int8_weight_through_the_skinny_kernel(rows):
     at the end."""
     pytest.importorskip("triton")
     from shard_server.kernels.dispatch import fused_kernels
-    from shard_server.layers.quantized import Int8Weight
-    from shard_server.models.quantization import Int8Scheme
 
-    gen = torch.Generator().manual_seed(rows)
-    weight = Int8Weight(Int8Scheme(activations=False), (80, 300), torch.float16, KERNEL_DEVICE)
-    weight.weight.copy_(torch.randint(-128, 128, (80, 300), generator=gen, dtype=torch.int8))
-    weight.scale.copy_(torch.rand(80, 1, generator=gen) / 100 + 1e-3)
-    x = torch.randn(rows, 300, generator=gen).half().to(KERNEL_DEVICE)
+    weight = _w8a16_weight(80, 300, seed=rows)
+    x = torch.randn(rows, 300, generator=torch.Generator().manual_seed(rows)).half().to(KERNEL_DEVICE)
     want = x.float() @ weight.dequantize().t()
     with fused_kernels(True, on_cpu=True):
         got = weight.linear(x, None)
     assert got.dtype == torch.float16 and got.shape == (rows, 80)
+    torch.testing.assert_close(got.float(), want, atol=2e-2 * want.abs().max().item(), rtol=2e-3)
+
+
+def _block_fp8_weight(out, depth, row_start=0, col_start=0, seed=0):
+    """A block-wise fp8 layer's slice starting mid-block (rows and columns), on the kernel device."""
+    gen = torch.Generator().manual_seed(seed)
+    bn, bk = 32, 128
+    weight = BlockFp8Weight(BlockFp8Scheme(block=(bn, bk)), (out, depth), torch.float16, KERNEL_DEVICE)
+    weight.weight.copy_((torch.randn(out, depth, generator=gen) * 100).clamp(-448, 448).to(torch.float8_e4m3fn))
+    row_ids, col_ids = torch.arange(row_start, row_start + out), torch.arange(col_start, col_start + depth)
+    low_r, low_c = row_start // bn, col_start // bk
+    blocks = (-(-(row_start + out) // bn) - low_r, -(-(col_start + depth) // bk) - low_c)
+    weight._set(torch.rand(blocks, generator=gen) + 0.01, row_ids // bn - low_r, col_ids // bk - low_c)
+    return weight
+
+
+def _w8a16_weight(out, depth, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    weight = Int8Weight(Int8Scheme(activations=False), (out, depth), torch.float16, KERNEL_DEVICE)
+    weight.weight.copy_(torch.randint(-128, 128, (out, depth), generator=gen, dtype=torch.int8))
+    weight.scale.copy_(torch.rand(out, 1, generator=gen) / 100 + 1e-3)
+    return weight
+
+
+# bf16 only where a GPU rounds: the interpreter truncates float32 to bf16.
+DEQUANTIZE_DTYPES = [torch.float16, torch.float32] + ([torch.bfloat16] if KERNEL_DEVICE == "cuda" else [])
+
+
+@pytest.mark.parametrize("dtype", DEQUANTIZE_DTYPES)
+@pytest.mark.parametrize("kind", ["block-fp8", "block-fp8-mid-block", "w8a16"])
+def test_the_one_pass_dequantize_builds_the_reference_weight(kind, dtype):
+    pytest.importorskip("triton")
+    from shard_server.kernels.dequantize import dequantize_8bit
+    from shard_server.kernels.dispatch import fused_kernels
+
+    if kind == "w8a16":
+        weight = _w8a16_weight(150, 300)
+        args = (weight.weight, weight.scale, dtype)
+    else:
+        weight = _block_fp8_weight(150, 300, *((40, 70) if kind.endswith("mid-block") else (0, 0)))
+        args = (weight.weight, weight.scale, dtype, weight.row_block, weight.col_block)
+    with fused_kernels(True, on_cpu=True):
+        got = dequantize_8bit(*args)
+    assert got.dtype == dtype and torch.equal(got, weight.dequantize(dtype))
+
+
+@pytest.mark.parametrize("kind", ["block-fp8", "w8a16"])
+def test_many_rows_multiply_the_weight_dequantized_in_one_pass(kind, monkeypatch):
+    """Past the skinny kernel's 16 rows both formats multiply the weight the one-pass kernel
+    built, and match the reference product."""
+    pytest.importorskip("triton")
+    from shard_server.kernels.dispatch import fused_kernels
+    from shard_server.layers import quantized as quantized_module
+
+    weight = _w8a16_weight(80, 300) if kind == "w8a16" else _block_fp8_weight(72, 300, 40, 70)
+    passes = []
+    real = quantized_module.dequantize_8bit
+    monkeypatch.setattr(quantized_module, "dequantize_8bit", lambda *args: passes.append(args) or real(*args))
+    x = torch.randn(17, 300, generator=torch.Generator().manual_seed(3)).half().to(KERNEL_DEVICE)
+    want = x.float() @ weight.dequantize().t()
+    with fused_kernels(True, on_cpu=True):
+        got = weight.linear(x, None)
+    assert len(passes) == 1 and got.dtype == torch.float16 and got.shape == want.shape
     torch.testing.assert_close(got.float(), want, atol=2e-2 * want.abs().max().item(), rtol=2e-3)
