@@ -6,9 +6,11 @@ as a step runs it, over several copies of the experts so no call finds them in L
 case: µs per call for every tile, the shipped choice (`tile_for`) and the fastest, and what the
 call moved or computed: the bytes of the experts it hit over the time (decode is memory-bound)
 and its TFLOP/s (prefill is compute-bound). The shipped tile's error against `reference_experts`
-is checked once per case.
+is checked once per case. `--fp8`: the experts in e4m3 with a scale a row (`--quantize fp8`),
+half the bytes a decode reads; the routing kernel (`moe_routing.py`) is timed beside, as a
+decode layer runs it.
 
-    python3 bench/gpu_fused_moe.py OUT_JSON [--shapes qwen3-30b-a3b,mixtral,olmoe]
+    python3 bench/gpu_fused_moe.py OUT_JSON [--shapes qwen3-30b-a3b,mixtral,olmoe] [--fp8]
 """
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.gpu_skinny_matmul import graph_us  # noqa: E402
-from shard_server.kernels.fused_moe import MoeTile, fused_experts, tile_for  # noqa: E402
-from shard_server.models.moe import reference_experts  # noqa: E402
+from shard_server.kernels.fp8_matmul import quantize_rows_reference  # noqa: E402
+from shard_server.kernels.fused_moe import ExpertScales, MoeTile, fused_experts, tile_for  # noqa: E402
+from shard_server.models.moe import reference_experts, route  # noqa: E402
 
 # (experts, hidden, intermediate, top_k) of one layer, as the Hub configs give them.
 SHAPES = {
@@ -46,31 +49,42 @@ def hit_bytes(topk_ids: torch.Tensor, hidden: int, inter: int, element: int) -> 
     return int(topk_ids.unique().numel()) * 3 * hidden * inter * element
 
 
-def case(shape: tuple[int, int, int, int], tokens: int, generator: torch.Generator) -> dict:
+def fp8_copy(w13: torch.Tensor, w2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, ExpertScales]:
+    """The experts as --quantize fp8 stores them: e4m3 with a float32 scale a row."""
+    (q13, s13), (q2, s2) = (quantize_rows_reference(w.reshape(-1, w.shape[-1])) for w in (w13, w2))
+    experts = w13.shape[0]
+    return q13.view(w13.shape), q2.view(w2.shape), ExpertScales(s13.view(experts, -1), s2.view(experts, -1))
+
+
+def case(shape: tuple[int, int, int, int], tokens: int, generator: torch.Generator, fp8: bool) -> dict:
     experts, hidden, inter, top_k = shape
     dtype, device = torch.bfloat16, "cuda"
-    copies = [(torch.randn(experts, 2 * inter, hidden, dtype=dtype, device=device, generator=generator) * 0.02,
-               torch.randn(experts, hidden, inter, dtype=dtype, device=device, generator=generator) * 0.02)
-              for _ in range(COPIES)]  # fmt: skip
+    copies = []
+    for _ in range(COPIES):
+        w13 = torch.randn(experts, 2 * inter, hidden, dtype=dtype, device=device, generator=generator) * 0.02
+        w2 = torch.randn(experts, hidden, inter, dtype=dtype, device=device, generator=generator) * 0.02
+        copies.append(fp8_copy(w13, w2) if fp8 else (w13, w2, None))
     x = torch.randn(tokens, hidden, dtype=dtype, device=device, generator=generator)
-    logits = torch.randn(tokens, experts, device=device, generator=generator)
-    topk_weights, topk_ids = torch.softmax(logits, -1).topk(top_k, dim=-1)
+    logits = torch.randn(tokens, experts, device=device, generator=generator).to(dtype)
+    topk_weights, topk_ids = route(logits, top_k, renormalize=True)
+    route_us = graph_us(lambda _: route(logits, top_k, renormalize=True), [None])
     shipped = tile_for(tokens * top_k, experts)
-    w13, w2 = copies[0]
-    got = fused_experts(x, w13, w2, topk_weights, topk_ids, shipped).float()
-    want = reference_experts(x, w13, w2, topk_weights, topk_ids).float()
+    w13, w2, scales = copies[0]
+    got = fused_experts(x, w13, w2, topk_weights, topk_ids, shipped, scales=scales).float()
+    want = reference_experts(x, w13, w2, topk_weights, topk_ids, scales).float()
     rel_err = float((got - want).norm() / want.norm().clamp_min(1e-12))
     tiles = {}
     for tile in dict.fromkeys([shipped, *CANDIDATES]):
         try:
-            us = graph_us(lambda w, t=tile: fused_experts(x, w[0], w[1], topk_weights, topk_ids, t), copies)
+            us = graph_us(lambda w, t=tile: fused_experts(x, w[0], w[1], topk_weights, topk_ids, t, scales=w[2]),
+                          copies)  # fmt: skip
         except Exception as exc:  # a tile the compiler refuses (shared memory) is reported, not fatal
             tiles[str(tile)] = {"error": f"{type(exc).__name__}: {str(exc)[:120]}"}
             continue
         tiles[str(tile)] = {"us": us}
     timed = {k: v for k, v in tiles.items() if "us" in v}
     best = min(timed, key=lambda k: timed[k]["us"])
-    moved = hit_bytes(topk_ids, hidden, inter, 2)
+    moved = hit_bytes(topk_ids, hidden, inter, 1 if fp8 else 2)
     flops = 2 * tokens * top_k * 3 * hidden * inter
 
     def figures(us: float) -> dict:
@@ -78,7 +92,7 @@ def case(shape: tuple[int, int, int, int], tokens: int, generator: torch.Generat
 
     del copies
     torch.cuda.empty_cache()
-    return {"tokens": tokens, "rel_err_shipped": rel_err, "hit_bytes": moved,
+    return {"tokens": tokens, "rel_err_shipped": rel_err, "hit_bytes": moved, "route_us": route_us,
             "shipped": {"tile": str(shipped), **figures(tiles[str(shipped)]["us"])},
             "best": {"tile": best, **figures(timed[best]["us"])},
             "shipped_over_best": tiles[str(shipped)]["us"] / timed[best]["us"], "tiles": tiles}  # fmt: skip
@@ -89,16 +103,17 @@ def main() -> None:
     parser.add_argument("out", type=Path)
     parser.add_argument("--shapes", default=",".join(SHAPES))
     parser.add_argument("--tokens", default=",".join(map(str, TOKENS)))
+    parser.add_argument("--fp8", action="store_true", help="e4m3 experts with a scale a row (--quantize fp8)")
     args = parser.parse_args()
     generator = torch.Generator("cuda").manual_seed(0)
-    results: dict = {"device": torch.cuda.get_device_name(), "copies": COPIES}
+    results: dict = {"device": torch.cuda.get_device_name(), "copies": COPIES, "experts": "fp8" if args.fp8 else "bf16"}
     for name in args.shapes.split(","):
         for tokens in map(int, args.tokens.split(",")):
-            r = case(SHAPES[name], tokens, generator)
+            r = case(SHAPES[name], tokens, generator, args.fp8)
             results.setdefault(name, []).append(r)
             print(f"{name} T={tokens}: shipped {r['shipped']['us']:.1f} us ({r['shipped']['tb_s']:.2f} TB/s, "
                   f"{r['shipped']['tflop_s']:.0f} TFLOP/s), best {r['best']['us']:.1f} us {r['best']['tile']}, "
-                  f"err {r['rel_err_shipped']:.1e}", flush=True)  # fmt: skip
+                  f"err {r['rel_err_shipped']:.1e}, routing {r['route_us']:.1f} us", flush=True)  # fmt: skip
             args.out.write_text(json.dumps(results, indent=1))
 
 
