@@ -1,13 +1,21 @@
-"""Llama-shaped models with seeded random weights, and a device's two ceilings.
+"""Random-weight models in their families' Hub layouts, and a device's two ceilings.
 
-Shapes: LLAMA3_8B (one 16 GB file, as the 8B benches expect), LLAMA3_70B (141 GB in bf16,
-streamed into ~20 GB shards plus model.safetensors.index.json, so at most one shard is ever
-in host memory), QWEN3_30B_A3B (61 GB of Qwen3-MoE: 128 experts, 8 a token) and TINY /
-TINY_MOE (a few MB, for CPU tests of the harnesses).
+Shapes (SHAPES): LLAMA3_8B (one 16 GB file, as the 8B benches expect), LLAMA3_70B (141 GB in
+bf16, streamed into ~20 GB shards plus model.safetensors.index.json, so at most one shard is
+ever in host memory), QWEN3_30B_A3B (61 GB of Qwen3-MoE: 128 experts, 8 a token), GEMMA2_9B
+(google/gemma-2-9b: 18.5 GB, tied embeddings, four norms a layer), PHI3_MEDIUM
+(microsoft/Phi-3-medium-4k-instruct: 27.9 GB in 2 shards, fused qkv_proj and gate_up_proj) and
+TINY / TINY_MOE / TINY_GEMMA2 / TINY_PHI3 (a few MB, for CPU tests of the harnesses). LAYOUTS
+says how each family names and stores a layer's tensors.
 
 The weights are random, so greedy decoding could pick tokens the demo tokenizer cannot
 decode (ids >= its vocabulary) or its special tokens (EOS would end a benchmark request
-early): those rows of lm_head are zero, so their logit is 0 and never the maximum.
+early): those rows of lm_head are zero, so their logit is 0 and never the maximum (all
+~49k random logits of the other rows would have to be negative). With tied embeddings (Gemma)
+the embedding table is the LM head, so its rows are the ones zeroed: a special id is never the
+greedy pick, and the benchmark prompts hold none (peer_load draws ids from 256 up); Gemma's final
+soft-cap (tanh) keeps the order, so a zeroed row's logit stays 0 and never wins.
+bos/eos ids are the demo tokenizer's (1, 2) in every shape, not the Hub model's.
 """
 
 from __future__ import annotations
@@ -79,7 +87,67 @@ QWEN3_30B_A3B = dict(
 TINY_MOE = dict(QWEN3_30B_A3B, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_experts=8,
                 num_experts_per_tok=2, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
                 vocab_size=49152)  # fmt: skip
-SHAPES = {"8b": LLAMA3_8B, "70b": LLAMA3_70B, "tiny": TINY, "qwen3-30b-a3b": QWEN3_30B_A3B, "tiny-moe": TINY_MOE}
+# google/gemma-2-9b's config (its bos/eos swapped for the demo tokenizer's): 9.24B parameters.
+GEMMA2_9B = dict(
+    architectures=["Gemma2ForCausalLM"],
+    model_type="gemma2",
+    hidden_size=3584,
+    intermediate_size=14336,
+    num_hidden_layers=42,
+    num_attention_heads=16,
+    num_key_value_heads=8,
+    head_dim=256,
+    vocab_size=256000,
+    max_position_embeddings=8192,
+    rms_norm_eps=1e-6,
+    rope_theta=10000.0,
+    sliding_window=4096,
+    query_pre_attn_scalar=256,
+    attn_logit_softcapping=50.0,
+    final_logit_softcapping=30.0,
+    hidden_act="gelu_pytorch_tanh",  # the Hub file names both (vLLM reads both)
+    hidden_activation="gelu_pytorch_tanh",
+    tie_word_embeddings=True,
+    attention_bias=False,
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
+    torch_dtype="bfloat16",
+)
+# Tiny: the window shorter than a test prompt, query_pre_attn_scalar other than head_dim, soft-caps
+# near the scores' range; a vocabulary past the demo tokenizer's, so some rows are zeroed for that.
+TINY_GEMMA2 = dict(GEMMA2_9B, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
+                   num_key_value_heads=2, head_dim=16, vocab_size=49408, sliding_window=8, query_pre_attn_scalar=24,
+                   attn_logit_softcapping=4.0, final_logit_softcapping=6.0)  # fmt: skip
+# microsoft/Phi-3-medium-4k-instruct's config (bos/eos the demo tokenizer's): 13.96B parameters.
+# No head_dim in the Hub file (hidden / heads = 128). Its 32,064-id vocabulary is smaller than the
+# demo tokenizer's: prompts must draw ids below it (gpu_vs_vllm: prompt_vocab).
+PHI3_MEDIUM = dict(
+    architectures=["Phi3ForCausalLM"],
+    model_type="phi3",
+    hidden_size=5120,
+    intermediate_size=17920,
+    num_hidden_layers=40,
+    num_attention_heads=40,
+    num_key_value_heads=10,
+    vocab_size=32064,
+    max_position_embeddings=4096,
+    original_max_position_embeddings=4096,
+    rms_norm_eps=1e-5,
+    rope_theta=10000.0,
+    rope_scaling=None,
+    sliding_window=2047,
+    hidden_act="silu",
+    tie_word_embeddings=False,
+    attention_bias=False,
+    bos_token_id=1,
+    eos_token_id=2,
+    torch_dtype="bfloat16",
+)
+TINY_PHI3 = dict(PHI3_MEDIUM, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, sliding_window=8)  # fmt: skip
+SHAPES = {"8b": LLAMA3_8B, "70b": LLAMA3_70B, "tiny": TINY, "qwen3-30b-a3b": QWEN3_30B_A3B, "tiny-moe": TINY_MOE,
+          "gemma2-9b": GEMMA2_9B, "tiny-gemma2": TINY_GEMMA2, "phi3-medium": PHI3_MEDIUM, "tiny-phi3": TINY_PHI3}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json")
 SPECIAL_IDS = range(17)  # the demo tokenizer's special tokens
 INDEX_NAME = "model.safetensors.index.json"
@@ -88,31 +156,72 @@ DEFAULT_MAX_SHARD_BYTES = 20 * 10**9
 DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
 
 
-def _layer_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
-    """A layer's random matrices, in the Hub's names: a dense MLP, or (with `num_experts`)
-    Qwen3-MoE's router and experts."""
-    h, i, d = cfg["hidden_size"], cfg["intermediate_size"], cfg["head_dim"]
+@dataclass(frozen=True)
+class Layout:
+    """How a family's Hub checkpoint names and stores a layer (tied embeddings: the config's flag)."""
+
+    norms: tuple[str, ...] = ("input_layernorm", "post_attention_layernorm")
+    qk_norms: bool = False  # Qwen3: per-head self_attn.q_norm / k_norm
+    fused: bool = False  # Phi-3: one qkv_proj (q, k, v rows) and one gate_up_proj (gate, up rows)
+    # Gemma's RMSNorm scales by (1 + w): "offsets" are small random w (a zero would hide a missing + 1).
+    norm_kind: str = "ones"
+
+
+GEMMA_NORMS = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm")
+LAYOUTS = {
+    "llama": Layout(),
+    "qwen3_moe": Layout(qk_norms=True),
+    "gemma2": Layout(norms=GEMMA_NORMS, norm_kind="offsets"),
+    "phi3": Layout(fused=True),
+}
+
+
+def layout(cfg: dict) -> Layout:
+    if cfg["model_type"] not in LAYOUTS:
+        raise ValueError(f"no checkpoint layout for model_type {cfg['model_type']!r} (known: {', '.join(LAYOUTS)})")
+    return LAYOUTS[cfg["model_type"]]
+
+
+def head_dim(cfg: dict) -> int:
+    """The config's head_dim, or hidden / heads where it names none (Phi-3)."""
+    return cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+
+
+def _attention_shapes(cfg: dict, fused: bool) -> dict[str, tuple[int, int]]:
+    h, d = cfg["hidden_size"], head_dim(cfg)
     q, kv = cfg["num_attention_heads"] * d, cfg["num_key_value_heads"] * d
-    shapes = {
-        "self_attn.q_proj.weight": (q, h),
-        "self_attn.k_proj.weight": (kv, h),
-        "self_attn.v_proj.weight": (kv, h),
-        "self_attn.o_proj.weight": (h, q),
-    }
+    if fused:
+        return {"self_attn.qkv_proj.weight": (q + 2 * kv, h), "self_attn.o_proj.weight": (h, q)}
+    return {"self_attn.q_proj.weight": (q, h), "self_attn.k_proj.weight": (kv, h), "self_attn.v_proj.weight": (kv, h),
+            "self_attn.o_proj.weight": (h, q)}  # fmt: skip
+
+
+def _mlp_shapes(cfg: dict, fused: bool) -> dict[str, tuple[int, int]]:
+    """A dense MLP, or (with `num_experts`) Qwen3-MoE's router and experts."""
+    h, i = cfg["hidden_size"], cfg["intermediate_size"]
     if "num_experts" not in cfg:
-        return shapes | {"mlp.gate_proj.weight": (i, h), "mlp.up_proj.weight": (i, h), "mlp.down_proj.weight": (h, i)}
+        if fused:
+            return {"mlp.gate_up_proj.weight": (2 * i, h), "mlp.down_proj.weight": (h, i)}
+        return {"mlp.gate_proj.weight": (i, h), "mlp.up_proj.weight": (i, h), "mlp.down_proj.weight": (h, i)}
     m = cfg["moe_intermediate_size"]
-    shapes["mlp.gate.weight"] = (cfg["num_experts"], h)
+    shapes = {"mlp.gate.weight": (cfg["num_experts"], h)}
     for e in range(cfg["num_experts"]):
         shapes |= {f"mlp.experts.{e}.gate_proj.weight": (m, h), f"mlp.experts.{e}.up_proj.weight": (m, h),
                    f"mlp.experts.{e}.down_proj.weight": (h, m)}  # fmt: skip
     return shapes
 
 
+def _layer_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
+    """A layer's random matrices, in the Hub's names and draw order: attention, then the MLP."""
+    fused = layout(cfg).fused
+    return _attention_shapes(cfg, fused) | _mlp_shapes(cfg, fused)
+
+
 def _layer_norms(cfg: dict) -> list[tuple[str, tuple[int, ...]]]:
-    norms = [("input_layernorm.weight", (cfg["hidden_size"],)), ("post_attention_layernorm.weight", (cfg["hidden_size"],))]
-    if cfg["model_type"].startswith("qwen3"):  # per-head q/k norms
-        norms += [("self_attn.q_norm.weight", (cfg["head_dim"],)), ("self_attn.k_norm.weight", (cfg["head_dim"],))]
+    family = layout(cfg)
+    norms = [(f"{name}.weight", (cfg["hidden_size"],)) for name in family.norms]
+    if family.qk_norms:  # per-head q/k norms
+        norms += [("self_attn.q_norm.weight", (head_dim(cfg),)), ("self_attn.k_norm.weight", (head_dim(cfg),))]
     return norms
 
 
@@ -120,7 +229,8 @@ def _layer_norms(cfg: dict) -> list[tuple[str, tuple[int, ...]]]:
 class TensorSpec:
     name: str
     shape: tuple[int, ...]
-    # "normal", "ones" or "head" (normal with the unusable rows zeroed); a 4-bit checkpoint's
+    # "normal", "ones", "offsets" (Gemma's norms: small, about 0) or "head" (normal with the
+    # unusable rows zeroed: lm_head, or a tied embedding table); a 4-bit checkpoint's
     # "words" (random int32 of 8 values), "zeros" (int32 of 8 zero points), "scales" (fp16)
     # and "g_idx" (each input's group); a block-wise fp8 checkpoint's "fp8" weights and their
     # "block_scales" (float32)
@@ -169,13 +279,16 @@ def _packed_specs(prefix: str, out: int, depth: int, checkpoint: str) -> list[Te
 
 def tensor_specs(cfg: dict, checkpoint: str | None = None) -> list[TensorSpec]:
     """Every tensor in the order its random values are drawn (which fixes the weights); with
-    `checkpoint` ("gptq", "awq" or "fp8-block") the decoder's linears in that format."""
-    if checkpoint is not None and "num_experts" in cfg:
-        raise ValueError("quantized checkpoints are written for dense shapes only")
-    h, vocab = cfg["hidden_size"], cfg["vocab_size"]
-    specs = [TensorSpec("model.embed_tokens.weight", (vocab, h), "normal"),
-             TensorSpec("model.norm.weight", (h,), "ones"),
-             TensorSpec("lm_head.weight", (vocab, h), "head")]  # fmt: skip
+    `checkpoint` ("gptq", "awq" or "fp8-block") the decoder's linears in that format. Tied
+    embeddings: no lm_head, the embedding table is drawn as the head."""
+    if checkpoint is not None and ("num_experts" in cfg or cfg["model_type"] != "llama"):
+        raise ValueError("quantized checkpoints are written for the dense Llama layout only")
+    h, vocab, tied = cfg["hidden_size"], cfg["vocab_size"], cfg["tie_word_embeddings"]
+    norm_kind = layout(cfg).norm_kind
+    specs = [TensorSpec("model.embed_tokens.weight", (vocab, h), "head" if tied else "normal"),
+             TensorSpec("model.norm.weight", (h,), norm_kind)]  # fmt: skip
+    if not tied:
+        specs.append(TensorSpec("lm_head.weight", (vocab, h), "head"))
     for layer in range(cfg["num_hidden_layers"]):
         prefix = f"model.layers.{layer}."
         for name, shape in _layer_shapes(cfg).items():
@@ -183,13 +296,14 @@ def tensor_specs(cfg: dict, checkpoint: str | None = None) -> list[TensorSpec]:
                 specs.append(TensorSpec(prefix + name, shape, "normal"))
             else:
                 specs += _packed_specs(prefix + name.removesuffix(".weight"), *shape, checkpoint)
-        specs += [TensorSpec(prefix + name, shape, "ones") for name, shape in _layer_norms(cfg)]
+        specs += [TensorSpec(prefix + name, shape, norm_kind) for name, shape in _layer_norms(cfg)]
     return specs
 
 
 def active_params_per_token(cfg: dict) -> int:
     """Parameters one decoded token reads: every attention and norm weight, the routers, the
-    experts it is routed to (or the dense MLP), lm_head, and its own embedding row."""
+    experts it is routed to (or the dense MLP), the LM head (a tied embedding table counts once,
+    as the head), the final norm and its own embedding row."""
     per_layer, layer = 0, _layer_shapes(cfg)
     for name, shape in layer.items():
         numel = shape[0] * shape[1]
@@ -197,12 +311,14 @@ def active_params_per_token(cfg: dict) -> int:
             numel = numel * cfg["num_experts_per_tok"] // cfg["num_experts"]  # the routed share
         per_layer += numel
     per_layer += sum(shape[0] for _, shape in _layer_norms(cfg))
-    return per_layer * cfg["num_hidden_layers"] + (cfg["vocab_size"] + 2) * cfg["hidden_size"]
+    head = cfg["vocab_size"] * cfg["hidden_size"]
+    return per_layer * cfg["num_hidden_layers"] + head + 2 * cfg["hidden_size"]
 
 
 def decode_bytes_per_token(cfg: dict, checkpoint: str | None = None, element_bytes: int = 2) -> int:
     """Bytes one decoded token reads from the weights: `active_params_per_token` in the model
-    dtype, or, for a 4-bit checkpoint, every stored tensor but the embedding table (one row)."""
+    dtype, or, for a quantized (untied Llama) checkpoint, every stored tensor but the embedding
+    table (one row)."""
     if checkpoint is None:
         return element_bytes * active_params_per_token(cfg)
     stored = sum(spec.nbytes(element_bytes) for spec in tensor_specs(cfg, checkpoint))
@@ -242,7 +358,8 @@ def write_random_llama(directory: Path, tokenizer_dir: Path, text_vocab: int, se
                        shape: dict = LLAMA3_8B, device: str = "cuda", dtype: torch.dtype = torch.bfloat16,
                        max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES, spill: Spill | None = None,
                        checkpoint: str | None = None) -> int:  # fmt: skip
-    """Writes config, weights and tokenizer; returns the parameter count (of the unpacked model).
+    """Writes config, weights and tokenizer of any SHAPES entry in its family's layout (LAYOUTS);
+    returns the parameter count (of the unpacked model).
     `checkpoint` "gptq" / "awq" / "fp8-block": the decoder's linears as a random checkpoint of that method.
 
     Shard by shard: one shard's tensors are drawn on `device`, moved to the host, saved and
@@ -261,6 +378,8 @@ def write_random_llama(directory: Path, tokenizer_dir: Path, text_vocab: int, se
     def draw(spec: TensorSpec) -> torch.Tensor:
         if spec.kind == "ones":
             return torch.ones(spec.shape).to(dtype)
+        if spec.kind == "offsets":  # Gemma's (1 + w): scales of about 0.9 to 1.1
+            return (torch.randn(spec.shape, generator=gen, device=device) * 0.05).to(dtype).cpu()
         if spec.kind == "words":
             return torch.randint(-(1 << 31), 1 << 31, spec.shape, generator=gen, device=device, dtype=torch.int64).to(
                 torch.int32).cpu()  # fmt: skip

@@ -1,7 +1,9 @@
 """textgen against vLLM on one H200 (issue 23): the same random 8B (bf16; `--shape qwen3-30b-a3b`: the
-61 GB Qwen3-MoE of issue 24; `--checkpoint gptq|awq|fp8-block`: the shape as a random quantized checkpoint, issue 25),
-both engines at their shipped defaults, one client (bench/peer_load.py) driving both over `/v1/completions` with
-token-id prompts, in one run. Reports each engine's figures and textgen / vLLM ratios.
+61 GB Qwen3-MoE of issue 24; `--shape gemma2-9b` / `phi3-medium`: issue 24's model families, 18.5 / 27.9 GB;
+`tiny`, `tiny-moe`, `tiny-gemma2`, `tiny-phi3`: harness checks; `--checkpoint gptq|awq|fp8-block`: a Llama shape as
+a random quantized checkpoint, issue 25), both engines at their shipped defaults, one client (bench/peer_load.py)
+driving both over `/v1/completions` with token-id prompts, in one run. Reports each engine's figures and
+textgen / vLLM ratios.
 
     PYTHONPATH=. python3 bench/gpu_vs_vllm.py --tokenizer-dir DIR --router-binary BIN \
         --peer-env .peer/tools/env.sh --out OUT
@@ -15,6 +17,9 @@ Workloads (fixed seeds; each engine gets the same requests, warm-up first):
   prefix       256 requests sharing a 2,000-token prefix (+16 own tokens), 128 new, at once
   mix          the issue-3 mix: 179 x 128/128 + 77 x 1024/512, at once
   long_answer  (only when named) three runs of one 128-token prompt, 1,024 new tokens
+Prompt ids are drawn below the model's vocabulary where it is smaller than the demo tokenizer's
+(Phi-3: 32,064), and a workload that needs more positions than the model has (Phi-3-medium-4k:
+long_prompt's 6,000) is skipped, named under "skipped" in the results.
 Only flag either engine gets beyond its defaults: the model path, port, textgen's `--num-shard 1`
 (it shards over every visible GPU otherwise) and vLLM's `--served-model-name m --dtype bfloat16`.
 An engine's admission limit is honoured by the client (textgen: /info max_concurrent_requests;
@@ -55,22 +60,23 @@ ENGINES = ("textgen", "vllm")
 FP8_FLAGS = {"textgen": ["--quantize", "fp8", "--kv-cache-dtype", "fp8_e4m3fn"],
              "vllm": ["--quantization", "fp8", "--kv-cache-dtype", "fp8"]}
 POISSON_S = 15.0
+SHAPE_CHOICES = ("8b", "qwen3-30b-a3b", "gemma2-9b", "phi3-medium", "tiny", "tiny-moe", "tiny-gemma2", "tiny-phi3")
 REPEATS = 3  # runs of the one-request workloads
 OPTIONAL_WORKLOADS = ("long_answer",)  # run only when named in --workloads
 
 
-def workloads(quick: bool) -> dict[str, list[list[peer_load.Request]]]:
-    """name -> its runs' requests; `quick` shrinks every one (a smoke test of the harness).
-    The single-request workloads run three times with fresh prompts (a repeated prompt would
-    be a prefix-cache hit) and report the median run."""
+def workloads(quick: bool, vocab: int = TEXT_VOCAB) -> dict[str, list[list[peer_load.Request]]]:
+    """name -> its runs' requests, prompt ids below `vocab`; `quick` shrinks every one (a smoke test
+    of the harness). The single-request workloads run three times with fresh prompts (a repeated
+    prompt would be a prefix-cache hit) and report the median run."""
     scale = 8 if quick else 1
-    v = TEXT_VOCAB
+    v = vocab
     return {
         "batch1": [peer_load.fixed([(128, 256 // scale)], v, seed=10 + r) for r in range(REPEATS)],
         "long_prompt": [peer_load.fixed([(6000 // scale, 1)], v, seed=20 + r) for r in range(REPEATS)],
         "burst": [peer_load.sharegpt_like(512 // scale, v, seed=3)],
-        "poisson_8": [_poisson(8, quick, 4)],
-        "poisson_32": [_poisson(32, quick, 5)],
+        "poisson_8": [_poisson(8, quick, 4, v)],
+        "poisson_32": [_poisson(32, quick, 5, v)],
         "prefix": [peer_load.shared_prefix(256 // scale, 2000 // scale, 16, 128 // scale, v, seed=6)],
         "mix": [peer_load.fixed(MIX[::scale], v, seed=7)],
         # Speculative decoding's batch-1 case: a long greedy answer, which random weights
@@ -79,9 +85,26 @@ def workloads(quick: bool) -> dict[str, list[list[peer_load.Request]]]:
     }
 
 
-def _poisson(rate: float, quick: bool, seed: int) -> list[peer_load.Request]:
+def _poisson(rate: float, quick: bool, seed: int, vocab: int) -> list[peer_load.Request]:
     schedule = peer_load.poisson_schedule(rate, POISSON_S / (8 if quick else 1), seed)
-    return peer_load.sharegpt_like(len(schedule), TEXT_VOCAB, seed, schedule)
+    return peer_load.sharegpt_like(len(schedule), vocab, seed, schedule)
+
+
+def prompt_vocab(shape: dict) -> int:
+    """Prompt ids stay below the model's vocabulary too: both engines refuse (or mis-index) an id past it."""
+    return min(TEXT_VOCAB, shape["vocab_size"])
+
+
+def fitting_plan(plan: dict[str, list[list[peer_load.Request]]], positions: int) -> tuple[dict, dict]:
+    """(the workloads whose every request fits the model's positions, {skipped name: why})."""
+    kept, skipped = {}, {}
+    for name, runs in plan.items():
+        longest = max(len(r.prompt) + r.max_tokens for run in runs for r in run)
+        if longest <= positions:
+            kept[name] = runs
+        else:
+            skipped[name] = f"a request needs {longest} positions, the model has {positions}"
+    return kept, skipped
 
 
 
@@ -166,7 +189,7 @@ def run_engine(args, engine: str, plan: dict[str, list[peer_load.Request]], resu
         mine["flags"] = args.variants[engine]
     try:
         limit = admission_limit(url)
-        warm = [peer_load.Request(r.prompt, 8) for r in peer_load.fixed(MIX[::16], TEXT_VOCAB, seed=99)]
+        warm = [peer_load.Request(r.prompt, 8) for r in peer_load.fixed(MIX[::16], args.prompt_vocab, seed=99)]
         peer_load.run(url, warm, 2, limit or len(warm))
         for name, requests in plan.items():
             log_start = _log_size(args, engine)
@@ -220,6 +243,8 @@ def report(results: dict) -> str:
                   "GB read a decoded token; "
                   f"copy bandwidth {model['copy_bytes_per_s'] / 1e12:.2f} TB/s. Batch-1 decode as a share of that "
                   "roofline: " + ", ".join(f"{e} {v:.2f}" for e, v in shares.items()), ""]  # fmt: skip
+    if skipped := results.get("skipped"):
+        lines += [*(f"Skipped {name}: {why}." for name, why in skipped.items()), ""]
     lines += ["| workload | measure | textgen | vLLM | textgen / vLLM |", "|:--|:--|--:|--:|--:|"]
     names = [n for n in results.get("textgen", {}) if isinstance(results["textgen"][n], dict)]
     for name in names:
@@ -295,7 +320,7 @@ def main() -> None:
     parser.add_argument("--router-binary", type=Path, default=Path("router/target/release/textgen-router"))
     parser.add_argument("--peer-env", type=Path, default=Path(".peer/tools/env.sh"))
     parser.add_argument("--work", type=Path, default=Path("/tmp/textgen-bench"))
-    parser.add_argument("--shape", default="8b", choices=["8b", "qwen3-30b-a3b", "tiny", "tiny-moe"],
+    parser.add_argument("--shape", default="8b", choices=SHAPE_CHOICES,
                         help="the random model's shape (bench/gpu_model.py SHAPES)")
     parser.add_argument("--checkpoint", choices=["gptq", "awq", "fp8-block"], default=None,
                         help="a random checkpoint of that method instead of bf16 (issue 25)")
@@ -314,6 +339,10 @@ def main() -> None:
         plain = args.shape == "8b" and args.checkpoint is None
         suffix = f"-{args.checkpoint}" if args.checkpoint else ""
         args.model_dir = Path("/tmp/llama8b-random" if plain else f"/tmp/{args.shape}{suffix}-random")
+    from bench.gpu_model import SHAPES
+
+    args.model_shape = SHAPES[args.shape]
+    args.prompt_vocab = prompt_vocab(args.model_shape)
     args.precision_flags = FP8_FLAGS if args.fp8 else {"textgen": [], "vllm": []}
     args.server_flag = []  # start_server's extra flags: none, the defaults are measured
     args.variants = {}
@@ -328,9 +357,12 @@ def main() -> None:
     subprocess.run([sys.executable, __file__, "--write-model", *sys.argv[1:]], check=True)
     results: dict = {"model": json.loads((args.work / "model.json").read_text()), "quick": args.quick,
                      "precision": "fp8" if args.fp8 else "bf16", "flags": args.precision_flags}
-    plan = workloads(args.quick)
+    plan = workloads(args.quick, args.prompt_vocab)
     plan = ({name: plan[name] for name in args.workloads.split(",")} if args.workloads
             else {name: runs for name, runs in plan.items() if name not in OPTIONAL_WORKLOADS})
+    plan, results["skipped"] = fitting_plan(plan, args.model_shape["max_position_embeddings"])
+    for name, why in results["skipped"].items():
+        print(f"skipped {name}: {why}", flush=True)
     results["workloads"] = {n: {"runs": len(runs), "requests": len(runs[0]),
                                 "prompt_tokens": sum(len(x.prompt) for x in runs[0]),
                                 "max_tokens": sum(x.max_tokens for x in runs[0])} for n, runs in plan.items()}  # fmt: skip

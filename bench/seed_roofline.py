@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bench.gpu_model import _layer_shapes
+from bench.gpu_model import _layer_shapes, head_dim
 
 
 @dataclass(frozen=True)
@@ -37,9 +37,9 @@ class ModelCost:
     def of(cls, cfg: dict, element_bytes: int) -> ModelCost:
         shapes = _layer_shapes(cfg)
         matmul = sum(rows * cols for rows, cols in shapes.values())
-        kv_dim = cfg["num_key_value_heads"] * cfg["head_dim"]
+        kv_dim = cfg["num_key_value_heads"] * head_dim(cfg)
         layers = cfg["num_hidden_layers"]
-        return cls(layers=layers, hidden=cfg["hidden_size"], q_dim=cfg["num_attention_heads"] * cfg["head_dim"],
+        return cls(layers=layers, hidden=cfg["hidden_size"], q_dim=cfg["num_attention_heads"] * head_dim(cfg),
                    vocab=cfg["vocab_size"], layer_matmul_params=matmul,
                    kv_bytes_per_token=layers * 2 * kv_dim * element_bytes, element_bytes=element_bytes)  # fmt: skip
 

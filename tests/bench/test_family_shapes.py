@@ -1,0 +1,174 @@
+"""The random-model writer's Gemma 2 and Phi-3 shapes (issue 24's model families): the Hub's
+tensor names and shapes at full size, tiny checkpoints the shard and transformers agree on, the
+rows that keep the random model from ending a request, and the decode roofline's byte count.
+
+Tolerance of the shard against transformers: fp32 on CPU, the same maths in another op order
+(fused projections, paged attention, (1 + w) folded into Gemma's norm weights at load): logits
+within 1e-4 of the largest, as tests/shard/test_dense_families.py and the MoE writer test.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+from bench import gpu_model  # noqa: E402
+
+TEXT_VOCAB = 49152
+TINY = {"tiny-gemma2": gpu_model.TINY_GEMMA2, "tiny-phi3": gpu_model.TINY_PHI3}
+FULL = {"gemma2-9b": gpu_model.GEMMA2_9B, "phi3-medium": gpu_model.PHI3_MEDIUM}
+PROMPT = [300, 4096, 77, 1200, 9000, 31000, 512, 20000, 4242, 1717, 30000, 256, 999, 12345, 27000, 640, 3333, 31999]
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir() -> Path:
+    from launcher.demo_model import ensure_demo_model
+
+    return ensure_demo_model()
+
+
+@pytest.fixture(scope="module")
+def tiny_dirs(tmp_path_factory, tokenizer_dir) -> dict[str, Path]:
+    dirs = {}
+    for name, shape in TINY.items():
+        dirs[name] = tmp_path_factory.mktemp(name)
+        gpu_model.write_random_llama(dirs[name], tokenizer_dir, TEXT_VOCAB, shape=shape, device="cpu",
+                                     dtype=torch.float32)  # fmt: skip
+    return dirs
+
+
+def shard_logits(directory: Path, prompt: list[int]) -> torch.Tensor:
+    from shard_server.attention.base import StepLayout
+    from tests.shard.helpers import load_runner
+
+    n = len(prompt)
+    runner = load_runner(directory, block_size=4, num_blocks=16)
+    metadata = runner.backend.build_metadata(StepLayout([n], [n], [list(range(-(-n // 4)))], 4), torch.device("cpu"))
+    with torch.inference_mode():
+        hidden = runner.model(torch.tensor(prompt), torch.arange(n), runner.kv_cache, metadata)
+        return runner.model.compute_logits(hidden)
+
+
+# -- full size: names, shapes, counts ---------------------------------------------------------
+@pytest.mark.parametrize("name", sorted(FULL))
+def test_full_shapes_hold_the_tensors_transformers_builds_for_the_hub_config(name, tmp_path):
+    """transformers' module tree for the config, built on the meta device (no memory): the same
+    names and shapes as the writer's specs (a tied lm_head is the embedding table, not stored)."""
+    transformers = pytest.importorskip("transformers")
+    shape = FULL[name]
+    (tmp_path / "config.json").write_text(json.dumps(shape))
+    config = transformers.AutoConfig.from_pretrained(tmp_path)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    want = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    if shape["tie_word_embeddings"]:
+        assert model.lm_head.weight is model.model.embed_tokens.weight
+        del want["lm_head.weight"]
+    assert {spec.name: spec.shape for spec in gpu_model.tensor_specs(shape)} == want
+
+
+def expected_counts(cfg: dict) -> tuple[int, int]:
+    """(parameters, parameters a decoded token reads), from the config alone."""
+    h, i, layers, vocab = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"], cfg["vocab_size"]
+    d = cfg.get("head_dim") or h // cfg["num_attention_heads"]
+    q, kv = cfg["num_attention_heads"] * d, cfg["num_key_value_heads"] * d
+    norms = 4 if cfg["model_type"] == "gemma2" else 2
+    layer = h * (q + 2 * kv) + q * h + 3 * h * i + norms * h
+    tables = 1 if cfg["tie_word_embeddings"] else 2
+    total = layers * layer + tables * vocab * h + h
+    read = layers * layer + vocab * h + 2 * h  # the LM head once, the final norm, one embedding row
+    return total, read
+
+
+# The Hub's figures: google/gemma-2-9b 9.24B, Phi-3-medium 13.96B (its two vocabulary tables 0.33B).
+@pytest.mark.parametrize("name, billions, active_billions", [("gemma2-9b", 9.2417, 9.2417),
+                                                            ("phi3-medium", 13.9602, 13.7961)])
+def test_parameter_and_decode_byte_counts_of_the_full_shapes(name, billions, active_billions):
+    shape = FULL[name]
+    total, read = expected_counts(shape)
+    assert sum(spec.numel for spec in gpu_model.tensor_specs(shape)) == total
+    assert gpu_model.active_params_per_token(shape) == read
+    assert gpu_model.decode_bytes_per_token(shape) == 2 * read
+    assert round(total / 1e5) == round(billions * 1e4) and round(read / 1e5) == round(active_billions * 1e4)
+
+
+def test_full_shapes_shard_under_the_cap():
+    """Gemma 2 9B (18.5 GB) stays one file; Phi-3-medium (27.9 GB) takes two."""
+    for shape, files in ((gpu_model.GEMMA2_9B, 1), (gpu_model.PHI3_MEDIUM, 2)):
+        specs = gpu_model.tensor_specs(shape)
+        assert len(gpu_model.plan_shards(specs, 2, gpu_model.DEFAULT_MAX_SHARD_BYTES)) == files
+
+
+def test_quantized_checkpoints_are_refused_outside_the_llama_layout():
+    for shape in (gpu_model.TINY_GEMMA2, gpu_model.TINY_PHI3):
+        with pytest.raises(ValueError, match="Llama layout"):
+            gpu_model.tensor_specs(shape, "gptq")
+
+
+# -- tiny: written, loaded, compared ---------------------------------------------------------
+@pytest.mark.parametrize("name", sorted(TINY))
+def test_tiny_checkpoint_holds_the_specs_and_the_hub_config(name, tiny_dirs):
+    directory, shape = tiny_dirs[name], TINY[name]
+    specs = {spec.name: spec.shape for spec in gpu_model.tensor_specs(shape)}
+    with safe_open(str(directory / "model.safetensors"), "pt") as f:
+        assert {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()} == specs
+    config = json.loads((directory / "config.json").read_text())
+    assert config == dict(shape, torch_dtype="float32")
+    assert ("lm_head.weight" in specs) != shape["tie_word_embeddings"]
+    assert ("self_attn.qkv_proj.weight" in str(specs)) == (shape["model_type"] == "phi3")
+
+
+@pytest.mark.parametrize("name", sorted(TINY))
+def test_the_shard_and_transformers_agree_on_the_tiny_checkpoint(name, tiny_dirs):
+    """Prompt of 18 tokens, past the tiny windows (8): sliding and global layers both differ."""
+    transformers = pytest.importorskip("transformers")
+    directory = tiny_dirs[name]
+    prompt = [t % TINY[name]["vocab_size"] for t in PROMPT]
+    reference, info = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32,
+                                                                        output_loading_info=True)  # fmt: skip
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
+    with torch.no_grad():
+        want = reference.eval()(torch.tensor([prompt])).logits[0]
+    got = shard_logits(directory, prompt)
+    assert got.shape == want.shape and torch.isfinite(got).all()
+    assert want.std() > 0.1, "reference logits too flat to compare"
+    assert (got - want).abs().max() <= 1e-4 * want.abs().max()
+
+
+@pytest.mark.parametrize("name", sorted(TINY))
+def test_special_and_undecodable_ids_never_win(name, tiny_dirs):
+    """Their logits are 0 (the zeroed head rows; for Gemma the tied embedding rows, through the
+    soft-cap), and every position's maximum is above 0."""
+    shape = TINY[name]
+    logits = shard_logits(tiny_dirs[name], [t % shape["vocab_size"] for t in PROMPT])
+    zeroed = [*gpu_model.SPECIAL_IDS, *range(TEXT_VOCAB, shape["vocab_size"])]
+    assert shape["vocab_size"] > TEXT_VOCAB or name == "tiny-phi3"  # Gemma's tiny vocabulary zeroes rows past it
+    assert torch.equal(logits[:, zeroed], torch.zeros(len(PROMPT), len(zeroed)))
+    assert (logits.max(dim=-1).values > 0).all()
+    assert (logits[:, 17:TEXT_VOCAB] != 0).float().mean() > 0.99
+
+
+# -- gpu_vs_vllm ----------------------------------------------------------------------------
+def test_bench_prompts_stay_inside_phi3s_vocabulary_and_long_prompt_is_skipped_at_4k():
+    """Both engines refuse a prompt id past the model's vocabulary (textgen's router: 400), and
+    Phi-3-medium-4k has 4,096 positions: the 6,000-token long_prompt cannot run there."""
+    from bench.gpu_vs_vllm import SHAPE_CHOICES, fitting_plan, prompt_vocab, workloads
+
+    assert set(SHAPE_CHOICES) <= set(gpu_model.SHAPES)
+    assert prompt_vocab(gpu_model.PHI3_MEDIUM) == 32064 and prompt_vocab(gpu_model.GEMMA2_9B) == TEXT_VOCAB
+    phi3 = workloads(False, prompt_vocab(gpu_model.PHI3_MEDIUM))
+    ids = [t for runs in phi3.values() for run in runs for r in run for t in r.prompt]
+    assert 256 <= min(ids) and max(ids) < 32064 and max(ids) > 31000
+    assert [r.prompt for r in workloads(False)["burst"][0]] != [r.prompt for r in phi3["burst"][0]]
+    kept, skipped = fitting_plan(phi3, gpu_model.PHI3_MEDIUM["max_position_embeddings"])
+    assert list(skipped) == ["long_prompt"] and "6001" in skipped["long_prompt"]
+    assert set(kept) == set(phi3) - {"long_prompt"}
+    assert fitting_plan(phi3, gpu_model.GEMMA2_9B["max_position_embeddings"])[1] == {}
