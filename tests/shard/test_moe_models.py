@@ -241,6 +241,28 @@ def test_an_fp8_moe_checkpoint_loads_as_its_source_quantized_at_load(moe_models,
     assert torch.equal(logits, want)
 
 
+@pytest.mark.parametrize("checkpoint", ["quantized at load", "fp8 checkpoint"])
+def test_two_ranks_with_fp8_experts_stay_near_one(moe_models, tmp_path, checkpoint):
+    """Each rank's expert slices: gate/up rows whole (one rank's rows and scales), down columns
+    halved (quantized at load: each half row its own scale; a checkpoint's scales are whole-row
+    ones). Two ranks stay as near the unquantized model as one does, and agree bit for bit."""
+    from .fp8_checkpoints import write_fp8_checkpoint
+    from .test_tensor_parallel import load_rank_model, prefill_logits, run_ranks
+
+    source = moe_models["qwen2_moe"][0]  # routed experts and a shared one
+    directory = source if checkpoint == "quantized at load" else write_fp8_checkpoint(source, tmp_path / "fp8")
+    outputs = run_ranks(2, [directory], "logits_fp8")
+    one = prefill_logits(load_rank_model(directory, ParallelContext(), "fp8"), ParallelContext())
+    plain = prefill_logits(load_rank_model(source, ParallelContext()), ParallelContext())
+    two = outputs[0][0]["logits"]
+    assert torch.equal(two, outputs[1][0]["logits"])
+
+    def drift(logits):
+        return float((logits - plain).norm() / plain.norm())
+
+    assert 0 < drift(two) < min(0.2, 1.5 * drift(one)), (drift(two), drift(one))
+
+
 def test_fp8_experts_without_their_scale_are_refused_by_name(moe_models, tmp_path):
     from safetensors.torch import load_file, save_file
 
