@@ -110,6 +110,7 @@ def align_to_blocks(topk_ids: torch.Tensor, experts: int, block_m: int) -> tuple
 # the GPU; a single program's chunk loop would grow with the pairs.
 ALIGN_IN_ONE_PROGRAM_UP_TO = 2048
 ALIGN_CHUNK = 128  # pairs a step of the program's loops: [chunk, chunk] and [chunk, experts] compares
+ALIGN_MAX_EXPERTS = 256  # a [chunk, experts] compare in one program's registers
 
 
 def align_pairs(topk_ids: torch.Tensor, experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -117,7 +118,7 @@ def align_pairs(topk_ids: torch.Tensor, experts: int, block_m: int) -> tuple[tor
     about twenty small torch ops, whose launches cost a decode step more than its GEMMs."""
     flat = topk_ids.reshape(-1)
     pairs = flat.numel()
-    if pairs > ALIGN_IN_ONE_PROGRAM_UP_TO or pairs == 0 or not use_fused(flat):
+    if pairs > ALIGN_IN_ONE_PROGRAM_UP_TO or pairs == 0 or experts > ALIGN_MAX_EXPERTS or not use_fused(flat):
         return align_to_blocks(topk_ids, experts, block_m)
     blocks = triton.cdiv(pairs + min(experts, pairs) * (block_m - 1), block_m)
     sorted_pairs = torch.empty(blocks * block_m, dtype=torch.int32, device=flat.device)

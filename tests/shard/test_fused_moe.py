@@ -117,6 +117,8 @@ def test_alignment_past_one_programs_share_takes_the_torch_ops(monkeypatch):
         assert fused_moe.align_pairs(ids, 8, 16) == "torch" and len(calls) == 1
         monkeypatch.setattr(fused_moe, "ALIGN_IN_ONE_PROGRAM_UP_TO", 12)
         assert fused_moe.align_pairs(ids, 8, 16) != "torch"
+        monkeypatch.setattr(fused_moe, "ALIGN_MAX_EXPERTS", 7)  # more experts than a program's compare holds
+        assert fused_moe.align_pairs(ids, 8, 16) == "torch" and len(calls) == 2
 
 
 def test_alignment_with_every_pair_on_one_expert():
