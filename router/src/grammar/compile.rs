@@ -122,6 +122,31 @@ fn shorten(message: String) -> String {
     }
 }
 
+/// Takes one token the first mask allows and masks again. llguidance builds a regex's lexer
+/// states as tokens arrive, so a grammar whose lexer runs out of fuel at its first step (a
+/// regex bomb such as `(a{1000}){1000}`) is refused here, at admission, and never at the
+/// first token it generates. llguidance's per-step fuel bounds the work.
+fn probe_one_token(
+    matcher: &mut Matcher,
+    mask: &llguidance::toktrie::SimpleVob,
+) -> Result<(), String> {
+    let Some(token) = mask.first_bit_set() else {
+        return Ok(());
+    };
+    let stepped = matcher.consume_token(token as u32).and_then(|()| {
+        if matcher.is_stopped() {
+            Ok(())
+        } else {
+            matcher.compute_mask().map(|_| ())
+        }
+    });
+    match (stepped, matcher.get_error()) {
+        (_, Some(error)) => Err(error),
+        (Err(error), None) => Err(error.to_string()),
+        (Ok(()), None) => Ok(()),
+    }
+}
+
 /// Compiles grammars against the served model's vocabulary; shared by every request.
 pub struct GrammarCompiler {
     factory: Arc<ParserFactory>,
@@ -158,7 +183,8 @@ impl GrammarCompiler {
     }
 
     /// Compiles and checks on the calling thread (blocking: up to the compile bound).
-    /// The first mask is computed too, so a grammar that allows nothing is refused here.
+    /// The first mask is computed too, so a grammar that allows nothing is refused here, and
+    /// one step past it (`probe_one_token`).
     pub fn compile_blocking(&self, request: &GrammarRequest) -> Result<pb::Grammar, GrammarError> {
         let kind = request.kind();
         let size = request.size();
@@ -188,6 +214,7 @@ impl GrammarCompiler {
         if mask.is_zero() {
             return Err(invalid(NO_OUTPUT.into()));
         }
+        probe_one_token(&mut matcher, &mask).map_err(invalid)?;
         Ok(pb::Grammar {
             llguidance,
             stop_token_ids: self.stop_token_ids.clone(),

@@ -159,6 +159,19 @@ fn a_backtracking_bomb_regex_costs_nothing() {
     );
 }
 
+#[test]
+fn a_regex_whose_lexer_runs_out_of_fuel_at_its_first_token_is_refused_at_compile() {
+    // The first mask passes; llguidance's lexer gives up on the first `a` (per-step fuel).
+    // Refused here, it never reaches a shard to fail mid-generation.
+    let error = compiler()
+        .compile_blocking(&GrammarRequest::Regex("(a{1000}){1000}".into()))
+        .unwrap_err();
+    assert!(
+        matches!(&error, GrammarError::Invalid { kind: "regex", message } if message.contains("too many expressions")),
+        "{error:?}"
+    );
+}
+
 #[tokio::test]
 async fn a_compile_past_the_time_bound_is_refused_at_the_bound() {
     let c = compiler_with(GrammarLimits {
