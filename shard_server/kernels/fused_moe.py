@@ -80,15 +80,20 @@ def fused_moe_applies(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor) -> b
     return x.dim() == 2 and x.dtype in DTYPES and w13.dtype in (x.dtype, FP8) and w2.dtype == w13.dtype
 
 
+def block_count(pairs: int, experts: int, block_m: int) -> int:
+    """Row tiles of the aligned pairs, from the shapes alone: every hit expert (at most
+    min(experts, pairs)) may pad its group by up to block_m - 1 rows."""
+    return triton.cdiv(pairs + min(experts, pairs) * (block_m - 1), block_m)
+
+
 def align_to_blocks(topk_ids: torch.Tensor, experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The (token, k) pairs (flat index t * top_k + k) grouped by expert, each group padded to a
     multiple of block_m: (sorted_pairs int32 [blocks * block_m], block_expert int32 [blocks]).
     Padding entries hold `pairs` (one past the last pair); a block past the last group has
-    expert -1. `blocks` depends only on the shapes: ceil((pairs + hit * (block_m - 1)) / block_m),
-    hit = min(experts, pairs) bounding the experts with a group."""
+    expert -1. `blocks` is `block_count`'s: the shapes' alone."""
     flat = topk_ids.reshape(-1)
     pairs, device = flat.numel(), flat.device
-    blocks = triton.cdiv(pairs + min(experts, pairs) * (block_m - 1), block_m)
+    blocks = block_count(pairs, experts, block_m)
     counts = torch.zeros(experts, dtype=torch.int64, device=device).scatter_add_(0, flat, torch.ones_like(flat))
     padded = (counts + block_m - 1) // block_m * block_m
     padded_end = torch.cumsum(padded, 0)
@@ -120,7 +125,7 @@ def align_pairs(topk_ids: torch.Tensor, experts: int, block_m: int) -> tuple[tor
     pairs = flat.numel()
     if pairs > ALIGN_IN_ONE_PROGRAM_UP_TO or pairs == 0 or experts > ALIGN_MAX_EXPERTS or not use_fused(flat):
         return align_to_blocks(topk_ids, experts, block_m)
-    blocks = triton.cdiv(pairs + min(experts, pairs) * (block_m - 1), block_m)
+    blocks = block_count(pairs, experts, block_m)
     sorted_pairs = torch.empty(blocks * block_m, dtype=torch.int32, device=flat.device)
     block_expert = torch.empty(blocks, dtype=torch.int32, device=flat.device)
     next_slot = torch.empty(experts, dtype=torch.int32, device=flat.device)  # the kernel's scratch
@@ -252,6 +257,8 @@ def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_wei
     experts, inter = w13.shape[0], w13.shape[1] // 2
     top_k = topk_ids.shape[1]
     pairs = tokens * top_k
+    if (w13.dtype == FP8) != (scales is not None):
+        raise ValueError("fp8 experts need their scales, and only fp8 experts take them")
     if pairs == 0:
         return torch.zeros(tokens, w2.shape[1], dtype=x.dtype, device=x.device)
     if x.stride(1) != 1:

@@ -5,6 +5,7 @@ import json
 from safetensors.torch import load_file, save_file
 
 from shard_server.kernels.fp8_matmul import FP8, FP8_MAX, quantize_rows_reference
+from shard_server.kernels.fused_moe import ExpertScales
 from shard_server.weights import read_config
 
 LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "w1", "w2", "w3")  # w*: Mixtral's experts
@@ -34,3 +35,10 @@ def write_fp8_checkpoint(source, target, per_tensor: bool = False, quantization=
     config = {**read_config(source), "quantization_config": quantization}
     (target / "config.json").write_text(json.dumps(config))
     return target
+
+
+def fp8_experts(w13, w2):
+    """Stacked experts in e4m3 with a scale per row, as --quantize fp8 stores them: (w13, w2, scales)."""
+    (q13, s13), (q2, s2) = (quantize_rows_reference(w.reshape(-1, w.shape[-1])) for w in (w13, w2))
+    experts = w13.shape[0]
+    return q13.view(w13.shape), q2.view(w2.shape), ExpertScales(s13.view(experts, -1), s2.view(experts, -1))

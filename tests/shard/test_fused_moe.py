@@ -18,11 +18,9 @@ pytest.importorskip("triton")
 
 from shard_server.distributed import ParallelContext  # noqa: E402
 from shard_server.kernels.dispatch import fused_kernels  # noqa: E402
-from shard_server.kernels.fp8_matmul import quantize_rows_reference  # noqa: E402
 from shard_server.kernels import fused_moe  # noqa: E402
 from shard_server.kernels.fused_moe import (  # noqa: E402
     TILES,
-    ExpertScales,
     align_pairs,
     MoeTile,
     align_to_blocks,
@@ -33,6 +31,8 @@ from shard_server.kernels.fused_moe import (  # noqa: E402
 from shard_server.models import moe as moe_module  # noqa: E402
 from shard_server.models.config import ModelConfig  # noqa: E402
 from shard_server.models.moe import MoeBlock, experts_forward, reference_experts, route  # noqa: E402
+
+from .fp8_checkpoints import fp8_experts  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"  # the small cases: compiled on a GPU, interpreted on CPU
@@ -158,13 +158,6 @@ def test_default_tiles_through_experts_forward():
     with fused_kernels(True, on_cpu=True):
         got = experts_forward(x, w13, w2, weights, ids)
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
-
-
-def fp8_experts(w13, w2):
-    """The experts in e4m3 with a scale per row, as --quantize fp8 stores them."""
-    (q13, s13), (q2, s2) = (quantize_rows_reference(w.reshape(-1, w.shape[-1])) for w in (w13, w2))
-    experts = w13.shape[0]
-    return q13.view(w13.shape), q2.view(w2.shape), ExpertScales(s13.view(experts, -1), s2.view(experts, -1))
 
 
 def test_mixed_weights_stay_on_the_torch_path(monkeypatch):
@@ -305,3 +298,13 @@ def test_a_tie_goes_to_the_earliest_expert():
         weights, ids = route(logits, 3, renormalize=True)
     assert ids.tolist() == [[1, 3, 4]]
     torch.testing.assert_close(weights, torch.full((1, 3), 1 / 3, device=DEVICE))
+
+
+def test_fp8_experts_without_their_scales_are_refused():
+    x, w13, w2, weights, ids = make_case(3, 4, 2, hidden=16, inter=16, seed=6)
+    q13, q2, scales = fp8_experts(w13, w2)
+    with fused_kernels(True, on_cpu=True):
+        with pytest.raises(ValueError, match="fp8 experts need their scales"):
+            fused_experts(x, q13, q2, weights, ids)
+        with pytest.raises(ValueError, match="only fp8 experts take them"):
+            fused_experts(x, w13, w2, weights, ids, scales=scales)

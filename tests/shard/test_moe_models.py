@@ -15,13 +15,13 @@ import torch.nn.functional as F
 
 from shard_server.attention.base import StepLayout
 from shard_server.distributed import ParallelContext
-from shard_server.kernels.fp8_matmul import FP8, quantize_rows_reference
-from shard_server.kernels.fused_moe import ExpertScales
+from shard_server.kernels.fp8_matmul import FP8
 from shard_server.models.config import ModelConfig, UnsupportedModelError
 from shard_server.models.moe import MoeBlock, check_moe_shardable, dense_experts, reference_experts, route
 from shard_server.models.sharding import ShardingError
 from shard_server.weights import WeightsError, WeightStore, read_config
 
+from .fp8_checkpoints import fp8_experts
 from .helpers import StepDriver, generate_greedy, load_model, load_runner
 from .tiny_models import MOE_FAMILIES, make_tiny_moe_model
 
@@ -281,9 +281,7 @@ def test_fp8_experts_without_their_scale_are_refused_by_name(moe_models, tmp_pat
 def test_fp8_and_float_experts_take_the_reference_alike():
     """The reference and its static-shape twin dequantize fp8 experts with their row scales."""
     x, w13, w2, weights, ids = _random_experts(tokens=7, experts=4, top_k=2, hidden=24, inter=16)
-    (q13, s13), (q2, s2) = (quantize_rows_reference(w.reshape(-1, w.shape[-1])) for w in (w13, w2))
-    scales = ExpertScales(s13.view(4, -1), s2.view(4, -1))
-    q13, q2 = q13.view(w13.shape), q2.view(w2.shape)
+    q13, q2, scales = fp8_experts(w13, w2)
     want = reference_experts(x, q13.float() * scales.w13[..., None], q2.float() * scales.w2[..., None], weights, ids)
     torch.testing.assert_close(reference_experts(x, q13, q2, weights, ids, scales), want)
     torch.testing.assert_close(dense_experts(x, q13, q2, weights, ids, scales), want, atol=1e-5, rtol=1e-5)
