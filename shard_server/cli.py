@@ -25,6 +25,7 @@ from .cuda_graphs import DEFAULT_SIZES as DEFAULT_GRAPH_SIZES
 from .cuda_graphs import parse_sizes
 from .mixed_graphs import MIXED_TOKEN_BUCKETS
 from .distributed import init_parallel
+from .draft_model import DraftModel, check_same_vocabulary
 from .grammar import GrammarEngine
 from .kernels.fp8_matmul import require_fp8_support
 from .kv_cache import KV_CACHE_DTYPES, KVSpec
@@ -59,6 +60,7 @@ class ServeConfig:
     kv_cache_tokens: int = 32768
     kv_cache_dtype: str | None = None  # the model dtype
     quantize: str | None = None  # "fp8": linear weights in fp8, quantized at load
+    speculative_model: Path | None = None  # a draft model's directory: drafts come from it
     cuda_memory_fraction: float = 1.0
     attention: str | None = None  # triton on CUDA, reference elsewhere
     cuda_graphs: str = ",".join(map(str, DEFAULT_GRAPH_SIZES))
@@ -117,6 +119,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="fp8: quantize the linear weights to fp8 (e4m3, a scale per output feature) at load; gptq, awq, "
         "marlin: name the checkpoint's own GPTQ/AWQ quantization (loaded without the flag too)",
     )
+    serve.add_argument(
+        "--speculative-model", type=Path, default=None,
+        help="local directory of a draft model that shares the model's tokenizer: speculative drafts come from "
+        "it instead of prompt lookup (the router's --speculate sets how many); default: none",
+    )  # fmt: skip
     serve.add_argument("--cuda-memory-fraction", type=float, default=d.cuda_memory_fraction)
     serve.add_argument(
         "--attention", choices=["reference", "triton"], default=None, help="default: triton on CUDA, else reference"
@@ -186,6 +193,37 @@ def setup_logging(json_output: bool, rank: int) -> None:
     logging.captureWarnings(True)
 
 
+def _read_model_config(model_path: Path, quantize: str | None, world_size: int) -> ModelConfig:
+    try:
+        model_config = ModelConfig.from_dict(read_config(model_path))
+    except UnsupportedModelError as exc:  # name the file the reason is in
+        raise UnsupportedModelError(f"{Path(model_path) / 'config.json'}: {exc}") from None
+    model_config = model_config.with_quantize(quantize)
+    check_shardable(model_config, world_size)  # fail before the rendezvous, naming the numbers
+    return model_config
+
+
+def _load_model(model_path: Path, model_config: ModelConfig, parallel, attention: str, dtype, device):
+    with WeightStore(model_path) as store:
+        model = build_model(model_config, store, parallel, attention, dtype, device)
+        log.info(
+            "rank %d/%d read %.1f MiB of %s's %.1f MiB (largest read %.1f MiB)",
+            parallel.rank, parallel.world_size, store.bytes_read / 2**20, model_path, store.total_bytes() / 2**20,
+            store.largest_read / 2**20,
+        )  # fmt: skip
+    return model
+
+
+def _kv_spec(model_config: ModelConfig, parallel, config: ServeConfig, dtype: torch.dtype) -> KVSpec:
+    return KVSpec(
+        num_layers=model_config.num_hidden_layers,
+        num_kv_heads=shard_heads(model_config, parallel).num_kv_heads,
+        head_dim=model_config.head_dim,
+        block_size=config.block_size,
+        dtype=config.kv_dtype(dtype),
+    )
+
+
 def load_service(
     config: ServeConfig, trace: TraceSettings | None = None, worker: ThreadPoolExecutor | None = None
 ) -> ShardService:
@@ -193,39 +231,31 @@ def load_service(
     device = config.torch_device()
     dtype = config.torch_dtype(device)
     torch.set_num_threads(len(os.sched_getaffinity(0)))
-    try:
-        model_config = ModelConfig.from_dict(read_config(config.model_path))
-    except UnsupportedModelError as exc:  # name the file the reason is in
-        raise UnsupportedModelError(f"{Path(config.model_path) / 'config.json'}: {exc}") from None
-    model_config = model_config.with_quantize(config.quantize)
-    check_shardable(model_config, config.world_size)  # fail before the rendezvous, naming the numbers
+    model_config = _read_model_config(config.model_path, config.quantize, config.world_size)
+    draft_config = None
+    if config.speculative_model is not None:  # its files are checked before any weight is read
+        check_same_vocabulary(config.model_path, config.speculative_model)
+        draft_config = _read_model_config(config.speculative_model, None, config.world_size)
     if model_config.quantize == "fp8":
         require_fp8_support(device)
     parallel = init_parallel(config.rank, config.world_size, config.master_addr, config.master_port, device)
     attention = config.attention_backend(device)
-    with WeightStore(config.model_path) as store:
-        model = build_model(model_config, store, parallel, attention, dtype, device)
-        log.info(
-            "rank %d/%d read %.1f MiB of the checkpoint's %.1f MiB (largest read %.1f MiB)",
-            parallel.rank, parallel.world_size, store.bytes_read / 2**20, store.total_bytes() / 2**20,
-            store.largest_read / 2**20,
-        )
-    spec = KVSpec(
-        num_layers=model_config.num_hidden_layers,
-        num_kv_heads=shard_heads(model_config, parallel).num_kv_heads,
-        head_dim=model_config.head_dim,
-        block_size=config.block_size,
-        dtype=config.kv_dtype(dtype),
-    )
+    model = _load_model(config.model_path, model_config, parallel, attention, dtype, device)
+    drafter = None
+    if draft_config is not None:
+        draft = _load_model(config.speculative_model, draft_config, parallel, attention, dtype, device)
+        drafter = DraftModel(draft, _kv_spec(draft_config, parallel, config, dtype), device, model_config.vocab_size)
+    spec = _kv_spec(model_config, parallel, config, dtype)
     grammars = GrammarEngine.for_model_dir(config.model_path, model_config.vocab_size)  # tokenizer read lazily
-    runner = ModelRunner(model, spec, device, grammars)
+    runner = ModelRunner(model, spec, device, grammars, drafter)
     identity = ShardIdentity(model_config.model_type, parallel, attention)
     sizing = PoolSizing(config.kv_cache_tokens, config.cuda_memory_fraction, parse_sizes(config.cuda_graphs),
                         parse_sizes(config.cuda_graph_tokens, "--cuda-graph-tokens"))  # fmt: skip
     log.info(
-        "loaded %s (%s%s, %s; KV cache %s) from %s", model_config.model_type, dtype,
+        "loaded %s (%s%s, %s; KV cache %s) from %s%s", model_config.model_type, dtype,
         f" with {model_config.quantize} weights" if model_config.quantize else "", device, spec.dtype, config.model_path,
-    )
+        f", drafting with {draft_config.model_type} from {config.speculative_model}" if draft_config else "",
+    )  # fmt: skip
     tracer = build_tracer(trace, config.rank, config.world_size)
     return ShardService(runner, identity, sizing, tracer, worker)
 

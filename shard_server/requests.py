@@ -132,8 +132,9 @@ class SequenceState:
     pending: list = field(default_factory=list)
     # Constrained decoding: the sequence's matcher (grammar.SequenceGrammar), None for free text.
     grammar: object | None = None
-    # Speculative decoding: the n-gram index its drafts come from, made at its first draft.
-    ngram: object | None = None
+    # Speculative decoding: what the drafter keeps for this sequence (an n-gram index, or
+    # where the draft model's KV stands), made at its first draft.
+    draft_state: object | None = None
 
     @property
     def known_len(self) -> int:

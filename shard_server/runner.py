@@ -29,7 +29,7 @@ from .models.causal_lm import CausalLM
 from .pb import generate_pb2 as pb
 from .requests import InvalidStepError, SequenceTable
 from .sampling import SampledTokens, Sampler, SamplingRows, TokenMask
-from .speculation import kept_tokens
+from .speculation import Drafter, PromptLookup, kept_tokens
 from .step_plan import PoolLimits, ScheduledWork, apply_plan, plan_step
 
 log = logging.getLogger(__name__)
@@ -86,9 +86,12 @@ class LaunchedStep:
 
 
 class ModelRunner:
-    def __init__(self, model: CausalLM, kv_spec: KVSpec, device: torch.device, grammars: GrammarEngine | None = None):
+    def __init__(
+        self, model: CausalLM, kv_spec: KVSpec, device: torch.device, grammars: GrammarEngine | None = None,
+        drafter: Drafter | None = None,
+    ):  # fmt: skip
         """`grammars` runs constrained decoding; without one (no tokenizer), a constrained
-        sequence is refused."""
+        sequence is refused. `drafter` proposes speculative drafts: prompt lookup by default."""
         self.model = model
         self.config = model.config
         self.kv_spec = kv_spec
@@ -100,10 +103,16 @@ class ModelRunner:
         self.graphs: DecodeGraphs | None = None  # set by warmup when CUDA graphs are on
         self.mixed_graphs: MixedGraphs | None = None  # likewise, for steps not decode-only
         self.grammars = grammars or GrammarEngine(None, self.config.vocab_size)
+        self.drafter = drafter or PromptLookup()
 
     @property
     def block_size(self) -> int:
         return self.kv_spec.block_size
+
+    @property
+    def bytes_per_block(self) -> int:
+        """KV bytes one block of the pool takes: the target's, and the draft model's if any."""
+        return self.kv_spec.bytes_per_block + self.drafter.bytes_per_block
 
     @property
     def dtype(self) -> torch.dtype:
@@ -116,6 +125,7 @@ class ModelRunner:
                 graphs.release()  # they point into the old pool
         self.kv_cache = None  # free the old pool before allocating the new one
         self.kv_cache = KVCache(self.kv_spec, num_blocks, self.device)
+        self.drafter.allocate(num_blocks)
 
     def clear(self) -> None:
         self.table.clear()
@@ -161,6 +171,7 @@ class ModelRunner:
         step before's on the host) is called once the forward is queued."""
         launched.started_ns = time.perf_counter_ns()
         launched.began = self._device_event()
+        self._draft(launched, work)
         tensors = self._prepare(work)
         launched.prepared = self._device_event()
         needs_hidden = any(self._wants_prefill_logprobs(item) for item in work)
@@ -204,6 +215,16 @@ class ModelRunner:
             # A verification's drafts count once kept (`_finish`); its input's KV is in now.
             item.state.computed_len = item.end - len(item.drafts)
         launched.done = self._device_event()
+
+    def _draft(self, launched: LaunchedStep, work: list[ScheduledWork]) -> None:
+        """Has the drafter propose the drafts the router left room for; each becomes an input."""
+        drafting = [item for item in work if item.draft_budget]
+        if not drafting:
+            return
+        self.drafter.draft(drafting)
+        for item in drafting:
+            item.num_tokens += len(item.drafts)
+        launched.response.draft_ns = time.perf_counter_ns() - launched.started_ns
 
     def _out_of_memory(self, launched: LaunchedStep) -> None:
         """The device ran out of memory queueing the step: none of it is kept. Its sequences

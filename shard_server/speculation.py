@@ -8,13 +8,18 @@ draft this is rejection sampling for a one-point proposal (accept with probabili
 else draw from p without d), and it also makes the text with speculation on the same text,
 seeded draw for seeded draw, as with it off.
 
-Drafts come from prompt lookup: the longest recent n-gram equal to the sequence's last n
-tokens (NGRAM_MAX down to NGRAM_MIN) predicts that what followed it then follows now.
+Drafts come from a drafter: prompt lookup here (the longest recent n-gram equal to the
+sequence's last n tokens, NGRAM_MAX down to NGRAM_MIN, predicts that what followed it then
+follows now), or a draft model (draft_model.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from .step_plan import ScheduledWork
 
 NGRAM_MAX = 4
 NGRAM_MIN = 2
@@ -49,6 +54,37 @@ class NgramIndex:
             if end is not None:
                 return tokens[end + 1 : end + 1 + k]
         return []
+
+
+class Drafter(Protocol):
+    """What the runner asks of a drafter."""
+
+    # KV bytes the drafter keeps per block of the target's pool (0: none). Its own pool, if
+    # any, has the same blocks, so a sequence's block table addresses both.
+    bytes_per_block: int
+
+    def allocate(self, num_blocks: int) -> None:
+        """(Re)allocates the drafter's pool beside a target pool of `num_blocks` blocks."""
+
+    def draft(self, items: list[ScheduledWork]) -> None:
+        """Proposes each item's drafts (at most `item.draft_budget`) into `item.drafts`. Items
+        are decodes whose tokens are all on the host; the step is checked, its blocks added."""
+
+
+class PromptLookup:
+    """The n-gram drafter: no model and no memory beyond each sequence's index."""
+
+    bytes_per_block = 0  # no KV of its own
+
+    def allocate(self, num_blocks: int) -> None:
+        pass
+
+    def draft(self, items: list[ScheduledWork]) -> None:
+        for item in items:
+            state = item.state
+            if state.draft_state is None:
+                state.draft_state = NgramIndex()
+            item.drafts = state.draft_state.propose(state.token_ids, item.draft_budget)
 
 
 def kept_tokens(chosen: list[int], drafts: list[int]) -> list[int]:

@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 
 from .requests import InvalidStepError, SamplingParams, SequenceRefused, SequenceState, SequenceTable
 from .sampling import argmax_suffices
-from .speculation import NgramIndex
 
 
 @dataclass
@@ -20,8 +19,10 @@ class ScheduledWork:
     new_block_ids: list[int]
     num_tokens: int
     sample: bool
-    # Speculative decoding: tokens drafted after the decode's input, verified in this step
-    # (they are the last len(drafts) of its num_tokens inputs).
+    # Speculative decoding: how many drafts the router reserved room for, and the tokens the
+    # drafter proposed after the decode's input, verified in this step (once drafted, they
+    # are the last len(drafts) of its num_tokens inputs).
+    draft_budget: int = 0
     drafts: list[int] = field(default_factory=list)
 
     @property
@@ -168,9 +169,10 @@ def _scheduled(msg, state: SequenceState, limits: PoolLimits) -> ScheduledWork:
 
 
 def _add_drafts(item: ScheduledWork, k: int, capacity: int, limits: PoolLimits) -> None:
-    """Drafts up to k tokens after a decode's input, to verify in the same step. A sequence
-    whose next token reads its history on the host (grammar, penalties, watermark) is not
-    drafted for: its rows would depend on each other's tokens."""
+    """Allows up to k drafts after a decode's input, to verify in the same step (the runner's
+    drafter proposes them once the step is checked). A sequence whose next token reads its
+    history on the host (grammar, penalties, watermark) is not drafted for: its rows would
+    depend on each other's tokens."""
     state = item.state
     if item.num_tokens != 1 or not item.sample or state.pending:
         raise InvalidStepError(
@@ -178,14 +180,8 @@ def _add_drafts(item: ScheduledWork, k: int, capacity: int, limits: PoolLimits) 
         )
     if item.end + k > min(capacity, limits.max_positions):
         raise InvalidStepError(f"sequence {state.id}: no KV slot or position for {k} drafts")
-    if state.needs_host_tokens:
-        return
-    # The index is derived from the tokens alone: building it before the whole step is
-    # checked changes nothing a refused step must leave as it was.
-    if state.ngram is None:
-        state.ngram = NgramIndex()
-    item.drafts = state.ngram.propose(state.token_ids, k)
-    item.num_tokens += len(item.drafts)
+    if not state.needs_host_tokens:
+        item.draft_budget = k
 
 
 def apply_plan(plan: StepPlan, table: SequenceTable) -> None:

@@ -24,6 +24,7 @@ import logging
 import torch
 
 from .cuda_graphs import DecodeGraphs, pdl_up_to
+from .draft_model import CATCH_UP_TOKENS, DraftModel
 from .mixed_graphs import MIXED_TOKEN_BUCKETS, MixedGraphs, buckets_for, capture_all, graphs_memory_bytes
 from .pb import generate_pb2 as pb
 from .runner import ModelRunner
@@ -33,6 +34,7 @@ CUDA_WIGGLE_ROOM = 0.95  # share of the measured budget handed to the KV pool
 # 37 s against 13 s for 256 with the demo model on 2 cores, for nothing measured.
 CPU_WARMUP_SEQUENCES = 256
 WARMUP_SEED = 1234
+DRAFT_WARMUP_TOKENS = 4  # drafts of the warmup's one drafting decode
 
 
 log = logging.getLogger(__name__)
@@ -97,8 +99,14 @@ def warmup(runner: ModelRunner, max_tokens: int, max_batch_size: int, sizing: Po
     runner.clear()
     if runner.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(runner.device)
-    runner.allocate_kv_cache(blocks_needed)
+    warm_drafter = isinstance(runner.drafter, DraftModel)
+    draft_prompt = min(max_tokens, CATCH_UP_TOKENS, cfg.max_position_embeddings - DRAFT_WARMUP_TOKENS - 2)
+    draft_blocks = -(-(draft_prompt + 1 + DRAFT_WARMUP_TOKENS) // runner.block_size) if warm_drafter else 0
+    runner.allocate_kv_cache(max(blocks_needed, draft_blocks))
     runner.step(request)
+    if warm_drafter:
+        runner.clear()
+        _warm_draft_model(runner, draft_prompt)
     prepared = runner.backend.prepare_prefill(max_tokens, runner.dtype, runner.device)
     if prepared:
         log.info("prepared %d dense prefill shapes", prepared)
@@ -124,6 +132,22 @@ def warmup(runner: ModelRunner, max_tokens: int, max_batch_size: int, sizing: Po
         )  # fmt: skip
     _freeze_long_lived_objects()
     return num_blocks, int((time.perf_counter() - started) * 1000)
+
+
+def _warm_draft_model(runner: ModelRunner, prompt_len: int) -> None:
+    """A greedy prefill of `prompt_len` tokens, then one decode with drafts: the draft model
+    catches up over the whole prompt in one chunk (its activation peak, measured with the
+    rest) and proposes, so its kernels are built before the first request needs them."""
+    generator = torch.Generator().manual_seed(WARMUP_SEED)
+    ids = torch.randint(0, runner.config.vocab_size, (prompt_len,), generator=generator).tolist()
+    blocks = list(range(-(-(prompt_len + 1 + DRAFT_WARMUP_TOKENS) // runner.block_size)))
+    prefill = pb.StepRequest(step_id=1)
+    prefill.new_sequences.add(id=0, input_ids=ids, prompt_len=prompt_len)
+    prefill.sequences.add(id=0, num_tokens=prompt_len, new_block_ids=blocks, sample=True)
+    runner.step(prefill)
+    decode = pb.StepRequest(step_id=2)
+    decode.sequences.add(id=0, num_tokens=1, sample=True, max_draft_tokens=DRAFT_WARMUP_TOKENS)
+    runner.step(decode)
 
 
 def _freeze_long_lived_objects() -> None:
@@ -168,7 +192,7 @@ def _mixed_graphs(runner: ModelRunner, sizes: list[int], max_tokens: int, wanted
 
 
 def _pool_blocks(runner: ModelRunner, sizing: PoolSizing, reserve: int) -> int:
-    per_block = runner.kv_spec.bytes_per_block
+    per_block = runner.bytes_per_block
     if runner.device.type != "cuda":
         return runner.kv_spec.blocks_for_tokens(sizing.kv_cache_tokens)
     device = runner.device

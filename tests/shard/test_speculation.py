@@ -115,7 +115,7 @@ def test_verified_drafts_change_nothing_but_the_step_count(runner, monkeypatch, 
     plain, drafted_off, _ = generate(runner, sampling, 40, k=0)
     assert drafted_off == 0
     oracle = OracleDrafts(PROMPT + plain, wrong_every)
-    monkeypatch.setattr("shard_server.step_plan.NgramIndex", lambda: oracle)
+    monkeypatch.setattr("shard_server.speculation.NgramIndex", lambda: oracle)
     speculative, drafted, per_step = generate(runner, sampling, 40, k=4)
     assert speculative == plain
     assert drafted > 0
@@ -145,7 +145,7 @@ def test_a_sequence_that_reads_its_history_is_not_drafted_for(runner):
 
 def test_logprobs_and_alternatives_come_with_every_kept_token(runner, monkeypatch):
     plain, _, _ = generate(runner, GREEDY, 12, k=0)
-    monkeypatch.setattr("shard_server.step_plan.NgramIndex", lambda: OracleDrafts(PROMPT + plain, 0))
+    monkeypatch.setattr("shard_server.speculation.NgramIndex", lambda: OracleDrafts(PROMPT + plain, 0))
     driver = StepDriver(runner)
     new = pb.NewSequence(id=3, input_ids=PROMPT, prompt_len=len(PROMPT), sampling=GREEDY, top_n_tokens=2)
     first = pb.ScheduledSequence(id=3, num_tokens=len(PROMPT), new_block_ids=driver.blocks_for(3, len(PROMPT)),
@@ -219,7 +219,7 @@ def test_kept_drafts_follow_the_models_distribution(tiny_model_dirs, monkeypatch
         def propose(self, tokens, k):
             return [likely[tuple(tokens)]][:k] if tuple(tokens) in likely else []
 
-    monkeypatch.setattr("shard_server.step_plan.NgramIndex", LikelyDraft)
+    monkeypatch.setattr("shard_server.speculation.NgramIndex", LikelyDraft)
     speculative = sample_batch(runner, seeds, decodes=1, drafts=likely)
     firsts = [(spec[1], ref[1]) for spec, ref in zip(speculative, plain)]
     kept = [(spec[2], ref[2]) for spec, ref in zip(speculative, plain) if len(spec) == 3]
@@ -272,7 +272,7 @@ def test_verifications_through_the_mixed_graphs_give_the_eager_tokens(tiny_model
     device = torch.device("cuda" if cuda else "cpu")
     eager = make_runner(tiny_model_dirs["llama"], "triton", device, num_blocks=128)
     plain, _, _ = generate(eager, sampling, 24, k=0)
-    monkeypatch.setattr("shard_server.step_plan.NgramIndex", lambda: OracleDrafts(PROMPT + plain, 3))
+    monkeypatch.setattr("shard_server.speculation.NgramIndex", lambda: OracleDrafts(PROMPT + plain, 3))
     expected, drafted, _ = generate(eager, sampling, 24, k=4)
     assert expected == plain and drafted > 0
 
