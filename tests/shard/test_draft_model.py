@@ -15,6 +15,7 @@ from shard_server.kv_cache import KVSpec
 from shard_server.models.config import UnsupportedModelError
 from shard_server.pb import generate_pb2 as pb
 from shard_server.runner import ModelRunner
+from shard_server.weights import WeightsError
 
 from .helpers import CPU, StepDriver, load_model
 from .test_speculation import GREEDY, PROMPT, SEEDED, generate
@@ -189,3 +190,34 @@ def test_a_malformed_draft_tokenizer_is_refused_naming_the_file(tmp_path, conten
         (draft / "tokenizer.json").write_bytes(content)
     with pytest.raises(UnsupportedModelError, match=str(draft / "tokenizer.json")):
         check_same_vocabulary(target, draft)
+
+
+# -- loading -----------------------------------------------------------------------------------
+def model_with_tokenizer(source, directory, vocab):
+    import shutil
+
+    shutil.copytree(source, directory)
+    return write_tokenizer(directory, vocab)
+
+
+def test_the_shard_loads_a_draft_model_from_its_flag(tiny_model_dirs, tmp_path):
+    from shard_server.cli import load_service, parse_config
+
+    vocab = {f"t{i}": i for i in range(160)}
+    target = model_with_tokenizer(tiny_model_dirs["llama"], tmp_path / "target", vocab)
+    draft = model_with_tokenizer(tiny_model_dirs["qwen3"], tmp_path / "draft", vocab)
+    base = ["serve", "--model-path", str(target), "--uds-path", str(tmp_path / "sock"), "--device", "cpu"]
+    assert parse_config(base).speculative_model is None
+    service = load_service(parse_config([*base, "--speculative-model", str(draft)]))
+    try:
+        drafter = service.runner.drafter
+        assert isinstance(drafter, DraftModel) and drafter.model.config.model_type == "qwen3"
+        assert service.runner.bytes_per_block == service.runner.kv_spec.bytes_per_block + drafter.bytes_per_block
+    finally:
+        service.close()
+    other = model_with_tokenizer(tiny_model_dirs["qwen2"], tmp_path / "other", {**vocab, "t0": 1, "t1": 0})
+    with pytest.raises(UnsupportedModelError, match="tokenizer differs"):
+        load_service(parse_config([*base, "--speculative-model", str(other)]))
+    (draft / "config.json").write_text("{")
+    with pytest.raises(WeightsError, match=str(draft / "config.json")):
+        load_service(parse_config([*base, "--speculative-model", str(draft)]))
