@@ -2,9 +2,10 @@
 back from a server log and summarised: where a workload's wall time went, step by step.
 
 A record is one log line with `step=… sequences=… decodes=… tokens=… ran_us=… device_us=…`
-and, from routers that log them, `input_wait_us=… drafts=… drafted=…` (plain or JSON logs: the
-fields are matched by name). With speculative decoding `tokens` counts the drafts a step's
-decodes were allowed (`drafts`); `drafted` is how many the shard verified.
+and, from routers that log them, `input_wait_us=… drafts=… drafted=… draft_us=…` (plain or JSON
+logs: the fields are matched by name). With speculative decoding `tokens` counts the drafts a
+step's decodes were allowed (`drafts`); `drafted` is how many the shard verified, `draft_us` the
+host time its draft model took to propose them.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 
 LOG_FILTER = "info,textgen_router::scheduler::step_loop=debug"
 FIELDS = ("step", "sequences", "decodes", "tokens", "ran_us", "device_us")
-OPTIONAL_FIELDS = ("input_wait_us", "drafts", "drafted")  # 0 when an older router's record lacks them
+OPTIONAL_FIELDS = ("input_wait_us", "drafts", "drafted", "draft_us")  # 0 when an older router's record lacks them
 _PATTERN = re.compile(
     "".join(rf"\W+{name}\W+(\d+)" for name in FIELDS) + "".join(rf"(?:\W+{name}\W+(\d+))?" for name in OPTIONAL_FIELDS)
 )
@@ -40,6 +41,7 @@ class StepRecord:
     input_wait_us: int = 0
     drafts: int = 0  # drafts the step's decodes were allowed (counted in `tokens`)
     drafted: int = 0  # drafts the shard verified
+    draft_us: int = 0  # host time the draft model took proposing the step's drafts
 
     @property
     def prefill_tokens(self) -> int:
@@ -74,7 +76,8 @@ def summary(records: list[StepRecord]) -> dict:
     out["decode_steps"] = _by(decode, BATCH_EDGES, "sequences", "batch")
     if any(r.drafts for r in records):
         out["drafts"] = {"allowed": sum(r.drafts for r in records), "drafted": sum(r.drafted for r in records),
-                         "steps_verifying": sum(r.drafted > 0 for r in records)}  # fmt: skip
+                         "steps_verifying": sum(r.drafted > 0 for r in records),
+                         "draft_s": _seconds(records, "draft_us")}  # fmt: skip
     return out
 
 

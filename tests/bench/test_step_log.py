@@ -81,11 +81,18 @@ def test_the_device_wait_on_the_host_is_read_when_logged_and_counted_past_the_fl
 
 def test_drafts_are_decodes_not_prompt_tokens(tmp_path):
     drafting = PLAIN + " input_wait_us={} drafts={} drafted={}"
+    timed = drafting + " draft_us={}"  # a router that logs the draft model's time
+    drafting_json = JSON.replace('"device_us":{}}}',
+                                 '"device_us":{},"input_wait_us":{},"drafts":{},"drafted":{},"draft_us":{}}}')
     lines = [drafting.format(1, 1, 1, 5, 6_000, 5_000, 10, 4, 4),  # a decode allowed 4, verified 4
              drafting.format(2, 1, 1, 5, 5_000, 4_600, 10, 4, 0),  # allowed 4, nothing to draft
-             PLAIN.format(3, 1, 1, 1, 4_500, 4_500)]  # fmt: skip
+             PLAIN.format(3, 1, 1, 1, 4_500, 4_500),
+             timed.format(4, 1, 1, 5, 7_000, 5_000, 10, 4, 4, 1_500),
+             drafting_json.format(5, 1, 1, 5, 7_000, 5_000, 10, 4, 3, 1_250)]  # fmt: skip
     records = step_log.read(write_log(tmp_path, lines))
-    assert [(r.drafts, r.drafted, r.prefill_tokens) for r in records] == [(4, 4, 0), (4, 0, 0), (0, 0, 0)]
+    assert [(r.drafts, r.drafted, r.prefill_tokens) for r in records] == [(4, 4, 0), (4, 0, 0), (0, 0, 0),
+                                                                          (4, 4, 0), (4, 3, 0)]  # fmt: skip
+    assert [r.draft_us for r in records] == [0, 0, 0, 1_500, 1_250]
     summary = step_log.summary(records)
     assert summary["prefill_steps"] == {"count": 0}
-    assert summary["drafts"] == {"allowed": 8, "drafted": 4, "steps_verifying": 1}
+    assert summary["drafts"] == {"allowed": 16, "drafted": 11, "steps_verifying": 3, "draft_s": 0.00275}

@@ -221,6 +221,12 @@ pub const CATALOG: &[MetricSpec] = &[
         "Host time computing the grammar masks of one step with constrained sequences, by shard rank",
     ),
     spec(
+        SHARD_DRAFT_DURATION,
+        Kind::Histogram,
+        SECONDS,
+        "Host time the draft model spent proposing one step's drafts, by shard rank",
+    ),
+    spec(
         GRAMMAR_COMPILE_DURATION,
         Kind::Histogram,
         SECONDS,
@@ -296,6 +302,7 @@ pub fn register() {
                     && metric.name != SHARD_SAMPLING_DURATION
                     && metric.name != SHARD_DEVICE_DURATION
                     && metric.name != SHARD_GRAMMAR_MASK_DURATION
+                    && metric.name != SHARD_DRAFT_DURATION
                     && metric.name != GRAMMAR_COMPILE_DURATION =>
             {
                 let _ = histogram!(metric.name);

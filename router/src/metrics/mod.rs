@@ -56,6 +56,7 @@ pub fn builder() -> Result<PrometheusBuilder, BuildError> {
         SHARD_SAMPLING_DURATION,
         SHARD_DEVICE_DURATION,
         SHARD_GRAMMAR_MASK_DURATION,
+        SHARD_DRAFT_DURATION,
         GRAMMAR_COMPILE_DURATION,
     ] {
         builder =

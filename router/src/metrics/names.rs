@@ -29,6 +29,7 @@ pub const SHARD_FORWARD_DURATION: &str = "textgen_shard_forward_duration_seconds
 pub const SHARD_SAMPLING_DURATION: &str = "textgen_shard_sampling_duration_seconds";
 pub const SHARD_DEVICE_DURATION: &str = "textgen_shard_device_duration_seconds";
 pub const SHARD_GRAMMAR_MASK_DURATION: &str = "textgen_shard_grammar_mask_duration_seconds";
+pub const SHARD_DRAFT_DURATION: &str = "textgen_shard_draft_duration_seconds";
 pub const GRAMMAR_COMPILE_DURATION: &str = "textgen_grammar_compile_duration_seconds";
 pub const CONSTRAINED_REQUESTS_TOTAL: &str = "textgen_constrained_requests_total";
 pub const GRAMMAR_REFUSALS_TOTAL: &str = "textgen_grammar_refusals_total";

@@ -177,6 +177,7 @@ fn log_step(shape: &StepShape, ran_for: std::time::Duration, response: Option<&p
         input_wait_us = response.map_or(0, |r| r.input_wait_ns / 1_000),
         drafts = shape.drafts,
         drafted = response.map_or(0, |r| r.outputs.iter().map(|o| o.drafted).sum::<u32>()),
+        draft_us = response.map_or(0, |r| r.draft_ns / 1_000),
         "step"
     );
 }

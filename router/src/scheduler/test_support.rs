@@ -231,6 +231,7 @@ impl ShardSim {
             sample_ns: 1,
             device_ns: 0,
             mask_ns: 0,
+            draft_ns: 0,
             input_wait_ns: 0,
         }
     }

@@ -5,8 +5,8 @@ use std::time::Duration;
 use metrics::{histogram, Histogram};
 
 use crate::metrics::names::{
-    SHARD_DEVICE_DURATION, SHARD_FORWARD_DURATION, SHARD_GRAMMAR_MASK_DURATION,
-    SHARD_SAMPLING_DURATION,
+    SHARD_DEVICE_DURATION, SHARD_DRAFT_DURATION, SHARD_FORWARD_DURATION,
+    SHARD_GRAMMAR_MASK_DURATION, SHARD_SAMPLING_DURATION,
 };
 use crate::pb;
 
@@ -16,9 +16,10 @@ struct RankHistograms {
     sampling: Histogram,
     device: Histogram,
     mask: Histogram,
+    draft: Histogram,
 }
 
-/// One pair of histograms per rank, created (and so listed at zero) up front.
+/// One set of histograms per rank, created (and so listed at zero) up front.
 #[derive(Debug, Clone)]
 pub struct ShardTimings {
     ranks: Vec<RankHistograms>,
@@ -33,7 +34,8 @@ impl ShardTimings {
                     forward: histogram!(SHARD_FORWARD_DURATION, "rank" => rank.clone()),
                     sampling: histogram!(SHARD_SAMPLING_DURATION, "rank" => rank.clone()),
                     device: histogram!(SHARD_DEVICE_DURATION, "rank" => rank.clone()),
-                    mask: histogram!(SHARD_GRAMMAR_MASK_DURATION, "rank" => rank),
+                    mask: histogram!(SHARD_GRAMMAR_MASK_DURATION, "rank" => rank.clone()),
+                    draft: histogram!(SHARD_DRAFT_DURATION, "rank" => rank),
                 }
             })
             .collect();
@@ -54,6 +56,10 @@ impl ShardTimings {
                 // Only steps with constrained sequences compute masks.
                 rank.mask.record(Duration::from_nanos(reply.mask_ns));
             }
+            if reply.draft_ns > 0 {
+                // Only a shard with a draft model that drafted this step times it.
+                rank.draft.record(Duration::from_nanos(reply.draft_ns));
+            }
         }
     }
 }
@@ -68,13 +74,15 @@ mod tests {
         let handle = recorder.handle();
         metrics::with_local_recorder(&recorder, || {
             let timings = ShardTimings::new(2);
-            let reply = |forward_ms: u64, sample_us: u64, device_ms: u64| pb::StepResponse {
-                forward_ns: forward_ms * 1_000_000,
-                sample_ns: sample_us * 1_000,
-                device_ns: device_ms * 1_000_000,
-                ..Default::default()
-            };
-            timings.record(&[reply(3, 200, 3), reply(7, 50, 0)]);
+            let reply =
+                |forward_ms: u64, sample_us: u64, device_ms: u64, draft_ms: u64| pb::StepResponse {
+                    forward_ns: forward_ms * 1_000_000,
+                    sample_ns: sample_us * 1_000,
+                    device_ns: device_ms * 1_000_000,
+                    draft_ns: draft_ms * 1_000_000,
+                    ..Default::default()
+                };
+            timings.record(&[reply(3, 200, 3, 5), reply(7, 50, 0, 0)]);
         });
         let text = handle.render();
         for line in [
@@ -89,6 +97,10 @@ mod tests {
             r#"textgen_shard_device_duration_seconds_bucket{rank="0",le="0.002"} 0"#,
             // A shard without a device clock (device_ns 0) records nothing.
             r#"textgen_shard_device_duration_seconds_count{rank="1"} 0"#,
+            r#"textgen_shard_draft_duration_seconds_bucket{rank="0",le="0.006"} 1"#,
+            r#"textgen_shard_draft_duration_seconds_bucket{rank="0",le="0.004"} 0"#,
+            // A step without drafts (draft_ns 0) records nothing.
+            r#"textgen_shard_draft_duration_seconds_count{rank="1"} 0"#,
         ] {
             assert!(text.contains(line), "missing {line} in\n{text}");
         }
