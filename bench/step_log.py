@@ -5,7 +5,7 @@ A record is one log line with `step=… sequences=… decodes=… tokens=… ran
 and, from routers that log them, `input_wait_us=… drafts=… drafted=… draft_us=…` (plain or JSON
 logs: the fields are matched by name). With speculative decoding `tokens` counts the drafts a
 step's decodes were allowed (`drafts`); `drafted` is how many the shard verified, `draft_us` the
-host time its draft model took to propose them.
+host time its drafter (prompt lookup or a draft model) took to propose them.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ class StepRecord:
     input_wait_us: int = 0
     drafts: int = 0  # drafts the step's decodes were allowed (counted in `tokens`)
     drafted: int = 0  # drafts the shard verified
-    draft_us: int = 0  # host time the draft model took proposing the step's drafts
+    draft_us: int = 0  # host time the drafter took proposing the step's drafts
 
     @property
     def prefill_tokens(self) -> int:

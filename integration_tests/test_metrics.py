@@ -226,9 +226,8 @@ def test_histograms_are_consistent_and_saw_the_traffic(traffic, server):
                 continue
             if dict(labels).get("kind", "regex") != "regex":
                 continue  # the traffic's grammar is a regex; other kinds come from other tests
-            if family == "textgen_shard_draft_duration_seconds":
-                continue  # only a draft model records it; this stack has none
-            if family.startswith("textgen_speculative_") and not info["speculate"]:
+            drafting = family.startswith("textgen_speculative_") or family == "textgen_shard_draft_duration_seconds"
+            if drafting and not info["speculate"]:
                 assert now["count"] == 0, f"{family} recorded with speculation off"
                 continue
             assert now["count"] > then["count"], f"{family}{dict(labels)} saw none of the traffic"

@@ -224,7 +224,7 @@ pub const CATALOG: &[MetricSpec] = &[
         SHARD_DRAFT_DURATION,
         Kind::Histogram,
         SECONDS,
-        "Host time the draft model spent proposing one step's drafts, by shard rank",
+        "Host time spent proposing one step's drafts (prompt lookup or a draft model), by shard rank",
     ),
     spec(
         GRAMMAR_COMPILE_DURATION,
