@@ -84,6 +84,11 @@ class DraftModel:
 
     @torch.inference_mode()
     def draft(self, items: list[ScheduledWork]) -> None:
+        # Positions past the draft model's own (a draft with a shorter context) get no drafts.
+        limit = self.model.config.max_position_embeddings
+        items = [item for item in items if len(item.state.token_ids) + item.draft_budget - 1 <= limit]
+        if not items:
+            return
         cursors = [_cursor(item.state) for item in items]
         token_lists = [item.state.token_ids for item in items]
         starts = [min(c.valid_len(t), len(t) - 1) for c, t in zip(cursors, token_lists)]

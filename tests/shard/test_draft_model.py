@@ -4,6 +4,7 @@ random one little; its KV catches up lazily and is sized with the pool."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -221,3 +222,13 @@ def test_the_shard_loads_a_draft_model_from_its_flag(tiny_model_dirs, tmp_path):
     (draft / "config.json").write_text("{")
     with pytest.raises(WeightsError, match=str(draft / "config.json")):
         load_service(parse_config([*base, "--speculative-model", str(draft)]))
+
+
+def test_no_drafts_past_the_draft_models_context(tiny_model_dirs, plain_runner):
+    plain, _, _ = generate(plain_runner, GREEDY, 24, k=0)
+    runner = draft_runner(tiny_model_dirs["llama"], tiny_model_dirs["llama"])
+    # The draft sees 20 positions: drafting stops once a decode's drafts would pass them.
+    runner.drafter.model.config = dataclasses.replace(runner.drafter.model.config, max_position_embeddings=20)
+    speculative, _, per_step = generate(runner, GREEDY, 24, k=4)
+    assert speculative == plain
+    assert per_step[0] == 5 and per_step[-1] == 1 and 1 in per_step[:-1]
