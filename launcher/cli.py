@@ -35,13 +35,28 @@ def _program_name() -> str:
     return name if name.endswith("launcher") else "textgen-launcher"
 
 
+def resolve_speculative_model(settings: Settings, cache: Path | None,
+                              access: HubAccess) -> Path | None:
+    """`--speculative-model` resolved and checked exactly like `--model-id` (same cache, same
+    Hub access, the default revision); a failure names it as the speculative model."""
+    if settings.speculative_model is None:
+        return None
+    try:
+        return resolve_model(settings.speculative_model, None, cache, access)
+    except (ModelResolutionError, DemoModelError) as exc:
+        raise ModelResolutionError(
+            f"speculative model (--speculative-model {settings.speculative_model}): {exc}") \
+            from exc
+
+
 def build_supervisor(settings: Settings, model_path: Path, num_shard: int,
                      executables: Executables, environ: Mapping[str, str],
-                     stop: StopSignal) -> Supervisor:
+                     stop: StopSignal, speculative_model_path: Path | None = None) -> Supervisor:
     env = child_environment(settings, environ)
     shard_env = shard_environment(settings, environ)
     shards = [ShardSpec(name=f"shard {rank}",
-                        argv=shard_command(executables, settings, model_path, rank, num_shard),
+                        argv=shard_command(executables, settings, model_path, rank, num_shard,
+                                           speculative_model_path),
                         env=shard_env, socket=shard_socket(settings, rank))
               for rank in range(num_shard)]
     router = RouterSpec(name="router",
@@ -66,8 +81,9 @@ def serve(argv: Sequence[str], environ: Mapping[str, str],
     try:
         num_shard = resolve_num_shard(settings, lambda: visible_gpu_count(environ))
         cache = Path(settings.huggingface_hub_cache) if settings.huggingface_hub_cache else None
-        model_path = resolve_model(settings.model_id, settings.revision, cache,
-                                   HubAccess.from_environment(environ))
+        access = HubAccess.from_environment(environ)
+        model_path = resolve_model(settings.model_id, settings.revision, cache, access)
+        speculative_model_path = resolve_speculative_model(settings, cache, access)
         executables = executables or default_executables()
     except UsageError as exc:
         logger.error("%s", exc)
@@ -75,11 +91,15 @@ def serve(argv: Sequence[str], environ: Mapping[str, str],
     except (ModelResolutionError, DemoModelError, ExecutableNotFound) as exc:
         logger.error("%s", exc)
         return EXIT_FAILURE
+    if speculative_model_path is not None:
+        logger.info("speculative model %s resolved to %s", settings.speculative_model,
+                    speculative_model_path)
     logger.info("model %s resolved to %s; starting %d shard(s)", settings.model_id,
                 model_path, num_shard)
     stop = StopSignal()
     stop.install()
-    return build_supervisor(settings, model_path, num_shard, executables, environ, stop).run()
+    return build_supervisor(settings, model_path, num_shard, executables, environ, stop,
+                            speculative_model_path).run()
 
 
 def download_demo_model(argv: Sequence[str], environ: Mapping[str, str]) -> int:

@@ -71,12 +71,18 @@ def _forwarded_flags(settings: Settings, child: str) -> list[str]:
 
 
 def shard_command(executables: Executables, settings: Settings, model_path: Path,
-                  rank: int, world_size: int) -> list[str]:
+                  rank: int, world_size: int,
+                  speculative_model_path: Path | None = None) -> list[str]:
+    """`speculative_model_path`: the draft model's directory, resolved from
+    `--speculative-model` by the launcher like the model's (cli.serve)."""
+    draft = [] if speculative_model_path is None else [
+        "--speculative-model", str(speculative_model_path)]
     return [*executables.shard, "serve",
             "--model-path", str(model_path),
             "--uds-path", settings.shard_uds_path,
             "--rank", str(rank),
             "--world-size", str(world_size),
+            *draft,
             *_forwarded_flags(settings, SHARD)]
 
 

@@ -158,8 +158,14 @@ OPTIONS: tuple[Option, ...] = (
     _router("--scheduling-age-cap-ms", "Milliseconds after which a waiting request goes "
             "ahead of requests with a longer cached prefix.", non_negative_int, "2000"),
     Option(("--speculate", "--num-speculative-tokens"), "Speculative decoding: each decode drafts up "
-           "to N tokens by prompt lookup (n-gram) and verifies them in the same forward pass; the text "
-           "is the same as without. 0: off.", non_negative_int, forward=(ROUTER,), child_default="0"),
+           "to N tokens by prompt lookup (n-gram), or with --speculative-model, and verifies them in "
+           "the same forward pass; the text is the same as without. 0: off.", non_negative_int,
+           forward=(ROUTER,), child_default="0"),
+    # Used by the launcher itself: resolved like --model-id, checked, then given to every shard
+    # as `--speculative-model DIR` (commands.shard_command).
+    Option(("--speculative-model",), "Hub model id or local directory of a small draft model that "
+           "shares the model's tokenizer; each decode's drafts come from it instead of prompt "
+           "lookup. Needs --speculate N (--num-speculative-tokens) >= 1."),
     _router("--max-stream-backlog", "Events a stream may fall behind its reader before it is "
             "dropped with an error, its sequence cancelled (textgen only).", default="1024"),
     _router("--payload-limit", "Largest request body in bytes (413 above).", default="2000000"),

@@ -49,6 +49,7 @@ class Settings:
     step_timeout: int | None
     prefix_caching: bool | None
     speculate: int | None
+    speculative_model: str | None
     generation_config_defaults: bool | None
     scheduling_policy: str | None
     scheduling_age_cap_ms: int | None
@@ -170,6 +171,9 @@ def _check_consistency(values: dict[str, Any]) -> None:
                          f"--max-batch-total-tokens ({batch_total})")
     if values["sharded"] is True and values["num_shard"] == 1:
         raise UsageError("--sharded true needs more than one shard, but --num-shard is 1")
+    if values["speculative_model"] is not None and not values["speculate"]:
+        raise UsageError("--speculative-model needs --num-speculative-tokens N (or --speculate N) "
+                         ">= 1: the number of tokens the draft model proposes per decode")
 
 
 def parse_settings(argv: Sequence[str], environ: Mapping[str, str]) -> Settings:

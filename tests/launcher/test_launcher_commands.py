@@ -145,3 +145,21 @@ def test_speculate_and_its_vllm_name_reach_the_router_only():
     assert "--speculate" not in shard_command(EXE, settings("--speculate", "4"), MODEL, 0, 1)
     with pytest.raises(UsageError, match="speculate"):
         settings("--speculate", "-1")
+
+
+def test_speculative_model_reaches_every_shard_as_its_resolved_directory():
+    s = settings("--speculate", "4", "--speculative-model", "org/draft")
+    draft = Path("/cache/models--org--draft/snapshots/abc")
+    for rank in range(2):
+        shard = shard_command(EXE, s, MODEL, rank, 2, draft)
+        assert ("--speculative-model", str(draft)) in _pairs(shard)
+        assert shard.count("--speculative-model") == 1 and "org/draft" not in shard
+    router = router_command(EXE, s, MODEL, 2)
+    assert "--speculative-model" not in router and "org/draft" not in router
+    assert ("--speculate", "4") in _pairs(router)
+    assert "--speculative-model" not in shard_command(EXE, settings("--speculate", "4"), MODEL, 0, 1)
+
+
+def test_speculative_model_env_twin_does_not_reach_the_children():
+    s = settings(SPECULATE="2", SPECULATIVE_MODEL="org/draft")
+    assert "SPECULATIVE_MODEL" not in child_environment(s, {"SPECULATIVE_MODEL": "org/draft", "PATH": "/bin"})

@@ -126,6 +126,29 @@ def test_limits_must_be_consistent():
         parse("--max-total-tokens", "5000", "--max-batch-total-tokens", "4000")
 
 
+def test_speculative_model_from_the_flag_or_its_env_twin():
+    assert parse().speculative_model is None  # drafts by prompt lookup
+    assert parse("--speculate", "4", "--speculative-model", "org/draft").speculative_model == "org/draft"
+    env = parse(SPECULATIVE_MODEL="/drafts/small", SPECULATE="2")
+    assert (env.speculative_model, env.speculate) == ("/drafts/small", 2)
+    both = parse("--num-speculative-tokens", "3", "--speculative-model", "a/b", SPECULATIVE_MODEL="c/d")
+    assert (both.speculative_model, both.speculate) == ("a/b", 3)
+
+
+@pytest.mark.parametrize("argv,env", [
+    (["--speculative-model", "org/draft"], {}),
+    (["--speculative-model", "org/draft", "--speculate", "0"], {}),
+    (["--num-speculative-tokens", "0"], {"SPECULATIVE_MODEL": "org/draft"}),
+    ([], {"SPECULATIVE_MODEL": "org/draft"}),
+])
+def test_speculative_model_needs_speculate(argv, env):
+    with pytest.raises(UsageError) as raised:
+        parse(*argv, **env)
+    assert str(raised.value) == (
+        "--speculative-model needs --num-speculative-tokens N (or --speculate N) >= 1: the "
+        "number of tokens the draft model proposes per decode")
+
+
 def test_shutdown_timeout_aliases():
     assert parse("-g", "5").graceful_termination_timeout == 5.0
     assert parse("--shutdown-timeout", "7").graceful_termination_timeout == 7.0
@@ -150,4 +173,5 @@ def test_help_names_child_defaults_and_env_twins():
     text = " ".join(build_parser().format_help().split())  # undo line wrapping
     assert "[router default: 1024] [env: MAX_CONCURRENT_REQUESTS]" in text
     assert "[env: PORT]" in text
+    assert "Needs --speculate N (--num-speculative-tokens) >= 1. [env: SPECULATIVE_MODEL]" in text
     assert "TGI flags textgen does not support" in text
