@@ -2,19 +2,22 @@
 
 Shapes (SHAPES): LLAMA3_8B (one 16 GB file, as the 8B benches expect), LLAMA3_70B (141 GB in
 bf16, streamed into ~20 GB shards plus model.safetensors.index.json, so at most one shard is
-ever in host memory), QWEN3_30B_A3B (61 GB of Qwen3-MoE: 128 experts, 8 a token), GEMMA2_9B
-(google/gemma-2-9b: 18.5 GB, tied embeddings, four norms a layer), PHI3_MEDIUM
+ever in host memory), LLAMA32_1B (meta-llama/Llama-3.2-1B: 2.47 GB, tied embeddings; the 8B's
+draft model in bench/gpu_speculation.py), QWEN3_30B_A3B (61 GB of Qwen3-MoE: 128 experts, 8 a
+token), GEMMA2_9B (google/gemma-2-9b: 18.5 GB, tied embeddings, four norms a layer), PHI3_MEDIUM
 (microsoft/Phi-3-medium-4k-instruct: 27.9 GB in 2 shards, fused qkv_proj and gate_up_proj) and
-TINY / TINY_MOE / TINY_GEMMA2 / TINY_PHI3 (a few MB, for CPU tests of the harnesses). LAYOUTS
-says how each family names and stores a layer's tensors.
+TINY / TINY_1B / TINY_MOE / TINY_GEMMA2 / TINY_PHI3 (a few MB, for CPU tests of the harnesses).
+LAYOUTS says how each family names and stores a layer's tensors.
 
 The weights are random, so greedy decoding could pick tokens the demo tokenizer cannot
 decode (ids >= its vocabulary) or its special tokens (EOS would end a benchmark request
 early): those rows of lm_head are zero, so their logit is 0 and never the maximum (all
-~49k random logits of the other rows would have to be negative). With tied embeddings (Gemma)
-the embedding table is the LM head, so its rows are the ones zeroed: a special id is never the
-greedy pick, and the benchmark prompts hold none (peer_load draws ids from 256 up); Gemma's final
-soft-cap (tanh) keeps the order, so a zeroed row's logit stays 0 and never wins.
+~49k random logits of the other rows would have to be negative). With tied embeddings (Gemma,
+Llama 3.2 1B: tensor_specs draws the embedding table as the head) the embedding table is the LM
+head, so its rows are the ones zeroed: a special id is never the greedy pick, and the benchmark
+prompts hold none (peer_load draws ids from 256 up; one that does come in embeds to zeros, which
+RMSNorm maps to zeros, not NaN); Gemma's final soft-cap (tanh) keeps the order, so a zeroed
+row's logit stays 0 and never wins.
 bos/eos ids are the demo tokenizer's (1, 2) in every shape, not the Hub model's.
 """
 
@@ -52,9 +55,16 @@ LLAMA3_8B = dict(
 )
 LLAMA3_70B = dict(LLAMA3_8B, hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
                   num_attention_heads=64, num_key_value_heads=8)  # fmt: skip
+# meta-llama/Llama-3.2-1B's config (bos/eos the demo tokenizer's, 8,192 positions like the 8B):
+# 1.24B parameters, tied embeddings; the 8B's draft model in issue 26's speculation benchmark.
+LLAMA32_1B = dict(LLAMA3_8B, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
+                  num_key_value_heads=8, head_dim=64, tie_word_embeddings=True)  # fmt: skip
 # The demo tokenizer's 49,152 ids need a vocabulary at least that large; the rest is tiny.
 TINY = dict(LLAMA3_8B, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, head_dim=16, vocab_size=49152)  # fmt: skip
+# The 1B's tied Llama, tiny: a vocabulary past the demo tokenizer's, so some rows are zeroed for that.
+TINY_1B = dict(LLAMA32_1B, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+               num_key_value_heads=2, head_dim=16, vocab_size=49408)  # fmt: skip
 # Qwen3-30B-A3B (issue 24's MoE benchmark): 48 layers of 128 experts, 8 routed a token; 61 GB.
 QWEN3_30B_A3B = dict(
     architectures=["Qwen3MoeForCausalLM"],
@@ -146,8 +156,9 @@ PHI3_MEDIUM = dict(
 )
 TINY_PHI3 = dict(PHI3_MEDIUM, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, sliding_window=8)  # fmt: skip
-SHAPES = {"8b": LLAMA3_8B, "70b": LLAMA3_70B, "tiny": TINY, "qwen3-30b-a3b": QWEN3_30B_A3B, "tiny-moe": TINY_MOE,
-          "gemma2-9b": GEMMA2_9B, "tiny-gemma2": TINY_GEMMA2, "phi3-medium": PHI3_MEDIUM, "tiny-phi3": TINY_PHI3}
+SHAPES = {"8b": LLAMA3_8B, "70b": LLAMA3_70B, "1b": LLAMA32_1B, "tiny": TINY, "tiny-1b": TINY_1B,
+          "qwen3-30b-a3b": QWEN3_30B_A3B, "tiny-moe": TINY_MOE, "gemma2-9b": GEMMA2_9B, "tiny-gemma2": TINY_GEMMA2,
+          "phi3-medium": PHI3_MEDIUM, "tiny-phi3": TINY_PHI3}  # fmt: skip
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json")
 SPECIAL_IDS = range(17)  # the demo tokenizer's special tokens
 INDEX_NAME = "model.safetensors.index.json"

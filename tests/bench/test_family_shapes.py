@@ -1,6 +1,7 @@
-"""The random-model writer's Gemma 2 and Phi-3 shapes (issue 24's model families): the Hub's
-tensor names and shapes at full size, tiny checkpoints the shard and transformers agree on, the
-rows that keep the random model from ending a request, and the decode roofline's byte count.
+"""The random-model writer's Gemma 2 and Phi-3 shapes (issue 24's model families) and Llama
+3.2 1B (issue 26's draft model, tied embeddings): the Hub's tensor names and shapes at full
+size, tiny checkpoints the shard and transformers agree on, the rows that keep the random model
+from ending a request, and the decode roofline's byte count.
 
 Tolerance of the shard against transformers: fp32 on CPU, the same maths in another op order
 (fused projections, paged attention, (1 + w) folded into Gemma's norm weights at load): logits
@@ -23,8 +24,8 @@ sys.path.insert(0, str(REPO))
 from bench import gpu_model  # noqa: E402
 
 TEXT_VOCAB = 49152
-TINY = {"tiny-gemma2": gpu_model.TINY_GEMMA2, "tiny-phi3": gpu_model.TINY_PHI3}
-FULL = {"gemma2-9b": gpu_model.GEMMA2_9B, "phi3-medium": gpu_model.PHI3_MEDIUM}
+TINY = {"tiny-gemma2": gpu_model.TINY_GEMMA2, "tiny-phi3": gpu_model.TINY_PHI3, "tiny-1b": gpu_model.TINY_1B}
+FULL = {"gemma2-9b": gpu_model.GEMMA2_9B, "phi3-medium": gpu_model.PHI3_MEDIUM, "1b": gpu_model.LLAMA32_1B}
 PROMPT = [300, 4096, 77, 1200, 9000, 31000, 512, 20000, 4242, 1717, 30000, 256, 999, 12345, 27000, 640, 3333, 31999]
 
 
@@ -88,9 +89,11 @@ def expected_counts(cfg: dict) -> tuple[int, int]:
     return total, read
 
 
-# The Hub's figures: google/gemma-2-9b 9.24B, Phi-3-medium 13.96B (its two vocabulary tables 0.33B).
+# The Hub's figures: google/gemma-2-9b 9.24B, Phi-3-medium 13.96B (its two vocabulary tables 0.33B),
+# meta-llama/Llama-3.2-1B 1.24B (1,235,814,400: one tied table of 0.26B).
 @pytest.mark.parametrize("name, billions, active_billions", [("gemma2-9b", 9.2417, 9.2417),
-                                                            ("phi3-medium", 13.9602, 13.7961)])
+                                                            ("phi3-medium", 13.9602, 13.7961),
+                                                            ("1b", 1.2358, 1.2358)])
 def test_parameter_and_decode_byte_counts_of_the_full_shapes(name, billions, active_billions):
     shape = FULL[name]
     total, read = expected_counts(shape)
@@ -101,8 +104,8 @@ def test_parameter_and_decode_byte_counts_of_the_full_shapes(name, billions, act
 
 
 def test_full_shapes_shard_under_the_cap():
-    """Gemma 2 9B (18.5 GB) stays one file; Phi-3-medium (27.9 GB) takes two."""
-    for shape, files in ((gpu_model.GEMMA2_9B, 1), (gpu_model.PHI3_MEDIUM, 2)):
+    """Gemma 2 9B (18.5 GB) and Llama 3.2 1B (2.47 GB) stay one file; Phi-3-medium (27.9 GB) takes two."""
+    for shape, files in ((gpu_model.GEMMA2_9B, 1), (gpu_model.PHI3_MEDIUM, 2), (gpu_model.LLAMA32_1B, 1)):
         specs = gpu_model.tensor_specs(shape)
         assert len(gpu_model.plan_shards(specs, 2, gpu_model.DEFAULT_MAX_SHARD_BYTES)) == files
 
@@ -145,15 +148,27 @@ def test_the_shard_and_transformers_agree_on_the_tiny_checkpoint(name, tiny_dirs
 
 @pytest.mark.parametrize("name", sorted(TINY))
 def test_special_and_undecodable_ids_never_win(name, tiny_dirs):
-    """Their logits are 0 (the zeroed head rows; for Gemma the tied embedding rows, through the
-    soft-cap), and every position's maximum is above 0."""
+    """Their logits are 0 (the zeroed head rows; for Gemma and the 1B the tied embedding rows,
+    for Gemma through the soft-cap), and every position's maximum is above 0."""
     shape = TINY[name]
     logits = shard_logits(tiny_dirs[name], [t % shape["vocab_size"] for t in PROMPT])
     zeroed = [*gpu_model.SPECIAL_IDS, *range(TEXT_VOCAB, shape["vocab_size"])]
-    assert shape["vocab_size"] > TEXT_VOCAB or name == "tiny-phi3"  # Gemma's tiny vocabulary zeroes rows past it
+    assert shape["vocab_size"] > TEXT_VOCAB or name == "tiny-phi3"  # Gemma's and the 1B's zero rows past it
     assert torch.equal(logits[:, zeroed], torch.zeros(len(PROMPT), len(zeroed)))
     assert (logits.max(dim=-1).values > 0).all()
     assert (logits[:, 17:TEXT_VOCAB] != 0).float().mean() > 0.99
+
+
+@pytest.mark.parametrize("name", sorted(n for n in TINY if TINY[n]["tie_word_embeddings"]))
+def test_a_tied_table_is_written_with_the_heads_zeroed_rows(name, tiny_dirs):
+    """With tied embeddings the stored embedding table is the head: no lm_head, and the rows of
+    special ids and of ids past the demo tokenizer's vocabulary are zero, the others random."""
+    with safe_open(str(tiny_dirs[name] / "model.safetensors"), "pt") as f:
+        assert "lm_head.weight" not in f.keys()
+        table = f.get_tensor("model.embed_tokens.weight")
+    zeroed = [*gpu_model.SPECIAL_IDS, *range(TEXT_VOCAB, TINY[name]["vocab_size"])]
+    assert len(zeroed) > len(gpu_model.SPECIAL_IDS) and not table[zeroed].any()
+    assert table[len(gpu_model.SPECIAL_IDS) : TEXT_VOCAB].abs().sum(dim=-1).min() > 0
 
 
 # -- gpu_vs_vllm ----------------------------------------------------------------------------
