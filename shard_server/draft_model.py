@@ -13,6 +13,11 @@ sequence's first draft; after a verification, the drafts it kept and the target'
 after them), then proposes one token a forward. A prefix that the prefix cache shares between
 sequences has the same tokens at the same positions, so catching up over it writes what is
 there already.
+
+On a GPU, the draft's forwards replay CUDA graphs (captured at warmup, in a memory pool of
+their own, so that a replay never overwrites the model's graph outputs that the next step
+still reads): a decode graph per drafting batch size, and one mixed graph for the short
+catch-ups after a verification. Only a sequence's first catch-up (its prompt) runs eagerly.
 """
 
 from __future__ import annotations
@@ -24,8 +29,10 @@ from pathlib import Path
 import torch
 
 from .attention.base import StepLayout
+from .cuda_graphs import DecodeGraphs
 from .device_copy import to_device
 from .kv_cache import KVCache, KVSpec
+from .mixed_graphs import MixedGraphs, capture_all, graphs_memory_bytes
 from .models.causal_lm import CausalLM
 from .models.config import UnsupportedModelError
 from .step_plan import ScheduledWork
@@ -33,6 +40,12 @@ from .step_plan import ScheduledWork
 # Most tokens one catch-up forward carries: a long prompt is caught up in chunks, so the
 # draft's activations stay within what the target's own prefill chunks need.
 CATCH_UP_TOKENS = 2048
+# Drafting decodes a step the draft's decode graphs cover: the router drafts for at most 8
+# decodes a step (MAX_DRAFTING_DECODES, router/src/scheduler/speculation.rs); more run eagerly.
+DRAFT_GRAPH_SIZES = (1, 2, 4, 8)
+# Token rows of the draft's one mixed graph: a catch-up after a verification is the kept drafts
+# and the token after them (k + 1 tokens a sequence).
+CATCH_UP_GRAPH_TOKENS = 64
 
 
 @dataclass
@@ -73,14 +86,35 @@ class DraftModel:
         # below); the rest of a padded vocabulary is never proposed.
         self.vocab_size = min(target_vocab_size, model.config.vocab_size)
         self.kv_cache: KVCache | None = None
+        self.graphs: DecodeGraphs | None = None  # set by `capture_graphs`
+        self.mixed_graphs: MixedGraphs | None = None
 
     @property
     def bytes_per_block(self) -> int:
         return self.kv_spec.bytes_per_block
 
     def allocate(self, num_blocks: int) -> None:
+        self.graphs = self.mixed_graphs = None  # they point into the old pool
         self.kv_cache = None  # free the old pool before allocating the new one
         self.kv_cache = KVCache(self.kv_spec, num_blocks, self.device)
+
+    def _graph_holders(self) -> tuple[DecodeGraphs, MixedGraphs]:
+        backend, positions = self.model.attention_backend, self.model.config.max_position_embeddings
+        decode = DecodeGraphs(self.model, backend, self.kv_spec.block_size, positions, self.device)
+        mixed = MixedGraphs(self.model, backend, self.kv_spec.block_size, positions, self.device,
+                            max_seqs=max(DRAFT_GRAPH_SIZES))  # fmt: skip
+        return decode, mixed
+
+    def graphs_memory_bytes(self) -> int:
+        """Device memory the draft's graphs take (a trial capture against the current pool)."""
+        decode, mixed = self._graph_holders()
+        return graphs_memory_bytes(decode, mixed, max(DRAFT_GRAPH_SIZES), [CATCH_UP_GRAPH_TOKENS], self.kv_cache)
+
+    def capture_graphs(self) -> None:
+        """Captures the draft's graphs against its current pool (after its last `allocate`)."""
+        decode, mixed = self._graph_holders()
+        capture_all(decode, mixed, DRAFT_GRAPH_SIZES, [CATCH_UP_GRAPH_TOKENS], self.kv_cache)
+        self.graphs, self.mixed_graphs = decode, mixed
 
     @torch.inference_mode()
     def draft(self, items: list[ScheduledWork]) -> None:
@@ -133,13 +167,22 @@ class DraftModel:
             block_tables=[run.block_table for run in runs],
             block_size=self.kv_spec.block_size,
         )
-        metadata = self.model.attention_backend.build_metadata(layout, self.device)
-        hidden = self.model(
-            to_device(ids, torch.long, self.device), to_device(positions, torch.long, self.device), self.kv_cache, metadata
-        )
-        last = to_device([start + n - 1 for start, n in zip(layout.query_starts, layout.query_lens)], torch.long, self.device)
-        logits = self.model.compute_logits(hidden.index_select(0, last))
+        logits = self._replay(ids, positions, layout)
+        if logits is None:
+            metadata = self.model.attention_backend.build_metadata(layout, self.device)
+            input_ids, input_positions = (to_device(v, torch.long, self.device) for v in (ids, positions))
+            hidden = self.model(input_ids, input_positions, self.kv_cache, metadata)
+            last = [start + n - 1 for start, n in zip(layout.query_starts, layout.query_lens)]
+            logits = self.model.compute_logits(hidden.index_select(0, to_device(last, torch.long, self.device)))
         return logits[:, : self.vocab_size].argmax(dim=-1).tolist()
+
+    def _replay(self, ids: list[int], positions: list[int], layout: StepLayout) -> torch.Tensor | None:
+        """Each run's last logits from the graph that holds the forward, or None: run it eagerly."""
+        if self.graphs is not None and (size := self.graphs.size_for(layout)) is not None:
+            return self.graphs.run(size, ids, positions, layout).logits
+        if self.mixed_graphs is not None and (tokens := self.mixed_graphs.bucket_for(layout)) is not None:
+            return self.mixed_graphs.run(tokens, ids, positions, layout).logits
+        return None
 
 
 def _cursor(state) -> DraftCursor:

@@ -10,6 +10,11 @@ against the real pool, and the objects alive by then are frozen out of the garba
 collector's full passes. In between, the attention backend prepares what a prefill of up to
 `max_batch_prefill_tokens` would otherwise build on first use (the triton backend's dense
 prefill plans, one per length bucket).
+
+With a draft model (`--speculative-model`), one drafting decode follows the worst case (the
+draft's kernels, and its catch-up's peak inside the measured one); its KV takes its share of
+each block (`ModelRunner.bytes_per_block`), and its graphs are measured and captured beside
+the model's, in a pool of their own.
 """
 
 from __future__ import annotations
@@ -108,11 +113,16 @@ def warmup(runner: ModelRunner, max_tokens: int, max_batch_size: int, sizing: Po
         runner.clear()
         _warm_draft_model(runner, draft_prompt)
     prepared = runner.backend.prepare_prefill(max_tokens, runner.dtype, runner.device)
+    if warm_drafter:
+        prepared += runner.drafter.model.attention_backend.prepare_prefill(draft_prompt, runner.dtype, runner.device)
     if prepared:
         log.info("prepared %d dense prefill shapes", prepared)
     graphs, sizes = _decode_graphs(runner, sizing.cuda_graph_sizes, max_batch_size)
     mixed, buckets = _mixed_graphs(runner, sizes, max_tokens, sizing.mixed_token_buckets)
     graph_reserve = graphs_memory_bytes(graphs, mixed, max(sizes), buckets, runner.kv_cache) if graphs else 0
+    draft_graphs = graphs is not None and warm_drafter and runner.drafter.model.attention_backend.cuda_graphs
+    if draft_graphs:
+        graph_reserve += runner.drafter.graphs_memory_bytes()
     runner.clear()
     runner.kv_cache = None
     num_blocks = _pool_blocks(runner, sizing, graph_reserve)
@@ -125,6 +135,8 @@ def warmup(runner: ModelRunner, max_tokens: int, max_batch_size: int, sizing: Po
     if graphs is not None:
         capture_all(graphs, mixed, sizes, buckets, runner.kv_cache)
         runner.graphs, runner.mixed_graphs = graphs, mixed
+        if draft_graphs:
+            runner.drafter.capture_graphs()
         log.info(
             "captured CUDA graphs for decode batch sizes %s and mixed steps of up to %s tokens "
             "(at most %d sequences) (%d MiB)",

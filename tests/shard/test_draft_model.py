@@ -22,8 +22,8 @@ from .helpers import CPU, StepDriver, load_model
 from .test_speculation import GREEDY, PROMPT, SEEDED, generate
 
 
-def draft_runner(target_dir, draft_dir, num_blocks: int = 128, block_size: int = 4) -> ModelRunner:
-    model, draft = load_model(target_dir), load_model(draft_dir)
+def draft_runner(target_dir, draft_dir, num_blocks: int = 128, block_size: int = 4, attention="reference") -> ModelRunner:
+    model, draft = load_model(target_dir), load_model(draft_dir, attention=attention)
 
     def spec(cfg):
         return KVSpec(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, block_size, torch.float32)
@@ -142,6 +142,37 @@ def test_warmup_runs_the_draft_model(tiny_model_dirs, monkeypatch):
     num_blocks, _ = warmup(runner, 64, 4, PoolSizing(kv_cache_tokens=256, cuda_memory_fraction=1.0))
     assert drafted == [1] and num_blocks == 64
     assert len(runner.table) == 0 and runner.drafter.kv_cache.num_blocks == 64
+
+
+def test_the_draft_models_forwards_replay_its_graphs(tiny_model_dirs, plain_runner, monkeypatch):
+    """On a GPU the draft's graphs are captured at warmup; on the CPU each replay is an eager
+    re-run of the captured closure (static inputs, metadata refill, output rows)."""
+    pytest.importorskip("triton")
+    import shard_server.cuda_graphs as cuda_graphs
+    import shard_server.mixed_graphs as mixed_graphs
+
+    from .test_mixed_graphs import _EagerGraph
+
+    plain, _, _ = generate(plain_runner, GREEDY, 24, k=0)
+    eager = lambda run, pool, device: (_EagerGraph(run, out := run()), out)  # noqa: E731
+    monkeypatch.setattr(cuda_graphs, "record_graph", eager)
+    monkeypatch.setattr(mixed_graphs, "record_graph", eager)
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
+    runner = draft_runner(tiny_model_dirs["llama"], tiny_model_dirs["llama"], attention="triton")
+    drafter = runner.drafter
+    drafter.capture_graphs()
+    assert sorted(drafter.graphs.steps) == [1, 2, 4, 8] and sorted(drafter.mixed_graphs.steps) == [64]
+    replays = {"decode": 0, "mixed": 0}
+    for name, graphs in (("decode", drafter.graphs), ("mixed", drafter.mixed_graphs)):
+        original = graphs.run
+        monkeypatch.setattr(graphs, "run", lambda *a, _o=original, _n=name, **kw: replays.__setitem__(_n, replays[_n] + 1) or _o(*a, **kw))
+    speculative, _, per_step = generate(runner, GREEDY, 24, k=4)
+    assert speculative == plain and per_step[0] == 5
+    # Each verification after the first catches up over 2 tokens (the last kept draft, never
+    # fed, and the token after it) in the mixed graph, then proposes 3 from the decode graphs.
+    assert replays["mixed"] >= len(per_step) - 2 and replays["decode"] >= 3 * (len(per_step) - 2)
+    runner.allocate_kv_cache(64)  # a new pool: the graphs pointed into the old one
+    assert drafter.graphs is None and drafter.mixed_graphs is None
 
 
 # -- the tokenizer check ---------------------------------------------------------------------
