@@ -8,6 +8,7 @@
   the same logits bytes, and the draw depends only on (seed, position), so the ranks need
   no extra collective. The test checks both halves: logits bitwise equal across ranks, and
   seeded sampled tokens and logprobs equal across ranks.
+- With a draft model, two ranks draft, keep and sample alike, as one rank does.
 """
 
 import multiprocessing
@@ -64,10 +65,33 @@ def generations(model, parallel) -> dict:
     return {"logits": prefill_logits(model, parallel), "greedy": greedy, "sampled": sampled}
 
 
+def drafted_generations(target, draft, parallel) -> dict:
+    """Greedy and seeded tokens with a draft model's drafts (k = 4), and each step's count."""
+    from shard_server.draft_model import DraftModel
+
+    from .test_speculation import SEEDED, generate
+
+    def spec(model):
+        config = model.config
+        return KVSpec(config.num_hidden_layers, shard_heads(config, parallel).num_kv_heads, config.head_dim, 4,
+                      torch.float32)  # fmt: skip
+
+    drafter = DraftModel(draft, spec(draft), CPU, target.config.vocab_size)
+    runner = ModelRunner(target, spec(target), CPU, drafter=drafter)
+    runner.allocate_kv_cache(64)
+    greedy, _, greedy_steps = generate(runner, pb.SamplingParameters(), 16, k=4)
+    sampled, _, _ = generate(runner, SEEDED, 16, k=4, seq_id=2)
+    return {"greedy": greedy, "greedy_steps": greedy_steps, "sampled": sampled}
+
+
 def _rank_main(rank: int, world: int, directories, port: int, what: str, results) -> None:
     torch.set_num_threads(1)
     parallel = init_parallel(rank, world, "127.0.0.1", port, CPU)
     try:
+        if what == "drafting":  # directories: the model, then its draft
+            target, draft = (load_rank_model(directory, parallel) for directory in directories)
+            results.put((rank, [drafted_generations(target, draft, parallel)]))
+            return
         outputs = []
         for directory in directories:  # one rendezvous for several models: spawning is slow
             model = load_rank_model(directory, parallel, "fp8" if what == "logits_fp8" else None)
@@ -112,7 +136,8 @@ def run_ranks(world: int, directories: list, what: str) -> dict:
     assert all(process.exitcode == 0 for process in ranks)
     for results_of_rank in outputs.values():
         for result in results_of_rank:
-            result["logits"] = torch.from_numpy(result["logits"])
+            if "logits" in result:
+                result["logits"] = torch.from_numpy(result["logits"])
     return outputs
 
 
@@ -172,3 +197,17 @@ def test_gqa_model_matches_one_rank_and_ranks_sample_alike(world, tiny_model_dir
         assert outputs[rank]["sampled"] == outputs[0]["sampled"], f"rank {rank} sampled differently"
     # The sampled run really sampled: at temperature 1.3 it leaves the greedy path.
     assert outputs[0]["sampled"] != outputs[0]["greedy"]
+
+
+def test_two_ranks_draft_alike_with_a_draft_model(tiny_model_dirs):
+    """Every rank runs the draft model on its slice of the heads; the all-gathered draft
+    logits give every rank the same drafts, so the ranks verify, keep and sample alike, and
+    the text is one rank's without drafts."""
+    target, draft = tiny_model_dirs["llama_8h_2kv"], tiny_model_dirs["llama_8h_2kv"]
+    ranks = run_ranks(2, [target, draft], "drafting")
+    one = drafted_generations(load_rank_model(target, ParallelContext()), load_rank_model(draft, ParallelContext()),
+                              ParallelContext())  # fmt: skip
+    outputs = [ranks[rank][0] for rank in range(2)]
+    assert outputs[0] == outputs[1]
+    assert outputs[0]["greedy"] == one["greedy"] and outputs[0]["sampled"] == one["sampled"]
+    assert outputs[0]["greedy_steps"][0] == 5, "a draft equal to the model has its drafts kept"
