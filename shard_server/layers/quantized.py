@@ -346,24 +346,48 @@ class BlockFp8Weight(nn.Module):
         self.col_starts = column_block_starts(self.col_block, self.scale.shape[1])
 
     def _check(self, store: WeightStore, prefix: str, in_features: int) -> int:
-        fmt, name = self.scheme.describe(), f"{prefix}.weight"
-        scale_name = f"{prefix}.{self.scheme.scale_name}"
-        dtype, shape = _need(store, name, fmt)
-        if dtype != "F8_E4M3":
-            raise WeightsError(f"{name} is {dtype}; {fmt} stores e4m3 weights")
-        if len(shape) != 2 or shape[1] != in_features:
-            raise WeightsError(f"{name} has shape {list(shape)}; {fmt} needs [out, {in_features}]")
-        sdtype, sshape = _need(store, scale_name, fmt)
-        (bn, bk), out = self.scheme.block, shape[0]
-        want = (-(-out // bn), -(-in_features // bk))
-        if sdtype not in _FLOATS or sshape != want:
-            raise WeightsError(f"{scale_name} is {sdtype} {list(sshape)}; a [{out}, {in_features}] weight in {fmt} "
-                               f"needs float [ceil(out/{bn}), ceil(in/{bk})] = {list(want)}")  # fmt: skip
-        return out
+        return _check_block_fp8(store, self.scheme, prefix, in_features)
 
     def _scales(self, store, prefix, row_low, row_high, col_low, col_high) -> torch.Tensor:
-        name = f"{prefix}.{self.scheme.scale_name}"
-        return _scale_values(_read(store, name, (row_low, row_high), (col_low, col_high)), name, self.scheme.describe())
+        return _block_scales(store, self.scheme, prefix, (row_low, row_high), (col_low, col_high))
+
+
+def _check_block_fp8(store: WeightStore, scheme: BlockFp8Scheme, prefix: str, in_features: int) -> int:
+    """The output rows of `prefix`'s block-wise fp8 weight, after checking it and its scales."""
+    fmt, name = scheme.describe(), f"{prefix}.weight"
+    scale_name = f"{prefix}.{scheme.scale_name}"
+    dtype, shape = _need(store, name, fmt)
+    if dtype != "F8_E4M3":
+        raise WeightsError(f"{name} is {dtype}; {fmt} stores e4m3 weights")
+    if len(shape) != 2 or shape[1] != in_features:
+        raise WeightsError(f"{name} has shape {list(shape)}; {fmt} needs [out, {in_features}]")
+    sdtype, sshape = _need(store, scale_name, fmt)
+    (bn, bk), out = scheme.block, shape[0]
+    want = (-(-out // bn), -(-in_features // bk))
+    if sdtype not in _FLOATS or sshape != want:
+        raise WeightsError(f"{scale_name} is {sdtype} {list(sshape)}; a [{out}, {in_features}] weight in {fmt} "
+                           f"needs float [ceil(out/{bn}), ceil(in/{bk})] = {list(want)}")  # fmt: skip
+    return out
+
+
+def _block_scales(store: WeightStore, scheme: BlockFp8Scheme, prefix: str, rows, cols) -> torch.Tensor:
+    name = f"{prefix}.{scheme.scale_name}"
+    return _scale_values(_read(store, name, rows, cols), name, scheme.describe())
+
+
+def block_fp8_slice(store: WeightStore, scheme: BlockFp8Scheme, prefix: str, in_features: int,
+                    rows: tuple[int, int] | None = None, cols: tuple[int, int] | None = None) -> torch.Tensor:  # fmt: skip
+    """Checkpoint rows, or columns, [start, end) of a block-wise fp8 weight, dequantized to
+    float32 (a slice may start or end mid-block); the whole weight when neither is given."""
+    (bn, bk), name = scheme.block, f"{prefix}.weight"
+    out = _check_block_fp8(store, scheme, prefix, in_features)
+    (r0, r1), (c0, c1) = rows or (0, out), cols or (0, in_features)
+    if r1 > out or c1 > in_features:
+        raise WeightsError(f"{name} is [{out}, {in_features}]; this rank needs rows [{r0}, {r1}), columns [{c0}, {c1})")
+    weight = _read(store, name, (r0, r1), (c0, c1))
+    scales = _block_scales(store, scheme, prefix, (r0 // bn, -(-r1 // bn)), (c0 // bk, -(-c1 // bk)))
+    row_block, col_block = torch.arange(r0, r1) // bn - r0 // bn, torch.arange(c0, c1) // bk - c0 // bk
+    return weight.float() * scales[row_block][:, col_block]
 
 
 def quantized_weight(scheme, shape: tuple[int, int], dtype: torch.dtype, device) -> nn.Module:

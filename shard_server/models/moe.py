@@ -34,12 +34,14 @@ from ..kernels.fp8_matmul import FP8
 from ..kernels.fused_moe import ExpertScales, fused_experts, fused_moe_applies
 from ..kernels.moe_routing import fused_route, routes_in_one_launch
 from ..layers.linear import weight_rows
+from ..layers.quantized import block_fp8_slice
 from ..layers.norm import RMSNorm
 from ..weights import WeightStore
 from .config import ModelConfig
 from .errors import UnsupportedModelError
 from .llama import LlamaAttention, LlamaForCausalLM, LlamaMLP
 from .moe_config import MoeConfig
+from .quantization import BlockFp8Scheme
 from .sharding import ShardingError
 
 
@@ -146,6 +148,8 @@ class MoeBlock(nn.Module):
         local = self.rows[1] - self.rows[0]
         self.router = nn.Parameter(torch.empty(moe.num_experts, hidden, dtype=dtype, device=device), requires_grad=False)
         fp8 = cfg.quantize == "fp8"  # e4m3 experts, a float32 scale a row (--quantize fp8, or the checkpoint's)
+        # A block-wise fp8 checkpoint's experts are read dequantized and re-quantized a row at a time.
+        self.block_fp8 = cfg.packed if isinstance(cfg.packed, BlockFp8Scheme) else None
         self.w13 = nn.Parameter(
             torch.empty(moe.num_experts, 2 * local, hidden, dtype=FP8 if fp8 else dtype, device=device),
             requires_grad=False,
@@ -169,18 +173,30 @@ class MoeBlock(nn.Module):
         start, end = self.rows
         local = end - start
         gate_name, up_name, down_name = self.moe.weight_names
-        self.router.copy_(store.get(f"{prefix}.gate.weight"))
+        hidden, size = self.w2.shape[1], self.moe.expert_intermediate_size
+        self.router.copy_(self._read(store, f"{prefix}.gate", hidden))
         for e in range(self.moe.num_experts):
             expert = f"{prefix}.experts.{e}"
             self._fill(self.w13, self.w13_scale, (e, slice(0, local)), store, f"{expert}.{gate_name}", start,
-                       store.get_rows(f"{expert}.{gate_name}.weight", start, end))  # fmt: skip
+                       self._read(store, f"{expert}.{gate_name}", hidden, rows=(start, end)))  # fmt: skip
             self._fill(self.w13, self.w13_scale, (e, slice(local, 2 * local)), store, f"{expert}.{up_name}", start,
-                       store.get_rows(f"{expert}.{up_name}.weight", start, end))  # fmt: skip
+                       self._read(store, f"{expert}.{up_name}", hidden, rows=(start, end)))  # fmt: skip
             self._fill(self.w2, self.w2_scale, (e, slice(None)), store, f"{expert}.{down_name}", 0,
-                       store.get_cols(f"{expert}.{down_name}.weight", start, end))  # fmt: skip
+                       self._read(store, f"{expert}.{down_name}", size, cols=(start, end)))  # fmt: skip
         if self.shared_expert is not None:
             self.shared_expert.load(store, f"{prefix}.shared_expert")
             self.shared_expert_gate.copy_(store.get(f"{prefix}.shared_expert_gate.weight"))
+
+    def _read(self, store: WeightStore, prefix: str, in_features: int, rows=None, cols=None) -> torch.Tensor:
+        """Checkpoint rows or columns [start, end) of `prefix`'s weight (all of it without either): as
+        stored, or a block-wise fp8 one dequantized to float32 (`_fill` re-quantizes it a row at a
+        time). An unquantized weight in a block-wise checkpoint (the router, usually) is read as is."""
+        name = f"{prefix}.weight"
+        if self.block_fp8 is not None and store.header(name)[0] == "F8_E4M3":
+            return block_fp8_slice(store, self.block_fp8, prefix, in_features, rows, cols)
+        if rows is not None:
+            return store.get_rows(name, *rows)
+        return store.get(name) if cols is None else store.get_cols(name, *cols)
 
     @staticmethod
     def _fill(weight, scale, index, store: WeightStore, prefix: str, start: int, value: torch.Tensor) -> None:

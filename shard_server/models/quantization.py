@@ -38,6 +38,9 @@ from .errors import UnsupportedModelError
 
 _FLOAT_FORMATS = ("float-quantized", "naive-quantized")
 PACKED_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
+# Block-wise fp8 loads for the MoE families too: their experts are re-quantized one scale a row
+# at load (models/moe.py), the fused MoE kernel's format.
+BLOCK_FP8_FAMILIES = (*PACKED_FAMILIES, "mixtral", "qwen2_moe", "qwen3_moe", "olmoe")
 QUANTIZE_FLAGS = ("fp8", "gptq", "awq", "marlin")  # the --quantize values the shard takes
 
 
@@ -128,7 +131,7 @@ def packed_scheme(raw: dict) -> QuantizedScheme | None:
     config = raw.get("quantization_config") or {}
     method = config.get("quant_method")
     if method == "fp8" and config.get("weight_block_size") is not None:
-        _check_family(raw, method)
+        _check_family(raw, method, BLOCK_FP8_FAMILIES)
         return _block_fp8(config)
     if method == "compressed-tensors":
         scheme = _check_compressed_tensors(config)
@@ -185,9 +188,9 @@ def served_quantization(checkpoint: str | None, flag: str | None) -> str | None:
     raise UnsupportedModelError(f"--quantize {flag} needs {needs}, and this is {declared}; drop the flag or change it")
 
 
-def _check_family(raw: dict, method: str) -> None:
-    if raw.get("model_type") not in PACKED_FAMILIES:
-        raise _refused(method, f"{method} weights load for {', '.join(PACKED_FAMILIES)}, not {raw.get('model_type')!r}")
+def _check_family(raw: dict, method: str, families: tuple[str, ...] = PACKED_FAMILIES) -> None:
+    if raw.get("model_type") not in families:
+        raise _refused(method, f"{method} weights load for {', '.join(families)}, not {raw.get('model_type')!r}")
 
 
 def _block(value, what: str, method: str) -> tuple[int, int]:

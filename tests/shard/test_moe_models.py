@@ -337,3 +337,57 @@ def test_olmoe_full_width_norms_split_over_ranks(world):
         torch.testing.assert_close(got_q, rms(q, wq)[:, q_rows[rank]])
         torch.testing.assert_close(got_k, rms(k, wk)[:, kv_rows[rank]])
 
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "qwen2_moe"])  # qwen2_moe: a shared expert too
+def test_a_block_fp8_moe_checkpoint_serves_near_its_dequantized_weights(moe_models, tmp_path, family):
+    """Qwen3-30B-A3B-FP8's format: every decoder linear e4m3 in [bn, bk] blocks with
+    `weight_scale_inv`, the router in the model dtype. Attention (and shared-expert) linears keep
+    their blocks; each routed expert is dequantized and re-quantized one scale a row (the fused
+    kernel's format): the logits stay near those of the dequantized weights."""
+    from .quantized_checkpoints import block_fp8_config, write_quantized_checkpoint
+    from .test_fp8_weights import _prefill_logits, rel_l2
+
+    target, oracle = write_quantized_checkpoint(moe_models[family][0], tmp_path / "block", block_fp8_config((24, 24)))
+    model, logits = _prefill_logits(target)
+    blocks = _moe_blocks(model)
+    assert blocks and all(b.w13.dtype == b.w2.dtype == FP8 and b.block_fp8 is not None for b in blocks)
+    _, want = _prefill_logits(oracle)
+    # Measured 2.1-2.4 % (top-1 all equal): one more fp8 rounding of each expert weight.
+    assert 0 < rel_l2(logits, want) < 0.1
+
+
+def test_two_ranks_slice_block_fp8_experts_mid_block(moe_models, tmp_path):
+    """32 expert rows over 2 ranks with 24-row blocks: the second rank's gate/up rows and down
+    columns start inside a block. Both ranks agree, as near the dequantized weights as one rank."""
+    from .quantized_checkpoints import block_fp8_config, write_quantized_checkpoint
+    from .test_fp8_weights import rel_l2
+    from .test_tensor_parallel import load_rank_model, prefill_logits, run_ranks
+
+    target, oracle = write_quantized_checkpoint(moe_models["qwen3_moe"][0], tmp_path / "block", block_fp8_config((24, 24)))
+    outputs = run_ranks(2, [target], "logits")
+    want = prefill_logits(load_rank_model(oracle, ParallelContext()), ParallelContext())
+    one = prefill_logits(load_rank_model(target, ParallelContext()), ParallelContext())
+    two = outputs[0][0]["logits"]
+    assert torch.equal(two, outputs[1][0]["logits"])
+    assert rel_l2(two, want) < min(0.1, 1.5 * rel_l2(one, want)), (rel_l2(two, want), rel_l2(one, want))
+
+
+@pytest.mark.parametrize("damage", ["missing", "shape"])
+def test_a_block_fp8_expert_without_its_scales_is_refused_by_name(moe_models, tmp_path, damage):
+    from safetensors.torch import load_file, save_file
+
+    from .quantized_checkpoints import block_fp8_config, write_quantized_checkpoint
+    from .test_fp8_weights import _prefill_logits
+
+    target, _ = write_quantized_checkpoint(moe_models["qwen3_moe"][0], tmp_path / "block", block_fp8_config((24, 24)),
+                                           oracle=False)  # fmt: skip
+    tensors = load_file(str(target / "model.safetensors"))
+    name = next(n for n in tensors if n.endswith("experts.2.down_proj.weight_scale_inv"))
+    if damage == "missing":
+        del tensors[name]
+    else:
+        tensors[name] = tensors[name][:, :1].contiguous()
+    save_file(tensors, str(target / "model.safetensors"))
+    with pytest.raises(WeightsError, match=name.replace(".", r"\.")):
+        _prefill_logits(target)

@@ -333,10 +333,15 @@ def test_unloadable_quantization_configs_are_refused_by_name(sources, quantizati
         ModelConfig.from_dict({**read_config(sources["llama"]), "quantization_config": quantization})
 
 
-@pytest.mark.parametrize("quantization", [pack_quantized_config(), int8_config(), block_fp8_config()])
-def test_the_new_formats_load_for_the_llama_family_only(sources, quantization):
+@pytest.mark.parametrize(
+    ("quantization", "families"),
+    [(pack_quantized_config(), "llama, mistral, qwen2, qwen3"), (int8_config(), "llama, mistral, qwen2, qwen3"),
+     (block_fp8_config(), "llama, mistral, qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe, olmoe")],
+)  # fmt: skip
+def test_the_new_formats_load_for_the_llama_family_only(sources, quantization, families):
+    """(And block-wise fp8 for the MoE families: test_moe_models.py.)"""
     raw = {**read_config(sources["llama"]), "model_type": "gemma2", "quantization_config": quantization}
-    with pytest.raises(UnsupportedModelError, match="weights load for llama, mistral, qwen2, qwen3, not 'gemma2'"):
+    with pytest.raises(UnsupportedModelError, match=f"weights load for {families}, not 'gemma2'"):
         ModelConfig.from_dict(raw)
 
 
