@@ -2,11 +2,12 @@
 
 Shapes (SHAPES): LLAMA3_8B (one 16 GB file, as the 8B benches expect), LLAMA3_70B (141 GB in
 bf16, streamed into ~20 GB shards plus model.safetensors.index.json, so at most one shard is
-ever in host memory), LLAMA32_1B (meta-llama/Llama-3.2-1B: 2.47 GB, tied embeddings; the 8B's
-draft model in bench/gpu_speculation.py), QWEN3_30B_A3B (61 GB of Qwen3-MoE: 128 experts, 8 a
-token), GEMMA2_9B (google/gemma-2-9b: 18.5 GB, tied embeddings, four norms a layer), PHI3_MEDIUM
-(microsoft/Phi-3-medium-4k-instruct: 27.9 GB in 2 shards, fused qkv_proj and gate_up_proj) and
-TINY / TINY_1B / TINY_MOE / TINY_GEMMA2 / TINY_PHI3 (a few MB, for CPU tests of the harnesses).
+ever in host memory), LLAMA32_1B (meta-llama/Llama-3.2-1B: 2.47 GB, tied embeddings; untied,
+the 8B's draft model in bench/gpu_speculation.py), QWEN3_30B_A3B (61 GB of Qwen3-MoE: 128
+experts, 8 a token), GEMMA2_9B (google/gemma-2-9b: 18.5 GB, tied embeddings, four norms a
+layer), PHI3_MEDIUM (microsoft/Phi-3-medium-4k-instruct: 27.9 GB in 2 shards, fused qkv_proj and
+gate_up_proj) and TINY / TINY_1B / TINY_DRAFT / TINY_MOE / TINY_GEMMA2 / TINY_PHI3 (a few MB, for
+CPU tests of the harnesses).
 LAYOUTS says how each family names and stores a layer's tensors.
 
 The weights are random, so greedy decoding could pick tokens the demo tokenizer cannot
@@ -26,6 +27,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,6 +67,8 @@ TINY = dict(LLAMA3_8B, hidden_size=64, intermediate_size=128, num_hidden_layers=
 # The 1B's tied Llama, tiny: a vocabulary past the demo tokenizer's, so some rows are zeroed for that.
 TINY_1B = dict(LLAMA32_1B, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                num_key_value_heads=2, head_dim=16, vocab_size=49408)  # fmt: skip
+# A draft for TINY (bench/predictable_model.py's CPU runs): half its hidden size, its vocabulary.
+TINY_DRAFT = dict(TINY, hidden_size=32, intermediate_size=64, num_attention_heads=2, num_key_value_heads=1)
 # Qwen3-30B-A3B (issue 24's MoE benchmark): 48 layers of 128 experts, 8 routed a token; 61 GB.
 QWEN3_30B_A3B = dict(
     architectures=["Qwen3MoeForCausalLM"],
@@ -157,8 +161,8 @@ PHI3_MEDIUM = dict(
 TINY_PHI3 = dict(PHI3_MEDIUM, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, sliding_window=8)  # fmt: skip
 SHAPES = {"8b": LLAMA3_8B, "70b": LLAMA3_70B, "1b": LLAMA32_1B, "tiny": TINY, "tiny-1b": TINY_1B,
-          "qwen3-30b-a3b": QWEN3_30B_A3B, "tiny-moe": TINY_MOE, "gemma2-9b": GEMMA2_9B, "tiny-gemma2": TINY_GEMMA2,
-          "phi3-medium": PHI3_MEDIUM, "tiny-phi3": TINY_PHI3}  # fmt: skip
+          "tiny-draft": TINY_DRAFT, "qwen3-30b-a3b": QWEN3_30B_A3B, "tiny-moe": TINY_MOE, "gemma2-9b": GEMMA2_9B,
+          "tiny-gemma2": TINY_GEMMA2, "phi3-medium": PHI3_MEDIUM, "tiny-phi3": TINY_PHI3}  # fmt: skip
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json")
 SPECIAL_IDS = range(17)  # the demo tokenizer's special tokens
 INDEX_NAME = "model.safetensors.index.json"
@@ -368,10 +372,14 @@ class Spill:
 def write_random_llama(directory: Path, tokenizer_dir: Path, text_vocab: int, seed: int = 0,
                        shape: dict = LLAMA3_8B, device: str = "cuda", dtype: torch.dtype = torch.bfloat16,
                        max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES, spill: Spill | None = None,
-                       checkpoint: str | None = None) -> int:  # fmt: skip
+                       checkpoint: str | None = None,
+                       transform: Callable[[str, torch.Tensor], torch.Tensor] | None = None) -> int:  # fmt: skip
     """Writes config, weights and tokenizer of any SHAPES entry in its family's layout (LAYOUTS);
     returns the parameter count (of the unpacked model).
     `checkpoint` "gptq" / "awq" / "fp8-block": the decoder's linears as a random checkpoint of that method.
+    `transform(name, tensor)`: each tensor, drawn (on the host, in draw order), is replaced by
+    what it returns (same shape and dtype) before it is saved; the draws themselves are unchanged,
+    so every tensor it passes through is the plain random model's (bench/predictable_model.py).
 
     Shard by shard: one shard's tensors are drawn on `device`, moved to the host, saved and
     freed before the next. With more than one shard, model.safetensors.index.json maps every
@@ -411,9 +419,19 @@ def write_random_llama(directory: Path, tokenizer_dir: Path, text_vocab: int, se
             tensor[list(SPECIAL_IDS)] = 0
         return tensor.cpu().contiguous()
 
+    def drawn(spec: TensorSpec) -> torch.Tensor:
+        tensor = draw(spec)
+        if transform is None:
+            return tensor
+        out = transform(spec.name, tensor)
+        if out.shape != tensor.shape or out.dtype != tensor.dtype:
+            raise ValueError(f"transform changed {spec.name}: {tuple(tensor.shape)} {tensor.dtype} -> "
+                             f"{tuple(out.shape)} {out.dtype}")  # fmt: skip
+        return out.contiguous()
+
     weight_map, kept = {}, 0
     for shard, file_name in zip(shards, names):
-        tensors = {spec.name: draw(spec) for spec in shard}
+        tensors = {spec.name: drawn(spec) for spec in shard}
         nbytes = sum(spec.nbytes(element_bytes) for spec in shard)
         target = directory / file_name
         if spill is not None and kept + nbytes > spill.budget_bytes:
