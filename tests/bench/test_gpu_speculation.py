@@ -129,7 +129,7 @@ def args_for(*argv):
 def test_the_servers_their_flags_and_subsets():
     args = args_for("--speculate", "3")
     assert args.draft_shape == "1b" and args.draft_dir == Path("/tmp/llama1b-predictable")
-    assert args.model_dir == Path("/tmp/llama8b-predictable") and args.shape == "8b" and args.acceptance == 0.9
+    assert args.model_dir == Path("/tmp/llama8b-predictable") and args.shape == "8b" and args.acceptance == 0.96
     assert args.workload_names == ["batch1", "burst64", "burst256"]
     servers = gpu_speculation.servers(args)
     draft = ["--speculate", "3", "--speculative-model", "/tmp/llama1b-predictable"]
