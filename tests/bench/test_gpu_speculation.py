@@ -294,7 +294,7 @@ def with_tokenizer(args, tokenizer_dir):
 def test_results_merge_only_a_run_of_the_same_acceptance(tmp_path):
     args = args_for("--out", str(tmp_path))
     assert gpu_speculation.load_results(args) == {}
-    gpu_speculation.save(args, {"acceptance": 0.9, "speculate": 4, "off": {"batch1": run(1.0)}})
+    gpu_speculation.save(args, {"acceptance": 0.96, "speculate": 4, "off": {"batch1": run(1.0)}})
     assert gpu_speculation.load_results(args)["off"] == {"batch1": run(1.0)}
-    with pytest.raises(SystemExit, match="acceptance 0.9"):
+    with pytest.raises(SystemExit, match="acceptance 0.96"):
         gpu_speculation.load_results(args_for("--out", str(tmp_path), "--acceptance", "0.8"))
