@@ -32,15 +32,20 @@ checkpoint declares, and a flag that disagrees with the checkpoint is refused.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from .errors import UnsupportedModelError
+from .moe_config import MOE_FAMILY
 
 _FLOAT_FORMATS = ("float-quantized", "naive-quantized")
 PACKED_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 # Block-wise fp8 loads for the MoE families too: their experts are re-quantized one scale a row
 # at load (models/moe.py), the fused MoE kernel's format.
-BLOCK_FP8_FAMILIES = (*PACKED_FAMILIES, "mixtral", "qwen2_moe", "qwen3_moe", "olmoe")
+BLOCK_FP8_FAMILIES = (*PACKED_FAMILIES, *MOE_FAMILY)
+# An MoE router (and Qwen2-MoE's shared-expert gate): llm-compressor leaves them unquantized
+# ("re:.*mlp.gate$"), and the MoE block reads them as stored.
+ROUTER_NAMES = ("gate", "shared_expert_gate")
 QUANTIZE_FLAGS = ("fp8", "gptq", "awq", "marlin")  # the --quantize values the shard takes
 
 
@@ -136,8 +141,10 @@ def packed_scheme(raw: dict) -> QuantizedScheme | None:
     if method == "compressed-tensors":
         scheme = _check_compressed_tensors(config)
         if scheme is not None:
-            _check_family(raw, method)
-            ignored = [m for m in config.get("ignore") or [] if "lm_head" not in m]
+            block = isinstance(scheme, BlockFp8Scheme)
+            _check_family(raw, method, BLOCK_FP8_FAMILIES if block else PACKED_FAMILIES)
+            routers = block and raw.get("model_type") in MOE_FAMILY  # read as stored: may be left out
+            ignored = [m for m in config.get("ignore") or [] if "lm_head" not in m and not (routers and _names_router(m))]
             if ignored:
                 raise _refused(method, f"ignore {ignored} (unquantized decoder linears) is not loaded")
         return scheme
@@ -186,6 +193,12 @@ def served_quantization(checkpoint: str | None, flag: str | None) -> str | None:
     if flag == "fp8":
         needs = "an unquantized (or fp8) checkpoint"
     raise UnsupportedModelError(f"--quantize {flag} needs {needs}, and this is {declared}; drop the flag or change it")
+
+
+def _names_router(entry: str) -> bool:
+    """Whether a compressed-tensors `ignore` entry (a module name, or "re:" and a pattern) names
+    only MoE routers: its last component is one of ROUTER_NAMES."""
+    return re.split(r"\W", entry.removesuffix("$"))[-1] in ROUTER_NAMES
 
 
 def _check_family(raw: dict, method: str, families: tuple[str, ...] = PACKED_FAMILIES) -> None:

@@ -339,8 +339,17 @@ def test_olmoe_full_width_norms_split_over_ranks(world):
 
 
 
+def llm_compressor_block_fp8(block=(24, 24)) -> dict:
+    """compressed-tensors FP8_BLOCK as llm-compressor writes it for an MoE model: routers ignored."""
+    from .quantized_checkpoints import block_fp8_ct_config
+
+    config = block_fp8_ct_config(block)
+    return {**config, "ignore": ["lm_head", "re:.*mlp.gate$", "re:.*shared_expert_gate$"]}
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "compressed-tensors"])
 @pytest.mark.parametrize("family", ["qwen3_moe", "qwen2_moe"])  # qwen2_moe: a shared expert too
-def test_a_block_fp8_moe_checkpoint_serves_near_its_dequantized_weights(moe_models, tmp_path, family):
+def test_a_block_fp8_moe_checkpoint_serves_near_its_dequantized_weights(moe_models, tmp_path, family, fmt):
     """Qwen3-30B-A3B-FP8's format: every decoder linear e4m3 in [bn, bk] blocks with
     `weight_scale_inv`, the router in the model dtype. Attention (and shared-expert) linears keep
     their blocks; each routed expert is dequantized and re-quantized one scale a row (the fused
@@ -348,7 +357,8 @@ def test_a_block_fp8_moe_checkpoint_serves_near_its_dequantized_weights(moe_mode
     from .quantized_checkpoints import block_fp8_config, write_quantized_checkpoint
     from .test_fp8_weights import _prefill_logits, rel_l2
 
-    target, oracle = write_quantized_checkpoint(moe_models[family][0], tmp_path / "block", block_fp8_config((24, 24)))
+    config = block_fp8_config((24, 24)) if fmt == "fp8" else llm_compressor_block_fp8()
+    target, oracle = write_quantized_checkpoint(moe_models[family][0], tmp_path / "block", config)
     model, logits = _prefill_logits(target)
     blocks = _moe_blocks(model)
     assert blocks and all(b.w13.dtype == b.w2.dtype == FP8 and b.block_fp8 is not None for b in blocks)
@@ -391,3 +401,15 @@ def test_a_block_fp8_expert_without_its_scales_is_refused_by_name(moe_models, tm
     save_file(tensors, str(target / "model.safetensors"))
     with pytest.raises(WeightsError, match=name.replace(".", r"\.")):
         _prefill_logits(target)
+
+
+def test_a_compressed_tensors_moe_checkpoint_may_ignore_only_its_routers(moe_models):
+    raw = read_config(moe_models["qwen3_moe"][0])
+    ModelConfig.from_dict({**raw, "quantization_config": llm_compressor_block_fp8()})
+    ignoring_attention = llm_compressor_block_fp8()
+    ignoring_attention["ignore"].append("re:.*self_attn.q_proj$")
+    with pytest.raises(UnsupportedModelError, match="q_proj.*unquantized decoder linears"):
+        ModelConfig.from_dict({**raw, "quantization_config": ignoring_attention})
+    dense = {**read_config(moe_models["qwen3_moe"][0]), "model_type": "qwen3"}  # routers mean nothing there
+    with pytest.raises(UnsupportedModelError, match="mlp.gate"):
+        ModelConfig.from_dict({**dense, "quantization_config": llm_compressor_block_fp8()})
