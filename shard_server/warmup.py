@@ -105,13 +105,15 @@ def warmup(runner: ModelRunner, max_tokens: int, max_batch_size: int, sizing: Po
     if runner.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(runner.device)
     warm_drafter = isinstance(runner.drafter, DraftModel)
-    draft_prompt = min(max_tokens, CATCH_UP_TOKENS, cfg.max_position_embeddings - DRAFT_WARMUP_TOKENS - 2)
-    draft_blocks = -(-(draft_prompt + 1 + DRAFT_WARMUP_TOKENS) // runner.block_size) if warm_drafter else 0
-    runner.allocate_kv_cache(max(blocks_needed, draft_blocks))
+    draft_prompt, draft_blocks = 0, []
+    if warm_drafter:
+        draft_prompt = min(max_tokens, CATCH_UP_TOKENS, cfg.max_position_embeddings - DRAFT_WARMUP_TOKENS - 2)
+        draft_blocks = list(range(-(-(draft_prompt + 1 + DRAFT_WARMUP_TOKENS) // runner.block_size)))
+    runner.allocate_kv_cache(max(blocks_needed, len(draft_blocks)))
     runner.step(request)
     if warm_drafter:
         runner.clear()
-        _warm_draft_model(runner, draft_prompt)
+        _warm_draft_model(runner, draft_prompt, draft_blocks)
     prepared = runner.backend.prepare_prefill(max_tokens, runner.dtype, runner.device)
     if warm_drafter:
         prepared += runner.drafter.model.attention_backend.prepare_prefill(draft_prompt, runner.dtype, runner.device)
@@ -146,13 +148,12 @@ def warmup(runner: ModelRunner, max_tokens: int, max_batch_size: int, sizing: Po
     return num_blocks, int((time.perf_counter() - started) * 1000)
 
 
-def _warm_draft_model(runner: ModelRunner, prompt_len: int) -> None:
-    """A greedy prefill of `prompt_len` tokens, then one decode with drafts: the draft model
-    catches up over the whole prompt in one chunk (its activation peak, measured with the
-    rest) and proposes, so its kernels are built before the first request needs them."""
+def _warm_draft_model(runner: ModelRunner, prompt_len: int, blocks: list[int]) -> None:
+    """A greedy prefill of `prompt_len` tokens, then one decode with drafts (in `blocks`): the
+    draft model catches up over the whole prompt in one chunk (its activation peak, measured
+    with the rest) and proposes, so its kernels are built before the first request needs them."""
     generator = torch.Generator().manual_seed(WARMUP_SEED)
     ids = torch.randint(0, runner.config.vocab_size, (prompt_len,), generator=generator).tolist()
-    blocks = list(range(-(-(prompt_len + 1 + DRAFT_WARMUP_TOKENS) // runner.block_size)))
     prefill = pb.StepRequest(step_id=1)
     prefill.new_sequences.add(id=0, input_ids=ids, prompt_len=prompt_len)
     prefill.sequences.add(id=0, num_tokens=prompt_len, new_block_ids=blocks, sample=True)

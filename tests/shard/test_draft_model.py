@@ -18,7 +18,7 @@ from shard_server.pb import generate_pb2 as pb
 from shard_server.runner import ModelRunner
 from shard_server.weights import WeightsError
 
-from .helpers import CPU, StepDriver, load_model
+from .helpers import CPU, StepDriver, load_model, load_runner
 from .test_speculation import GREEDY, PROMPT, SEEDED, generate
 
 
@@ -36,8 +36,6 @@ def draft_runner(target_dir, draft_dir, num_blocks: int = 128, block_size: int =
 
 @pytest.fixture()
 def plain_runner(tiny_model_dirs):
-    from .helpers import load_runner
-
     return load_runner(tiny_model_dirs["llama"], block_size=4, num_blocks=128)
 
 
