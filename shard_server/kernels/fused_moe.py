@@ -15,17 +15,23 @@ rounded once. The top-k contributions are summed by a final [T, k, H] reduction,
 in the down kernel: float32 atomic adds land in whatever order the programs finish, so two runs
 (or two tensor-parallel ranks) would differ in the last bits; the reduction costs a T*k*H float32
 buffer, small next to the experts' weights that the kernels stream.
+
+fp8 experts (`ExpertScales`, `kernels/expert_scales.py`) come with one scale a row, applied to
+each output feature's float32 sum, or with a block-wise fp8 checkpoint's [bn, bk] block scales,
+applied to each weight tile inside the K loop (W8A16: the tile is dequantized in float32 and
+rounded once to the activations' dtype, the reference's dequantized weight exactly).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
 import triton.language as tl
 
 from .dispatch import next_power_of_two, use_fused
+from .expert_scales import ExpertScales, GemmScales
 from .pdl import launch_args, wait_for_previous_kernel
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -61,23 +67,18 @@ TILES = (
 )
 
 
-@dataclass(frozen=True)
-class ExpertScales:
-    """fp8 experts' float32 scales, one per weight row: w13 [E, 2I], w2 [E, H]; W = fp8 * scale."""
-
-    w13: torch.Tensor
-    w2: torch.Tensor
-
-
 def tile_for(pairs: int, experts: int) -> MoeTile:
     per_expert = pairs / max(1, experts)
     return next(tile for bound, tile in TILES if bound is None or per_expert <= bound)
 
 
-def fused_moe_applies(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor) -> bool:
-    """Weights of x's dtype, or fp8 (e4m3) weights with one scale per expert row (`--quantize
-    fp8`), both alike. Anything else stays on the torch path."""
-    return x.dim() == 2 and x.dtype in DTYPES and w13.dtype in (x.dtype, FP8) and w2.dtype == w13.dtype
+def fused_moe_applies(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, scales: ExpertScales | None = None
+                      ) -> bool:  # fmt: skip
+    """Weights of x's dtype, or fp8 (e4m3) weights with row scales (`--quantize fp8`) or block
+    scales whose bk the K tile can divide (`ExpertScales.kernel_fits`: every Hub checkpoint's
+    128 does). Anything else stays on the torch path."""
+    float_or_fp8 = x.dim() == 2 and x.dtype in DTYPES and w13.dtype in (x.dtype, FP8) and w2.dtype == w13.dtype
+    return float_or_fp8 and (scales is None or scales.kernel_fits())
 
 
 def block_count(pairs: int, experts: int, block_m: int) -> int:
@@ -175,14 +176,20 @@ def _align_kernel(ids_ptr, sorted_ptr, block_expert_ptr, next_slot_ptr, PAIRS, E
 @triton.jit
 def _moe_gemm_kernel(a_ptr, w_ptr, w_scale_ptr, out_ptr, topk_weights_ptr, sorted_pairs_ptr, block_expert_ptr,
                      N, K, PAIRS, TOP_K, NUM_BLOCKS_M, a_stride, w_stride_e, w_stride_n, w_stride_k, scale_stride_e,
-                     out_stride, GATE_UP: tl.constexpr, SCALED: tl.constexpr, BLOCK_M: tl.constexpr,
+                     scale_stride_n, scale_stride_k, SCALE_BN, SCALE_BK, SCALE_N_OFFSET, SCALE_UP_ROW, K_OFFSET,
+                     out_stride, GATE_UP: tl.constexpr, SCALES: tl.constexpr, BLOCK_M: tl.constexpr,
                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, PRECISION: tl.constexpr,
                      PDL: tl.constexpr):  # fmt: skip
     # GATE_UP: a = x [T, K] (a pair's row is its token), w = w13 [E, 2N, K]; out [pairs, N] in the
     # model dtype holds silu(gate) * up. Else: a = that [pairs, K], w = w2 [E, N, K]; out [pairs, N]
-    # float32 holds the pair's routing weight times its expert's output. SCALED: w is fp8, widened
-    # to a's dtype in registers (exact: every e4m3 value is a bf16 / fp16 one), and each output
-    # feature's sum is multiplied by its row's scale (w_scale [E, rows of w]) before any rounding.
+    # float32 holds the pair's routing weight times its expert's output. SCALES (None: w is in
+    # a's dtype) "row": w is fp8, widened to a's dtype in registers (exact: every e4m3 value is a
+    # bf16 / fp16 one), and each output feature's sum is multiplied by its row's scale (w_scale
+    # [E, rows of w]) before any rounding. "block": w is fp8 with a scale per [SCALE_BN, SCALE_BK]
+    # block (w_scale [E, row blocks, column blocks], `kernels/expert_scales.py`); each tile is
+    # dequantized in float32 and rounded to a's dtype before the dot. The rank's slice starts
+    # SCALE_N_OFFSET rows / K_OFFSET columns into its first block, so the K loop starts K_OFFSET
+    # columns early (masked) and every K tile (BLOCK_K divides SCALE_BK) lies in one block.
     pid = tl.program_id(0)
     blocks_n = tl.cdiv(N, BLOCK_N)
     # Grouped order: GROUP_M row tiles run through the feature tiles side by side, so with several
@@ -203,23 +210,29 @@ def _moe_gemm_kernel(a_ptr, w_ptr, w_scale_ptr, out_ptr, topk_weights_ptr, sorte
     col_ok = cols < N
     a_rows = a_ptr + rows.to(tl.int64)[:, None] * a_stride
     w_cols = w_ptr + expert.to(tl.int64) * w_stride_e + cols.to(tl.int64)[None, :] * w_stride_n
+    scales = w_scale_ptr + expert.to(tl.int64) * scale_stride_e
+    if SCALES == "block":  # each output feature's row of scale blocks
+        scales += ((cols + SCALE_N_OFFSET) // SCALE_BN) * scale_stride_n
+    else:
+        scales += cols * scale_stride_n
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     acc_up = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    for k0 in range(-K_OFFSET, K, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
-        k_ok = ks < K
+        k_ok = (ks >= 0) & (ks < K) if SCALES == "block" else ks < K
+        k_scales = scales + ((k0 + K_OFFSET) // SCALE_BK) * scale_stride_k  # "block": this tile's column of blocks
         a = tl.load(a_rows + ks[None, :], mask=pair_ok[:, None] & k_ok[None, :], other=0.0)
         w_mask = k_ok[:, None] & col_ok[None, :]
-        w = tl.load(w_cols + ks[:, None] * w_stride_k, mask=w_mask, other=0.0)
+        w = _weight_tile(w_cols + ks[:, None] * w_stride_k, w_mask, k_scales, col_ok, SCALES == "block")
         acc = tl.dot(a, w.to(a.dtype), acc, input_precision=PRECISION)
-        if GATE_UP:  # the up rows sit N rows below the gate rows
-            w = tl.load(w_cols + N * w_stride_n + ks[:, None] * w_stride_k, mask=w_mask, other=0.0)
+        if GATE_UP:  # the up rows sit N rows below the gate rows, their scale rows SCALE_UP_ROW below
+            w = _weight_tile(w_cols + N * w_stride_n + ks[:, None] * w_stride_k, w_mask,
+                             k_scales + SCALE_UP_ROW * scale_stride_n, col_ok, SCALES == "block")  # fmt: skip
             acc_up = tl.dot(a, w.to(a.dtype), acc_up, input_precision=PRECISION)
-    if SCALED:
-        scales = w_scale_ptr + expert.to(tl.int64) * scale_stride_e + cols
+    if SCALES == "row":
         acc *= tl.load(scales, mask=col_ok, other=0.0)[None, :]
         if GATE_UP:
-            acc_up *= tl.load(scales + N, mask=col_ok, other=0.0)[None, :]
+            acc_up *= tl.load(scales + N * scale_stride_n, mask=col_ok, other=0.0)[None, :]
     dtype = a_ptr.dtype.element_ty
     if GATE_UP:  # rounded where torch rounds: F.linear's outputs, F.silu's, the product
         gate = acc.to(dtype).to(tl.float32)
@@ -232,15 +245,26 @@ def _moe_gemm_kernel(a_ptr, w_ptr, w_scale_ptr, out_ptr, topk_weights_ptr, sorte
     tl.store(out, result.to(out_ptr.dtype.element_ty), mask=pair_ok[:, None] & col_ok[None, :])
 
 
-def _launch(a, w, w_scale, out, topk_weights, sorted_pairs, block_expert, n, k, top_k, tile: MoeTile,
-            gate_up: bool) -> None:  # fmt: skip
+@triton.jit
+def _weight_tile(ptrs, mask, scales, col_ok, BLOCK_SCALED: tl.constexpr):
+    """A [BLOCK_K, BLOCK_N] weight tile as stored, or (BLOCK_SCALED) in float32 times each
+    column's block scale (`scales`: one pointer a column, into this K tile's blocks)."""
+    w = tl.load(ptrs, mask=mask, other=0.0)
+    if BLOCK_SCALED:
+        w = w.to(tl.float32) * tl.load(scales, mask=col_ok, other=0.0)[None, :]
+    return w
+
+
+def _launch(a, w, scales: GemmScales | None, out, topk_weights, sorted_pairs, block_expert, n, k, top_k,
+            tile: MoeTile, gate_up: bool) -> None:  # fmt: skip
     blocks_m = block_expert.numel()
     grid = (blocks_m * triton.cdiv(n, tile.block_n),)
-    scaled = w_scale is not None
+    s = scales or GemmScales(w, None)  # unscaled: a stand-in pointer the kernel never reads
+    strides = (*s.tensor.stride(), 0)[:3] if scales is not None else (0, 0, 0)  # row scales: [E, rows]
     _moe_gemm_kernel[grid](
-        a, w, w_scale if scaled else w, out, topk_weights, sorted_pairs, block_expert, n, k, out.shape[0], top_k,
-        blocks_m, a.stride(0), w.stride(0), w.stride(1), w.stride(2), w_scale.stride(0) if scaled else 0,
-        out.stride(0), GATE_UP=gate_up, SCALED=scaled, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n,
+        a, w, s.tensor, out, topk_weights, sorted_pairs, block_expert, n, k, out.shape[0], top_k,
+        blocks_m, a.stride(0), w.stride(0), w.stride(1), w.stride(2), *strides, *s.block, s.n_offset, s.up_row,
+        s.k_offset, out.stride(0), GATE_UP=gate_up, SCALES=s.kind, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n,
         BLOCK_K=tile.block_k, GROUP_M=tile.group_m,
         PRECISION="ieee" if a.dtype == torch.float32 else None,  # float32 weights: no tf32 rounding
         num_warps=tile.num_warps, num_stages=tile.num_stages, **launch_args(a),
@@ -252,24 +276,31 @@ def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_wei
                   ) -> torch.Tensor:  # fmt: skip
     """`reference_experts`' result (see `fused_moe_applies`): x [T, H], w13 [E, 2I, H] (gate rows,
     then up), w2 [E, H, I], topk_weights float [T, k], topk_ids [T, k] -> [T, H] in x's dtype.
-    fp8 weights come with their `scales`."""
+    fp8 weights come with their `scales` (ValueError if they do not fit the experts). With block
+    scales the tile's block_k is cut to a power of two dividing bk (`ExpertScales.block_k`)."""
     tokens, hidden = x.shape
     experts, inter = w13.shape[0], w13.shape[1] // 2
     top_k = topk_ids.shape[1]
     pairs = tokens * top_k
     if (w13.dtype == FP8) != (scales is not None):
         raise ValueError("fp8 experts need their scales, and only fp8 experts take them")
+    if scales is not None:
+        scales.check(w13, w2)
+        if not scales.kernel_fits():
+            raise ValueError(f"block scales of {scales.block[1]} columns: the fused kernel takes multiples of 16")
     if pairs == 0:
         return torch.zeros(tokens, w2.shape[1], dtype=x.dtype, device=x.device)
     if x.stride(1) != 1:
         x = x.contiguous()
     tile = tile or tile_for(pairs, experts)
+    if scales is not None and scales.block_k(tile.block_k) != tile.block_k:
+        tile = replace(tile, block_k=scales.block_k(tile.block_k))
     sorted_pairs, block_expert = align_pairs(topk_ids, experts, tile.block_m)
     weights = topk_weights.reshape(-1).float().contiguous()
     act = torch.empty(pairs, inter, dtype=x.dtype, device=x.device)
-    w13_scale, w2_scale = (scales.w13, scales.w2) if scales is not None else (None, None)
-    _launch(x, w13, w13_scale, act, weights, sorted_pairs, block_expert, inter, hidden, top_k, tile, gate_up=True)
+    w13_scales, w2_scales = (scales.gate_up(), scales.down()) if scales is not None else (None, None)
+    _launch(x, w13, w13_scales, act, weights, sorted_pairs, block_expert, inter, hidden, top_k, tile, gate_up=True)
     per_pair = torch.empty(pairs, w2.shape[1], dtype=torch.float32, device=x.device)
-    _launch(act, w2, w2_scale, per_pair, weights, sorted_pairs, block_expert, w2.shape[1], inter, top_k, tile,
+    _launch(act, w2, w2_scales, per_pair, weights, sorted_pairs, block_expert, w2.shape[1], inter, top_k, tile,
             gate_up=False)  # fmt: skip
     return per_pair.view(tokens, top_k, -1).sum(dim=1).to(x.dtype)

@@ -375,18 +375,30 @@ def _block_scales(store: WeightStore, scheme: BlockFp8Scheme, prefix: str, rows,
     return _scale_values(_read(store, name, rows, cols), name, scheme.describe())
 
 
-def block_fp8_slice(store: WeightStore, scheme: BlockFp8Scheme, prefix: str, in_features: int,
-                    rows: tuple[int, int] | None = None, cols: tuple[int, int] | None = None) -> torch.Tensor:  # fmt: skip
-    """Checkpoint rows, or columns, [start, end) of a block-wise fp8 weight, dequantized to
-    float32 (a slice may start or end mid-block); the whole weight when neither is given."""
+def block_fp8_part(store: WeightStore, scheme: BlockFp8Scheme, prefix: str, in_features: int,
+                   rows: tuple[int, int] | None = None, cols: tuple[int, int] | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """Checkpoint rows, or columns, [start, end) of a block-wise fp8 weight as stored (e4m3), with
+    the float32 scale blocks they touch: block rows [r0 // bn, ceil(r1 / bn)) and columns
+    [c0 // bk, ceil(c1 / bk)) (a slice may start or end mid-block); the whole weight when neither
+    is given."""
     (bn, bk), name = scheme.block, f"{prefix}.weight"
     out = _check_block_fp8(store, scheme, prefix, in_features)
     (r0, r1), (c0, c1) = rows or (0, out), cols or (0, in_features)
     if r1 > out or c1 > in_features:
         raise WeightsError(f"{name} is [{out}, {in_features}]; this rank needs rows [{r0}, {r1}), columns [{c0}, {c1})")
     weight = _read(store, name, (r0, r1), (c0, c1))
-    scales = _block_scales(store, scheme, prefix, (r0 // bn, -(-r1 // bn)), (c0 // bk, -(-c1 // bk)))
-    row_block, col_block = torch.arange(r0, r1) // bn - r0 // bn, torch.arange(c0, c1) // bk - c0 // bk
+    return weight, _block_scales(store, scheme, prefix, (r0 // bn, -(-r1 // bn)), (c0 // bk, -(-c1 // bk)))
+
+
+def block_fp8_slice(store: WeightStore, scheme: BlockFp8Scheme, prefix: str, in_features: int,
+                    rows: tuple[int, int] | None = None, cols: tuple[int, int] | None = None) -> torch.Tensor:  # fmt: skip
+    """`block_fp8_part`'s slice dequantized to float32."""
+    bn, bk = scheme.block
+    weight, scales = block_fp8_part(store, scheme, prefix, in_features, rows, cols)
+    r0, c0 = (rows or (0, 0))[0], (cols or (0, 0))[0]
+    row_block = torch.arange(r0, r0 + weight.shape[0]) // bn - r0 // bn
+    col_block = torch.arange(c0, c0 + weight.shape[1]) // bk - c0 // bk
     return weight.float() * scales[row_block][:, col_block]
 
 

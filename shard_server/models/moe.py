@@ -15,9 +15,18 @@ The routed experts' weights are stacked the way a grouped-GEMM kernel wants them
 `w13` [experts, 2 * local intermediate, hidden] (gate rows, then up rows) and `w2`
 [experts, hidden, local intermediate]. `experts_forward` runs them: on the fused Triton path
 (`kernels/fused_moe.py`: pairs sorted by expert, two grouped GEMMs; CUDA-graph capturable) where
-`use_fused` says so and the weights are float; else `reference_experts`, the plain-torch oracle
-(an eager loop over the experts that were hit, with data-dependent shapes), or under CUDA-graph
-capture `dense_experts`, its static-shape twin (correct but experts/top_k times the work).
+`use_fused` says so and it takes the weights (float, or fp8 with their scales); else
+`reference_experts`, the plain-torch oracle (an eager loop over the experts that were hit, with
+data-dependent shapes), or under CUDA-graph capture `dense_experts`, its static-shape twin
+(correct but experts/top_k times the work).
+
+fp8 experts carry float32 scales (`kernels/expert_scales.py`): one a row (`--quantize fp8` on a
+bf16/fp16 checkpoint, or a per-channel fp8 checkpoint's), or a block-wise fp8 checkpoint's
+[bn, bk] block scales as stored (Qwen3-30B-A3B-FP8: 128x128). A rank reads only its slice of
+each expert's fp8 weight and the scale blocks that slice touches; the slice need not fall on a
+block boundary (Qwen3-30B-A3B's 768 intermediate rows over 4 ranks are 192 a rank, one and a
+half blocks): the scales keep where the slice starts inside its first block, and both the kernel
+and the reference index blocks from there, so every rank's weights are the checkpoint's exactly.
 """
 
 from __future__ import annotations
@@ -31,10 +40,11 @@ from torch import nn
 from ..distributed import ParallelContext
 from ..kernels.dispatch import use_fused
 from ..kernels.fp8_matmul import FP8
+from ..kernels.expert_scales import dequantize_experts, scale_shapes
 from ..kernels.fused_moe import ExpertScales, fused_experts, fused_moe_applies
 from ..kernels.moe_routing import fused_route, routes_in_one_launch
 from ..layers.linear import weight_rows
-from ..layers.quantized import block_fp8_slice
+from ..layers.quantized import block_fp8_part, block_fp8_slice
 from ..layers.norm import RMSNorm
 from ..weights import WeightStore
 from .config import ModelConfig
@@ -61,11 +71,6 @@ def reference_route(router_logits: torch.Tensor, top_k: int, renormalize: bool) 
     return weights, ids
 
 
-def dequantized(weight: torch.Tensor, scale: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
-    """Stacked expert weights [E, rows, cols] in `dtype`: fp8 ones times their row scales [E, rows]."""
-    return weight if scale is None else (weight.float() * scale[..., None]).to(dtype)
-
-
 def reference_experts(
     x: torch.Tensor,
     w13: torch.Tensor,
@@ -75,9 +80,11 @@ def reference_experts(
     scales: ExpertScales | None = None,
 ) -> torch.Tensor:
     """sum_j topk_weights[t, j] * expert_{topk_ids[t, j]}(x[t]), accumulated in float32: [T, hidden]
-    in x's dtype. With tensor parallelism this is the rank's partial sum. fp8 experts (`scales`)
-    are dequantized one at a time to x's dtype."""
+    in x's dtype. With tensor parallelism this is the rank's partial sum. fp8 experts (`scales`,
+    per row or per block) are dequantized one at a time to x's dtype (`dequantize_experts`)."""
     tokens, hidden = x.shape
+    if scales is not None:
+        scales.check(w13, w2)
     out = torch.zeros(tokens, w2.shape[1], dtype=torch.float32, device=x.device)
     flat_ids = topk_ids.reshape(-1)
     order = torch.argsort(flat_ids, stable=True)
@@ -89,9 +96,9 @@ def reference_experts(
         if count == 0:
             continue
         rows = token_of[start : start + count]
-        gate_up = dequantized(w13[expert], scales and scales.w13[expert], x.dtype)
+        gate_up, down = dequantize_experts(w13, w2, scales, x.dtype, expert)
         gate, up = F.linear(x[rows], gate_up).chunk(2, dim=-1)
-        y = F.linear(F.silu(gate) * up, dequantized(w2[expert], scales and scales.w2[expert], x.dtype))
+        y = F.linear(F.silu(gate) * up, down)
         out[rows] += y.float() * weight_of[start : start + count, None]  # a token picks an expert once
         start += count
     return out.to(x.dtype)
@@ -108,8 +115,7 @@ def dense_experts(
     """The same sum with static shapes (every expert on every token, weighted by a dense [T, experts]
     combine matrix that is zero off the top k): what a CUDA graph can capture where the fused
     kernel is switched off. experts/top_k times the reference's work."""
-    if scales is not None:
-        w13, w2 = dequantized(w13, scales.w13, x.dtype), dequantized(w2, scales.w2, x.dtype)
+    w13, w2 = dequantize_experts(w13, w2, scales, x.dtype)
     combine = torch.zeros(x.shape[0], w13.shape[0], dtype=torch.float32, device=x.device)
     combine.scatter_(1, topk_ids, topk_weights.float())
     gate, up = torch.einsum("th,eih->eti", x, w13).chunk(2, dim=-1)
@@ -127,7 +133,7 @@ def experts_forward(
 ) -> torch.Tensor:
     """The routed experts' output [T, hidden]: the fused kernel where it applies; else the
     reference loop, or its static-shape twin under CUDA-graph capture (the loop syncs with the host)."""
-    if use_fused(x) and fused_moe_applies(x, w13, w2):
+    if use_fused(x) and fused_moe_applies(x, w13, w2, scales):
         return fused_experts(x, w13, w2, topk_weights, topk_ids, scales=scales)
     if x.is_cuda and torch.cuda.is_current_stream_capturing():
         return dense_experts(x, w13, w2, topk_weights, topk_ids, scales)
@@ -147,9 +153,10 @@ class MoeBlock(nn.Module):
         self.rows = ctx.split(size, "expert intermediate size")
         local = self.rows[1] - self.rows[0]
         self.router = nn.Parameter(torch.empty(moe.num_experts, hidden, dtype=dtype, device=device), requires_grad=False)
-        fp8 = cfg.quantize == "fp8"  # e4m3 experts, a float32 scale a row (--quantize fp8, or the checkpoint's)
-        # A block-wise fp8 checkpoint's experts are read dequantized and re-quantized a row at a time.
+        fp8 = cfg.quantize == "fp8"  # e4m3 experts with float32 scales (--quantize fp8, or the checkpoint's)
+        # A block-wise fp8 checkpoint's experts keep their block scales (see the module docstring).
         self.block_fp8 = cfg.packed if isinstance(cfg.packed, BlockFp8Scheme) else None
+        self.scale_block = None if self.block_fp8 is None else self.block_fp8.block  # None: a scale a row
         self.w13 = nn.Parameter(
             torch.empty(moe.num_experts, 2 * local, hidden, dtype=FP8 if fp8 else dtype, device=device),
             requires_grad=False,
@@ -159,8 +166,10 @@ class MoeBlock(nn.Module):
         )
         self.w13_scale = self.w2_scale = None
         if fp8:
-            self.w13_scale = nn.Parameter(torch.empty(moe.num_experts, 2 * local, device=device), requires_grad=False)
-            self.w2_scale = nn.Parameter(torch.empty(moe.num_experts, hidden, device=device), requires_grad=False)
+            # Per row, or the blocks this rank's slice (from intermediate row rows[0]) touches.
+            shape13, shape2 = scale_shapes(self.scale_block, self.rows[0], moe.num_experts, local, hidden)
+            self.w13_scale = nn.Parameter(torch.empty(shape13, device=device), requires_grad=False)
+            self.w2_scale = nn.Parameter(torch.empty(shape2, device=device), requires_grad=False)
         self.shared_expert = self.shared_expert_gate = None
         if moe.shared_expert_intermediate_size:
             # A dense MLP sliced like the Llama MLP; its down projection is not all-reduced on its
@@ -177,6 +186,9 @@ class MoeBlock(nn.Module):
         self.router.copy_(self._read(store, f"{prefix}.gate", hidden))
         for e in range(self.moe.num_experts):
             expert = f"{prefix}.experts.{e}"
+            if self.block_fp8 is not None:
+                self._load_block_fp8(store, expert, e)
+                continue
             self._fill(self.w13, self.w13_scale, (e, slice(0, local)), store, f"{expert}.{gate_name}", start,
                        self._read(store, f"{expert}.{gate_name}", hidden, rows=(start, end)))  # fmt: skip
             self._fill(self.w13, self.w13_scale, (e, slice(local, 2 * local)), store, f"{expert}.{up_name}", start,
@@ -189,14 +201,29 @@ class MoeBlock(nn.Module):
 
     def _read(self, store: WeightStore, prefix: str, in_features: int, rows=None, cols=None) -> torch.Tensor:
         """Checkpoint rows or columns [start, end) of `prefix`'s weight (all of it without either): as
-        stored, or a block-wise fp8 one dequantized to float32 (`_fill` re-quantizes it a row at a
-        time). An unquantized weight in a block-wise checkpoint (the router, usually) is read as is."""
+        stored, or a block-wise fp8 one (a router that is not left unquantized) dequantized to
+        float32. An unquantized weight in a block-wise checkpoint (the router, usually) is read as is."""
         name = f"{prefix}.weight"
         if self.block_fp8 is not None and store.header(name)[0] == "F8_E4M3":
             return block_fp8_slice(store, self.block_fp8, prefix, in_features, rows, cols)
         if rows is not None:
             return store.get_rows(name, *rows)
         return store.get(name) if cols is None else store.get_cols(name, *cols)
+
+    def _load_block_fp8(self, store: WeightStore, expert: str, e: int) -> None:
+        """Expert e's slice of a block-wise fp8 checkpoint: its gate and up rows and its down
+        columns as stored (e4m3), with every scale block they touch."""
+        start, end = self.rows
+        local, gate_scale_rows = end - start, self.w13_scale.shape[1] // 2
+        hidden, size = self.w2.shape[1], self.moe.expert_intermediate_size
+        gate_name, up_name, down_name = self.moe.weight_names
+        for half, name in enumerate((gate_name, up_name)):
+            weight, scales = block_fp8_part(store, self.block_fp8, f"{expert}.{name}", hidden, rows=(start, end))
+            self.w13[e, half * local : (half + 1) * local].copy_(weight)
+            self.w13_scale[e, half * gate_scale_rows : (half + 1) * gate_scale_rows].copy_(scales)
+        weight, scales = block_fp8_part(store, self.block_fp8, f"{expert}.{down_name}", size, cols=(start, end))
+        self.w2[e].copy_(weight)
+        self.w2_scale[e].copy_(scales)
 
     @staticmethod
     def _fill(weight, scale, index, store: WeightStore, prefix: str, start: int, value: torch.Tensor) -> None:
@@ -208,7 +235,9 @@ class MoeBlock(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = route(F.linear(x, self.router), self.moe.top_k, self.moe.norm_topk_prob)
-        scales = None if self.w13_scale is None else ExpertScales(self.w13_scale, self.w2_scale)
+        scales = None
+        if self.w13_scale is not None:
+            scales = ExpertScales(self.w13_scale, self.w2_scale, self.scale_block, first=self.rows[0])
         out = experts_forward(x, self.w13, self.w2, weights, ids, scales)
         if self.shared_expert is not None:
             out = out + torch.sigmoid(F.linear(x, self.shared_expert_gate)) * self.shared_expert(x)

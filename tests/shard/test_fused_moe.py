@@ -11,6 +11,8 @@ are each rounded, and a last-bit difference in one of them moves the expert's ou
 that step), so 1e-2 and 3e-2.
 """
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -32,7 +34,7 @@ from shard_server.models import moe as moe_module  # noqa: E402
 from shard_server.models.config import ModelConfig  # noqa: E402
 from shard_server.models.moe import MoeBlock, experts_forward, reference_experts, route  # noqa: E402
 
-from .fp8_checkpoints import fp8_experts  # noqa: E402
+from .fp8_checkpoints import block_fp8_experts, fp8_experts  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"  # the small cases: compiled on a GPU, interpreted on CPU
@@ -277,6 +279,21 @@ def test_gpu_fp8_experts_at_a_qwen3_30b_shape(tokens):
     torch.testing.assert_close(got.float(), want.float(), atol=3e-2, rtol=3e-2)
 
 
+@needs_cuda
+@pytest.mark.parametrize("tokens", [1, 7, 256])
+def test_gpu_block_fp8_experts_at_a_qwen3_30b_shape(tokens):
+    """Qwen3-30B-A3B-FP8's 128x128 blocks, rank 1 of 4 (intermediate rows [192, 384): the slice
+    starts half-way into a block): bf16 rows against the reference on the dequantized weights."""
+    shape = {**QWEN3_30B, "inter": 768}
+    x, w13, w2, weights, ids = make_case(tokens, dtype=torch.float32, device="cuda", seed=tokens, **shape)
+    q13, q2, scales, dense13, dense2 = block_fp8_experts(w13, w2, (128, 128), first=192, inter=192, seed=tokens)
+    x = x.to(torch.bfloat16)
+    want = reference_experts(x, dense13.to(torch.bfloat16), dense2.to(torch.bfloat16), weights, ids)
+    got = experts_forward(x, q13, q2, weights, ids, scales)
+    assert want.abs().max() > 0.3
+    torch.testing.assert_close(got.float(), want.float(), atol=3e-2, rtol=3e-2)
+
+
 @pytest.mark.parametrize("tokens, experts, top_k, renormalize, dtype", [
     (1, 128, 8, True, torch.bfloat16), (5, 60, 4, False, torch.bfloat16), (3, 8, 2, True, torch.float16),
     (4, 6, 6, False, torch.bfloat16), (0, 8, 2, True, torch.bfloat16),
@@ -308,3 +325,66 @@ def test_fp8_experts_without_their_scales_are_refused():
             fused_experts(x, q13, q2, weights, ids)
         with pytest.raises(ValueError, match="only fp8 experts take them"):
             fused_experts(x, w13, w2, weights, ids, scales=scales)
+
+
+@pytest.mark.parametrize("tokens, experts, top_k, skew, block, first, dtype", [
+    (1, 8, 2, 0.0, (16, 16), 0, torch.float32),    # one token, most experts empty
+    (13, 16, 4, 8.0, (16, 32), 16, torch.float32),  # skewed; w2's columns start mid-block
+    (40, 4, 2, 0.0, (24, 48), 8, torch.float32),    # several row tiles an expert; both slices start mid-block
+    (9, 6, 2, 0.0, (32, 16), 40, torch.float32),    # a slice past the first blocks
+    (9, 6, 2, 0.0, (24, 48), 20, torch.float16),
+    (1, 4, 1, 0.0, (128, 128), 0, torch.float16),   # the Hub's blocks
+])  # fmt: skip
+def test_block_fp8_experts_match_the_dequantized_weights(tokens, experts, top_k, skew, block, first, dtype):
+    """Block-scaled fp8 experts (a rank's slice of each, the checkpoint's scale blocks as stored)
+    against the reference on the weights dequantized element by element: the reference's own
+    dequantization exactly, the kernel within float32 (float16) rounding. Each block's scale
+    differs up to 64x from its neighbours', so a scale from a wrong block (gate for up, a
+    neighbouring row or K block, a slice offset dropped) is far outside the tolerance."""
+    hidden = 40 if block[1] < 40 else block[1] + 8  # a partial last block either way
+    x, w13, w2, weights, ids = make_case(tokens, experts, top_k, hidden=hidden, inter=first + 24, skew=skew,
+                                         seed=tokens + first)  # fmt: skip
+    q13, q2, scales, dense13, dense2 = block_fp8_experts(w13, w2, block, first=first, inter=24, seed=first)
+    x = x.to(dtype)
+    want = reference_experts(x, dense13.to(dtype), dense2.to(dtype), weights, ids)
+    assert want.abs().max() > 0.3, "outputs too small to compare"
+    assert torch.equal(reference_experts(x, q13, q2, weights, ids, scales), want)
+    with fused_kernels(True, on_cpu=True):
+        got = fused_experts(x, q13, q2, weights, ids, SMALL, scales=scales)
+        through_forward = experts_forward(x, q13, q2, weights, ids, scales)  # the table's tiles, block_k cut to bk
+    tol = TOLERANCE[dtype]
+    torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
+    torch.testing.assert_close(through_forward.float(), want.float(), atol=tol, rtol=tol)
+
+
+def test_block_scales_that_do_not_fit_the_experts_are_refused():
+    x, w13, w2, weights, ids = make_case(3, 4, 2, hidden=40, inter=24, seed=6)
+    q13, q2, scales, _, _ = block_fp8_experts(w13, w2, (16, 16))
+    with fused_kernels(True, on_cpu=True):
+        fused_experts(x, q13, q2, weights, ids, SMALL, scales=scales)  # fits
+        for bad, message in [
+            (replace(scales, w13=scales.w13[:, 1:]), r"block scales of w13: torch.float32 \[4, 3, 3\].*need float32 "
+                                                     r"\[4, 4, 3\] \(16x16 blocks from row 0\)"),
+            (replace(scales, w2=scales.w2[:, :, :1]), r"block scales of w2: .*\[4, 3, 1\].*need float32 \[4, 3, 2\]"),
+            (replace(scales, first=12), r"w13.*need float32 \[4, 6, 3\] \(16x16 blocks from row 12\)"),
+            (replace(scales, block=(16, 8)), r"w13.*need float32 \[4, 4, 5\]"),
+            (replace(scales, block=None), r"row scales of w13.*need float32 \[4, 48\] \(one a row\)"),
+            (replace(scales, w2=scales.w2.double()), r"w2: torch.float64"),
+        ]:  # fmt: skip
+            with pytest.raises(ValueError, match=message):
+                fused_experts(x, q13, q2, weights, ids, SMALL, scales=bad)
+            with pytest.raises(ValueError, match=message):
+                reference_experts(x, q13, q2, weights, ids, bad)
+
+
+def test_block_scales_the_kernel_cannot_tile_take_the_reference(monkeypatch):
+    """Blocks of 24 columns: no tensor-core K tile fits in one, so the experts stay on the torch path."""
+    x, w13, w2, weights, ids = make_case(5, 4, 2, hidden=40, inter=24, seed=8)
+    q13, q2, scales, dense13, dense2 = block_fp8_experts(w13, w2, (24, 24))
+    assert not fused_moe_applies(x, q13, q2, scales) and fused_moe_applies(x, q13, q2, replace(scales, block=(24, 32)))
+    monkeypatch.setattr(moe_module, "fused_experts", lambda *a, **kw: pytest.fail("24-column blocks took the kernel"))
+    with fused_kernels(True, on_cpu=True):
+        got = experts_forward(x, q13, q2, weights, ids, scales)
+    assert torch.equal(got, reference_experts(x, dense13, dense2, weights, ids))
+    with pytest.raises(ValueError, match="block scales of 24 columns"):
+        fused_moe.fused_experts(x, q13, q2, weights, ids, SMALL, scales=scales)

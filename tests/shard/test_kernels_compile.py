@@ -140,14 +140,23 @@ CASES = {
                              {"w_ptr": "*fp8e4nv", "scale_ptr": "*fp32", "row_block_ptr": "*i32", "col_block_ptr": "*i32"}),
     "dequantize_int8_rows": ("shard_server.kernels.dequantize", "_dequantize_kernel",
                              dict(BLOCKED=False, BLOCK_N=64, BLOCK_K=128), {"w_ptr": "*i8", "scale_ptr": "*fp32"}),
-    # MoE: the grouped GEMMs (bf16 and fp8 experts), the one-program alignment and the routing.
+    # MoE: the grouped GEMMs (bf16 experts, fp8 ones with row or block scales), the one-program
+    # alignment and the routing.
     "moe_gate_up": ("shard_server.kernels.fused_moe", "_moe_gemm_kernel",
-                    dict(GATE_UP=True, SCALED=False, BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, GROUP_M=1, PRECISION=None),
+                    dict(GATE_UP=True, SCALES=None, BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, GROUP_M=1, PRECISION=None),
                     MOE_POINTERS),  # fmt: skip
     "moe_down_fp8_experts": ("shard_server.kernels.fused_moe", "_moe_gemm_kernel",
-                             dict(GATE_UP=False, SCALED=True, BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8,
+                             dict(GATE_UP=False, SCALES="row", BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8,
                                   PRECISION=None),
                              dict(MOE_POINTERS, w_ptr="*fp8e4nv", out_ptr="*fp32")),  # fmt: skip
+    "moe_gate_up_block_fp8_experts": ("shard_server.kernels.fused_moe", "_moe_gemm_kernel",
+                                      dict(GATE_UP=True, SCALES="block", BLOCK_M=16, BLOCK_N=64, BLOCK_K=128,
+                                           GROUP_M=1, PRECISION=None),
+                                      dict(MOE_POINTERS, w_ptr="*fp8e4nv")),  # fmt: skip
+    "moe_down_block_fp8_experts": ("shard_server.kernels.fused_moe", "_moe_gemm_kernel",
+                                   dict(GATE_UP=False, SCALES="block", BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8,
+                                        PRECISION=None),
+                                   dict(MOE_POINTERS, w_ptr="*fp8e4nv", out_ptr="*fp32")),  # fmt: skip
     "moe_align": ("shard_server.kernels.fused_moe", "_align_kernel", dict(BLOCK_M=16, EXPERTS_POW2=128, CHUNK=128),
                   {"ids_ptr": "*i64", "sorted_ptr": "*i32", "block_expert_ptr": "*i32", "next_slot_ptr": "*i32"}),
     "moe_route": ("shard_server.kernels.moe_routing", "_route_kernel",
