@@ -40,8 +40,8 @@ from .moe_config import MOE_FAMILY
 
 _FLOAT_FORMATS = ("float-quantized", "naive-quantized")
 PACKED_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
-# Block-wise fp8 loads for the MoE families too: their experts are re-quantized one scale a row
-# at load (models/moe.py), the fused MoE kernel's format.
+# Block-wise fp8 loads for the MoE families too: their experts keep their block scales
+# (models/moe.py, kernels/expert_scales.py), which the fused MoE kernel applies.
 BLOCK_FP8_FAMILIES = (*PACKED_FAMILIES, *MOE_FAMILY)
 # An MoE router (and Qwen2-MoE's shared-expert gate): llm-compressor leaves them unquantized
 # ("re:.*mlp.gate$"), and the MoE block reads them as stored.
