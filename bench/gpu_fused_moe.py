@@ -7,10 +7,11 @@ case: µs per call for every tile, the shipped choice (`tile_for`) and the faste
 call moved or computed: the bytes of the experts it hit over the time (decode is memory-bound)
 and its TFLOP/s (prefill is compute-bound). The shipped tile's error against `reference_experts`
 is checked once per case. `--fp8`: the experts in e4m3 with a scale a row (`--quantize fp8`),
-half the bytes a decode reads; the routing kernel (`moe_routing.py`) is timed beside, as a
-decode layer runs it.
+half the bytes a decode reads; `--block-fp8`: e4m3 with a scale per 128x128 block, as
+Qwen3-30B-A3B-FP8 stores them (the kernel dequantizes each tile inside the K loop). The routing
+kernel (`moe_routing.py`) is timed beside, as a decode layer runs it.
 
-    python3 bench/gpu_fused_moe.py OUT_JSON [--shapes qwen3-30b-a3b,mixtral,olmoe] [--fp8]
+    python3 bench/gpu_fused_moe.py OUT_JSON [--shapes qwen3-30b-a3b,mixtral,olmoe] [--fp8 | --block-fp8]
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.gpu_skinny_matmul import graph_us  # noqa: E402
-from shard_server.kernels.fp8_matmul import quantize_rows_reference  # noqa: E402
+from shard_server.kernels.fp8_matmul import FP8, FP8_MAX, quantize_rows_reference  # noqa: E402
 from shard_server.kernels.fused_moe import ExpertScales, MoeTile, fused_experts, tile_for  # noqa: E402
 from shard_server.models.moe import reference_experts, route  # noqa: E402
 
@@ -56,14 +57,34 @@ def fp8_copy(w13: torch.Tensor, w2: torch.Tensor) -> tuple[torch.Tensor, torch.T
     return q13.view(w13.shape), q2.view(w2.shape), ExpertScales(s13.view(experts, -1), s2.view(experts, -1))
 
 
-def case(shape: tuple[int, int, int, int], tokens: int, generator: torch.Generator, fp8: bool) -> dict:
+def block_fp8_copy(w13: torch.Tensor, w2: torch.Tensor, block=(128, 128)) -> tuple[torch.Tensor, torch.Tensor,
+                                                                                 ExpertScales]:  # fmt: skip
+    """The experts as a block-wise fp8 checkpoint stores them: gate, up and down each in e4m3 with
+    a float32 scale per [bn, bk] block (the shapes here are multiples of 128)."""
+    bn, bk = block
+
+    def quantize(w):  # [E, out, in] -> e4m3, [E, out / bn, in / bk]
+        experts, out, inputs = w.shape
+        blocks = w.float().view(experts, out // bn, bn, inputs // bk, bk)
+        scales = blocks.abs().amax(dim=(2, 4)).clamp(min=1e-12) / FP8_MAX
+        q = (blocks / scales[:, :, None, :, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8).view(w.shape)
+        return q, scales
+
+    (q_gate, s_gate), (q_up, s_up) = (quantize(half) for half in w13.chunk(2, dim=1))
+    q2, s2 = quantize(w2)
+    scales = ExpertScales(torch.cat([s_gate, s_up], 1), s2, block)
+    return torch.cat([q_gate, q_up], 1), q2, scales
+
+
+def case(shape: tuple[int, int, int, int], tokens: int, generator: torch.Generator, experts_kind: str) -> dict:
     experts, hidden, inter, top_k = shape
     dtype, device = torch.bfloat16, "cuda"
     copies = []
     for _ in range(COPIES):
         w13 = torch.randn(experts, 2 * inter, hidden, dtype=dtype, device=device, generator=generator) * 0.02
         w2 = torch.randn(experts, hidden, inter, dtype=dtype, device=device, generator=generator) * 0.02
-        copies.append(fp8_copy(w13, w2) if fp8 else (w13, w2, None))
+        copy = {"fp8": fp8_copy, "block-fp8": block_fp8_copy}.get(experts_kind, lambda *w: (*w, None))
+        copies.append(copy(w13, w2))
     x = torch.randn(tokens, hidden, dtype=dtype, device=device, generator=generator)
     logits = torch.randn(tokens, experts, device=device, generator=generator).to(dtype)
     topk_weights, topk_ids = route(logits, top_k, renormalize=True)
@@ -84,7 +105,7 @@ def case(shape: tuple[int, int, int, int], tokens: int, generator: torch.Generat
         tiles[str(tile)] = {"us": us}
     timed = {k: v for k, v in tiles.items() if "us" in v}
     best = min(timed, key=lambda k: timed[k]["us"])
-    moved = hit_bytes(topk_ids, hidden, inter, 1 if fp8 else 2)
+    moved = hit_bytes(topk_ids, hidden, inter, 2 if experts_kind == "bf16" else 1)
     flops = 2 * tokens * top_k * 3 * hidden * inter
 
     def figures(us: float) -> dict:
@@ -103,13 +124,16 @@ def main() -> None:
     parser.add_argument("out", type=Path)
     parser.add_argument("--shapes", default=",".join(SHAPES))
     parser.add_argument("--tokens", default=",".join(map(str, TOKENS)))
-    parser.add_argument("--fp8", action="store_true", help="e4m3 experts with a scale a row (--quantize fp8)")
+    kinds = parser.add_mutually_exclusive_group()
+    kinds.add_argument("--fp8", action="store_true", help="e4m3 experts with a scale a row (--quantize fp8)")
+    kinds.add_argument("--block-fp8", action="store_true", help="e4m3 experts with a scale per 128x128 block")
     args = parser.parse_args()
+    experts_kind = "fp8" if args.fp8 else "block-fp8" if args.block_fp8 else "bf16"
     generator = torch.Generator("cuda").manual_seed(0)
-    results: dict = {"device": torch.cuda.get_device_name(), "copies": COPIES, "experts": "fp8" if args.fp8 else "bf16"}
+    results: dict = {"device": torch.cuda.get_device_name(), "copies": COPIES, "experts": experts_kind}
     for name in args.shapes.split(","):
         for tokens in map(int, args.tokens.split(",")):
-            r = case(SHAPES[name], tokens, generator, args.fp8)
+            r = case(SHAPES[name], tokens, generator, experts_kind)
             results.setdefault(name, []).append(r)
             print(f"{name} T={tokens}: shipped {r['shipped']['us']:.1f} us ({r['shipped']['tb_s']:.2f} TB/s, "
                   f"{r['shipped']['tflop_s']:.0f} TFLOP/s), best {r['best']['us']:.1f} us {r['best']['tile']}, "
