@@ -4,10 +4,10 @@ Shapes (SHAPES): LLAMA3_8B (one 16 GB file, as the 8B benches expect), LLAMA3_70
 bf16, streamed into ~20 GB shards plus model.safetensors.index.json, so at most one shard is
 ever in host memory), LLAMA32_1B (meta-llama/Llama-3.2-1B: 2.47 GB, tied embeddings; untied,
 the 8B's draft model in bench/gpu_speculation.py), QWEN3_30B_A3B (61 GB of Qwen3-MoE: 128
-experts, 8 a token), GEMMA2_9B (google/gemma-2-9b: 18.5 GB, tied embeddings, four norms a
+experts, 8 a token), MIXTRAL_8X7B (93.4 GB in ~20 GB shards: 8 experts, 2 a token), GEMMA2_9B (google/gemma-2-9b: 18.5 GB, tied embeddings, four norms a
 layer), PHI3_MEDIUM (microsoft/Phi-3-medium-4k-instruct: 27.9 GB in 2 shards, fused qkv_proj and
-gate_up_proj) and TINY / TINY_1B / TINY_DRAFT / TINY_MOE / TINY_GEMMA2 / TINY_PHI3 (a few MB, for
-CPU tests of the harnesses).
+gate_up_proj) and TINY / TINY_1B / TINY_DRAFT / TINY_MOE / TINY_MIXTRAL / TINY_GEMMA2 / TINY_PHI3
+(a few MB, for CPU tests of the harnesses).
 LAYOUTS says how each family names and stores a layer's tensors.
 
 The weights are random, so greedy decoding could pick tokens the demo tokenizer cannot
@@ -158,11 +158,40 @@ PHI3_MEDIUM = dict(
     eos_token_id=2,
     torch_dtype="bfloat16",
 )
+# mistralai/Mixtral-8x7B-v0.1's config (bos/eos the demo tokenizer's): 46.70B parameters, 93.4 GB
+# in bf16, more than the one-GPU machine's 64 GiB disk (gpu_vs_vllm --spill-dir). 8 experts of
+# the dense MLP's size, 2 a token; no head_dim (hidden / heads = 128), no sliding window.
+MIXTRAL_8X7B = dict(
+    architectures=["MixtralForCausalLM"],
+    model_type="mixtral",
+    hidden_size=4096,
+    intermediate_size=14336,
+    num_local_experts=8,
+    num_experts_per_tok=2,
+    num_hidden_layers=32,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    vocab_size=32000,
+    max_position_embeddings=32768,
+    rms_norm_eps=1e-5,
+    rope_theta=1000000.0,
+    sliding_window=None,
+    tie_word_embeddings=False,
+    hidden_act="silu",
+    router_aux_loss_coef=0.02,
+    output_router_logits=False,
+    bos_token_id=1,
+    eos_token_id=2,
+    torch_dtype="bfloat16",
+)
+TINY_MIXTRAL = dict(MIXTRAL_8X7B, hidden_size=64, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
+                    num_key_value_heads=2)  # fmt: skip
 TINY_PHI3 = dict(PHI3_MEDIUM, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, sliding_window=8)  # fmt: skip
 SHAPES = {"8b": LLAMA3_8B, "70b": LLAMA3_70B, "1b": LLAMA32_1B, "tiny": TINY, "tiny-1b": TINY_1B,
           "tiny-draft": TINY_DRAFT, "qwen3-30b-a3b": QWEN3_30B_A3B, "tiny-moe": TINY_MOE, "gemma2-9b": GEMMA2_9B,
-          "tiny-gemma2": TINY_GEMMA2, "phi3-medium": PHI3_MEDIUM, "tiny-phi3": TINY_PHI3}  # fmt: skip
+          "tiny-gemma2": TINY_GEMMA2, "phi3-medium": PHI3_MEDIUM, "tiny-phi3": TINY_PHI3,
+          "mixtral-8x7b": MIXTRAL_8X7B, "tiny-mixtral": TINY_MIXTRAL}  # fmt: skip
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json")
 SPECIAL_IDS = range(17)  # the demo tokenizer's special tokens
 INDEX_NAME = "model.safetensors.index.json"
@@ -180,6 +209,10 @@ class Layout:
     fused: bool = False  # Phi-3: one qkv_proj (q, k, v rows) and one gate_up_proj (gate, up rows)
     # Gemma's RMSNorm scales by (1 + w): "offsets" are small random w (a zero would hide a missing + 1).
     norm_kind: str = "ones"
+    # MoE: the block holding the router (`gate`) and the experts, and each expert's gate, up and
+    # down projections (Mixtral: block_sparse_moe, w1 / w3 / w2).
+    moe_block: str = "mlp"
+    expert_names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")
 
 
 GEMMA_NORMS = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm")
@@ -188,6 +221,7 @@ LAYOUTS = {
     "qwen3_moe": Layout(qk_norms=True),
     "gemma2": Layout(norms=GEMMA_NORMS, norm_kind="offsets"),
     "phi3": Layout(fused=True),
+    "mixtral": Layout(moe_block="block_sparse_moe", expert_names=("w1", "w3", "w2")),
 }
 
 
@@ -211,18 +245,28 @@ def _attention_shapes(cfg: dict, fused: bool) -> dict[str, tuple[int, int]]:
             "self_attn.o_proj.weight": (h, q)}  # fmt: skip
 
 
+def experts(cfg: dict) -> tuple[int, int, int] | None:
+    """An MoE config's (experts, experts a token, an expert's intermediate size); None if dense."""
+    count = cfg.get("num_experts") or cfg.get("num_local_experts")
+    if not count:
+        return None
+    return count, cfg["num_experts_per_tok"], cfg.get("moe_intermediate_size", cfg["intermediate_size"])
+
+
 def _mlp_shapes(cfg: dict, fused: bool) -> dict[str, tuple[int, int]]:
-    """A dense MLP, or (with `num_experts`) Qwen3-MoE's router and experts."""
+    """A dense MLP, or an MoE block's router and experts (Qwen3-MoE's or Mixtral's names)."""
     h, i = cfg["hidden_size"], cfg["intermediate_size"]
-    if "num_experts" not in cfg:
+    moe = experts(cfg)
+    if moe is None:
         if fused:
             return {"mlp.gate_up_proj.weight": (2 * i, h), "mlp.down_proj.weight": (h, i)}
         return {"mlp.gate_proj.weight": (i, h), "mlp.up_proj.weight": (i, h), "mlp.down_proj.weight": (h, i)}
-    m = cfg["moe_intermediate_size"]
-    shapes = {"mlp.gate.weight": (cfg["num_experts"], h)}
-    for e in range(cfg["num_experts"]):
-        shapes |= {f"mlp.experts.{e}.gate_proj.weight": (m, h), f"mlp.experts.{e}.up_proj.weight": (m, h),
-                   f"mlp.experts.{e}.down_proj.weight": (h, m)}  # fmt: skip
+    count, _, m = moe
+    block, (gate, up, down) = layout(cfg).moe_block, layout(cfg).expert_names
+    shapes = {f"{block}.gate.weight": (count, h)}
+    for e in range(count):
+        shapes |= {f"{block}.experts.{e}.{gate}.weight": (m, h), f"{block}.experts.{e}.{up}.weight": (m, h),
+                   f"{block}.experts.{e}.{down}.weight": (h, m)}  # fmt: skip
     return shapes
 
 
@@ -296,7 +340,7 @@ def tensor_specs(cfg: dict, checkpoint: str | None = None) -> list[TensorSpec]:
     """Every tensor in the order its random values are drawn (which fixes the weights); with
     `checkpoint` ("gptq", "awq" or "fp8-block") the decoder's linears in that format. Tied
     embeddings: no lm_head, the embedding table is drawn as the head."""
-    if checkpoint is not None and ("num_experts" in cfg or cfg["model_type"] != "llama"):
+    if checkpoint is not None and (experts(cfg) or cfg["model_type"] != "llama"):
         raise ValueError("quantized checkpoints are written for the dense Llama layout only")
     h, vocab, tied = cfg["hidden_size"], cfg["vocab_size"], cfg["tie_word_embeddings"]
     norm_kind = layout(cfg).norm_kind
@@ -323,7 +367,8 @@ def active_params_per_token(cfg: dict) -> int:
     for name, shape in layer.items():
         numel = shape[0] * shape[1]
         if ".experts." in name:
-            numel = numel * cfg["num_experts_per_tok"] // cfg["num_experts"]  # the routed share
+            count, top_k, _ = experts(cfg)
+            numel = numel * top_k // count  # the routed share
         per_layer += numel
     per_layer += sum(shape[0] for _, shape in _layer_norms(cfg))
     head = cfg["vocab_size"] * cfg["hidden_size"]
@@ -367,6 +412,19 @@ class Spill:
 
     directory: Path
     budget_bytes: int
+
+
+def add_spill_options(parser) -> None:
+    """--spill-dir / --disk-budget-gb on a benchmark's argparse parser (read by `spill_from`)."""
+    parser.add_argument("--spill-dir", type=Path, help="weight shards past --disk-budget-gb are written here")
+    parser.add_argument("--disk-budget-gb", type=float, help="bytes of shards kept in the model directory")
+
+
+def spill_from(args, parser) -> Spill | None:
+    """The Spill those options ask for (None without them); a parser error if only one is given."""
+    if (args.spill_dir is None) != (args.disk_budget_gb is None):
+        parser.error("--spill-dir and --disk-budget-gb go together")
+    return None if args.spill_dir is None else Spill(args.spill_dir, int(args.disk_budget_gb * 1e9))
 
 
 def write_random_llama(directory: Path, tokenizer_dir: Path, text_vocab: int, seed: int = 0,

@@ -1,6 +1,6 @@
-"""textgen against vLLM on one H200 (issue 23): the same random 8B (bf16; `--shape qwen3-30b-a3b`: the
-61 GB Qwen3-MoE of issue 24; `--shape gemma2-9b` / `phi3-medium`: issue 24's model families, 18.5 / 27.9 GB;
-`tiny`, `tiny-moe`, `tiny-gemma2`, `tiny-phi3`: harness checks; `--checkpoint gptq|awq|fp8-block`: a Llama shape as
+"""textgen against vLLM on one H200 (issue 23): the same random 8B (bf16; `--shape qwen3-30b-a3b` /
+`mixtral-8x7b`: issue 24's 61 GB Qwen3-MoE and 93.4 GB Mixtral; `--shape gemma2-9b` / `phi3-medium`: issue 24's
+model families, 18.5 / 27.9 GB; `tiny`, `tiny-moe`, `tiny-mixtral`, `tiny-gemma2`, `tiny-phi3`: harness checks; `--checkpoint gptq|awq|fp8-block`: a Llama shape as
 a random quantized checkpoint, issue 25), both engines at their shipped defaults, one client (bench/peer_load.py)
 driving both over `/v1/completions` with token-id prompts, in one run. Reports each engine's figures and
 textgen / vLLM ratios.
@@ -25,6 +25,10 @@ Only flag either engine gets beyond its defaults: the model path, port, textgen'
 An engine's admission limit is honoured by the client (textgen: /info max_concurrent_requests;
 vLLM has none): excess requests wait in the client and the wait counts in their TTFT.
 Writes OUT/gpu_vs_vllm.json after every workload, and a markdown table at the end.
+
+A model bigger than the disk (Mixtral's 93.4 GB on the one-GPU machine's 64 GiB) is written in
+part elsewhere: `--spill-dir /dev/shm/spill --disk-budget-gb 40` keeps 40 GB of shards in the
+model directory and writes the rest to the tmpfs, linked back (check `df -h /dev/shm` first).
 
 `--fp8` runs both engines' fp8 paths instead (weights and KV cache in e4m3): textgen
 `--quantize fp8 --kv-cache-dtype fp8_e4m3fn`, vLLM `--quantization fp8 --kv-cache-dtype fp8`.
@@ -60,7 +64,8 @@ ENGINES = ("textgen", "vllm")
 FP8_FLAGS = {"textgen": ["--quantize", "fp8", "--kv-cache-dtype", "fp8_e4m3fn"],
              "vllm": ["--quantization", "fp8", "--kv-cache-dtype", "fp8"]}
 POISSON_S = 15.0
-SHAPE_CHOICES = ("8b", "qwen3-30b-a3b", "gemma2-9b", "phi3-medium", "tiny", "tiny-moe", "tiny-gemma2", "tiny-phi3")
+SHAPE_CHOICES = ("8b", "qwen3-30b-a3b", "mixtral-8x7b", "gemma2-9b", "phi3-medium", "tiny", "tiny-moe", "tiny-mixtral",
+                 "tiny-gemma2", "tiny-phi3")  # fmt: skip
 REPEATS = 3  # runs of the one-request workloads
 OPTIONAL_WORKLOADS = ("long_answer",)  # run only when named in --workloads
 
@@ -290,7 +295,8 @@ def phase_model(args) -> dict:
         out["reused"] = True
     else:
         started = time.perf_counter()
-        write_random_llama(args.model_dir, args.tokenizer_dir, TEXT_VOCAB, shape=shape, checkpoint=checkpoint)
+        write_random_llama(args.model_dir, args.tokenizer_dir, TEXT_VOCAB, shape=shape, checkpoint=checkpoint,
+                           spill=args.spill)  # fmt: skip
         out["write_s"] = time.perf_counter() - started
     out["bytes"] = weights_bytes(args.model_dir)
     out["copy_bytes_per_s"] = copy_bandwidth_bytes_per_s()
@@ -314,6 +320,8 @@ def _fmt(x: float | None) -> str:
 
 
 def main() -> None:
+    from bench import gpu_model
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokenizer-dir", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
@@ -326,6 +334,7 @@ def main() -> None:
                         help="a random checkpoint of that method instead of bf16 (issue 25)")
     parser.add_argument("--model-dir", type=Path, default=None, help="default: /tmp/llama8b-random for 8b, else "
                         "/tmp/SHAPE[-CHECKPOINT]-random")  # fmt: skip
+    gpu_model.add_spill_options(parser)
     parser.add_argument("--client-cpus", type=int, default=6, help="cores kept for the HTTP clients (0: shared)")
     parser.add_argument("--engines", default=",".join(ENGINES))
     parser.add_argument("--quick", action="store_true", help="every workload shrunk (harness smoke test)")
@@ -335,13 +344,12 @@ def main() -> None:
     parser.add_argument("--fp8", action="store_true", help="both engines' fp8 paths (FP8_FLAGS)")
     parser.add_argument("--write-model", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    args.spill = gpu_model.spill_from(args, parser)
     if args.model_dir is None:
         plain = args.shape == "8b" and args.checkpoint is None
         suffix = f"-{args.checkpoint}" if args.checkpoint else ""
         args.model_dir = Path("/tmp/llama8b-random" if plain else f"/tmp/{args.shape}{suffix}-random")
-    from bench.gpu_model import SHAPES
-
-    args.model_shape = SHAPES[args.shape]
+    args.model_shape = gpu_model.SHAPES[args.shape]
     args.prompt_vocab = prompt_vocab(args.model_shape)
     args.precision_flags = FP8_FLAGS if args.fp8 else {"textgen": [], "vllm": []}
     args.server_flag = []  # start_server's extra flags: none, the defaults are measured

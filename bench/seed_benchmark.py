@@ -84,8 +84,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--model-dir", type=Path, help="default: /tmp/textgen-seed-SHAPE-DTYPE")
     parser.add_argument("--max-shard-gb", type=float, default=gpu_model.DEFAULT_MAX_SHARD_BYTES / 1e9,
                         help="largest weight file written (the 8B stays one file at the default)")
-    parser.add_argument("--spill-dir", type=Path, help="weight shards past --disk-budget-gb are written here")
-    parser.add_argument("--disk-budget-gb", type=float, help="bytes of shards kept in --model-dir")
+    gpu_model.add_spill_options(parser)
     parser.add_argument("--tokenizer-dir", type=Path, help="default: the demo model's snapshot")
     parser.add_argument("--router-binary", type=Path, default=_installed_router())
     parser.add_argument("--server-flag", action="append", default=[], help="extra launcher flag (repeatable)")
@@ -96,8 +95,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.num_shard < 1:
         parser.error("--num-shard must be >= 1")
-    if (args.spill_dir is None) != (args.disk_budget_gb is None):
-        parser.error("--spill-dir and --disk-budget-gb go together")
+    args.spill = gpu_model.spill_from(args, parser)
     unknown = set(args.scenarios.split(",")) - set(SCENARIOS)
     if unknown:
         parser.error(f"unknown --scenarios {sorted(unknown)}; choose from {', '.join(SCENARIOS)}")
@@ -151,11 +149,8 @@ def prepare_model(device: str, args) -> dict:
     if reused:
         params = sum(spec.numel for spec in gpu_model.tensor_specs(expected))
     else:
-        spill = None
-        if args.spill_dir:
-            spill = gpu_model.Spill(args.spill_dir, int(args.disk_budget_gb * 1e9))
         params = gpu_model.write_random_llama(args.model_dir, args.tokenizer_dir, TEXT_VOCAB, shape=expected,
-                                              device=args.device, dtype=_torch_dtype(args.dtype), spill=spill,
+                                              device=args.device, dtype=_torch_dtype(args.dtype), spill=args.spill,
                                               max_shard_bytes=int(args.max_shard_gb * 1e9))  # fmt: skip
     files = list(args.model_dir.glob("*.safetensors"))
     return {"dir": str(args.model_dir), "parameters": params, "bytes": gpu_model.weights_bytes(args.model_dir),

@@ -24,7 +24,8 @@ sys.path.insert(0, str(REPO))
 from bench import gpu_model  # noqa: E402
 
 TEXT_VOCAB = 49152
-TINY = {"tiny-gemma2": gpu_model.TINY_GEMMA2, "tiny-phi3": gpu_model.TINY_PHI3, "tiny-1b": gpu_model.TINY_1B}
+TINY = {"tiny-gemma2": gpu_model.TINY_GEMMA2, "tiny-phi3": gpu_model.TINY_PHI3, "tiny-1b": gpu_model.TINY_1B,
+        "tiny-mixtral": gpu_model.TINY_MIXTRAL}  # fmt: skip
 FULL = {"gemma2-9b": gpu_model.GEMMA2_9B, "phi3-medium": gpu_model.PHI3_MEDIUM, "1b": gpu_model.LLAMA32_1B}
 PROMPT = [300, 4096, 77, 1200, 9000, 31000, 512, 20000, 4242, 1717, 30000, 256, 999, 12345, 27000, 640, 3333, 31999]
 
@@ -103,9 +104,27 @@ def test_parameter_and_decode_byte_counts_of_the_full_shapes(name, billions, act
     assert round(total / 1e5) == round(billions * 1e4) and round(read / 1e5) == round(active_billions * 1e4)
 
 
+def test_mixtral_counts_are_the_hubs():
+    """mistralai/Mixtral-8x7B-v0.1: 46,702,792,704 parameters; a token reads the attention, the
+    router and 2 of the 8 experts of every layer, the LM head, the final norm and one embedding row."""
+    shape = gpu_model.MIXTRAL_8X7B
+    assert sum(spec.numel for spec in gpu_model.tensor_specs(shape)) == 46_702_792_704
+    h, layers = 4096, 32
+    attention, expert = h * (4096 + 2 * 1024) + 4096 * h, 3 * h * 14336
+    read = layers * (attention + 2 * expert + 8 * h + 2 * h) + 32000 * h + 2 * h
+    assert gpu_model.active_params_per_token(shape) == read == 12_748_857_344
+    assert gpu_model.experts(shape) == (8, 2, 14336) and gpu_model.experts(gpu_model.QWEN3_30B_A3B) == (128, 8, 768)
+    assert gpu_model.experts(gpu_model.LLAMA3_8B) is None
+    names = {spec.name for spec in gpu_model.tensor_specs(shape)}
+    assert {"model.layers.31.block_sparse_moe.gate.weight", "model.layers.0.block_sparse_moe.experts.7.w3.weight"} <= names
+    assert not any(".mlp." in name for name in names)
+
+
 def test_full_shapes_shard_under_the_cap():
-    """Gemma 2 9B (18.5 GB) and Llama 3.2 1B (2.47 GB) stay one file; Phi-3-medium (27.9 GB) takes two."""
-    for shape, files in ((gpu_model.GEMMA2_9B, 1), (gpu_model.PHI3_MEDIUM, 2), (gpu_model.LLAMA32_1B, 1)):
+    """Gemma 2 9B (18.5 GB) and Llama 3.2 1B (2.47 GB) stay one file; Phi-3-medium (27.9 GB) takes
+    two, Mixtral (93.4 GB) five."""
+    for shape, files in ((gpu_model.GEMMA2_9B, 1), (gpu_model.PHI3_MEDIUM, 2), (gpu_model.LLAMA32_1B, 1),
+                         (gpu_model.MIXTRAL_8X7B, 5)):  # fmt: skip
         specs = gpu_model.tensor_specs(shape)
         assert len(gpu_model.plan_shards(specs, 2, gpu_model.DEFAULT_MAX_SHARD_BYTES)) == files
 
@@ -153,7 +172,8 @@ def test_special_and_undecodable_ids_never_win(name, tiny_dirs):
     shape = TINY[name]
     logits = shard_logits(tiny_dirs[name], [t % shape["vocab_size"] for t in PROMPT])
     zeroed = [*gpu_model.SPECIAL_IDS, *range(TEXT_VOCAB, shape["vocab_size"])]
-    assert shape["vocab_size"] > TEXT_VOCAB or name == "tiny-phi3"  # Gemma's and the 1B's zero rows past it
+    # Gemma's and the 1B's zero rows past it; Phi-3's and Mixtral's vocabularies end before it
+    assert shape["vocab_size"] > TEXT_VOCAB or name in ("tiny-phi3", "tiny-mixtral")
     assert torch.equal(logits[:, zeroed], torch.zeros(len(PROMPT), len(zeroed)))
     assert (logits.max(dim=-1).values > 0).all()
     assert (logits[:, 17:TEXT_VOCAB] != 0).float().mean() > 0.99

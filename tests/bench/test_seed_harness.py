@@ -74,6 +74,19 @@ def test_shard_loader_loads_the_sharded_model_with_the_same_weights_as_one_file(
     assert not head[list(gpu_model.SPECIAL_IDS)].any() and head[17:].abs().sum() > 0
 
 
+def test_spill_options_go_together():
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    gpu_model.add_spill_options(parser)
+    assert gpu_model.spill_from(parser.parse_args([]), parser) is None
+    both = parser.parse_args(["--spill-dir", "/dev/shm/x", "--disk-budget-gb", "1.5"])
+    assert gpu_model.spill_from(both, parser) == gpu_model.Spill(Path("/dev/shm/x"), 1_500_000_000)
+    for one in (["--spill-dir", "/dev/shm/x"], ["--disk-budget-gb", "2"]):
+        with pytest.raises(SystemExit):
+            gpu_model.spill_from(parser.parse_args(one), parser)
+
+
 def test_spilled_shards_are_linked_back_and_load(tmp_path, tokenizer_dir):
     spill = gpu_model.Spill(tmp_path / "spill", budget_bytes=6_000_000)
     write_tiny(tmp_path / "model", tokenizer_dir, max_shard_bytes=3_000_000, spill=spill)
