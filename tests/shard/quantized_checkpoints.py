@@ -156,16 +156,18 @@ def _block_fp8(prefix, tensor, block, packed: dict, scale_name="weight_scale_inv
 
 
 def write_quantized_checkpoint(
-    source: Path, target: Path, quantization: dict, seed: int = 0, oracle: bool = True
-) -> tuple[Path, Path | None]:
-    """Writes `target` (quantized as `quantization` declares) and, with `oracle`, `target`-oracle
-    (dense, dequantized); returns both directories (None for an oracle not written)."""
+    source: Path, target: Path, quantization: dict, seed: int = 0, oracle: bool = True,
+    linears: tuple[str, ...] = LINEARS,
+) -> tuple[Path, Path | None]:  # fmt: skip
+    """Writes `target` (the weights of `linears` quantized as `quantization` declares) and, with
+    `oracle`, `target`-oracle (dense, dequantized); returns both directories (None for an oracle
+    not written)."""
     packed, dense, orders, rng = {}, {}, {}, np.random.default_rng(seed)
     fmt = quantization.get("format")
     group = next(iter((quantization.get("config_groups") or {"": {}}).values()))
     for name, tensor in load_file(str(Path(source) / "model.safetensors")).items():
         parts = name.split(".")
-        if not (parts[-1] == "weight" and parts[-2] in LINEARS):
+        if not (parts[-1] == "weight" and parts[-2] in linears):
             packed[name] = dense[name] = tensor
             continue
         prefix = name[: -len(".weight")]

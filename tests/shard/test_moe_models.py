@@ -371,6 +371,27 @@ def test_a_block_fp8_moe_checkpoint_serves_its_dequantized_weights(moe_models, t
     torch.testing.assert_close(logits, want, atol=1e-5, rtol=1e-5)
 
 
+def test_a_block_fp8_router_is_read_dequantized(moe_models, tmp_path):
+    """A block-wise fp8 checkpoint that quantizes the routers too (the Hub's keep them in the
+    model dtype): each router is read dequantized to the model dtype, and the logits are those
+    of the dequantized weights."""
+    from safetensors import safe_open
+
+    from .quantized_checkpoints import LINEARS, block_fp8_config, write_quantized_checkpoint
+    from .test_fp8_weights import _prefill_logits, rel_l2
+
+    target, oracle = write_quantized_checkpoint(moe_models["qwen3_moe"][0], tmp_path / "block",
+                                                block_fp8_config((24, 24)), linears=(*LINEARS, "gate"))  # fmt: skip
+    with safe_open(str(target / "model.safetensors"), "pt") as stored:
+        assert stored.get_slice("model.layers.0.mlp.gate.weight").get_dtype() == "F8_E4M3"
+    model, logits = _prefill_logits(target)
+    routers = [block.router for block in _moe_blocks(model)]
+    assert routers and all(router.dtype == torch.float32 for router in routers)
+    _, want = _prefill_logits(oracle)
+    assert rel_l2(logits, want) < 1e-6
+    torch.testing.assert_close(logits, want, atol=1e-5, rtol=1e-5)
+
+
 def test_two_ranks_slice_block_fp8_experts_mid_block(moe_models, tmp_path):
     """32 expert rows over 2 ranks with 24-row blocks: the second rank's gate/up rows and down
     columns start inside a block. Both ranks agree, within float32 rounding of the dequantized
