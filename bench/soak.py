@@ -49,7 +49,8 @@ class Outcome:
     kind: str
     started: float  # seconds since the soak began
     seconds: float
-    result: str  # "ok", "cancelled", or "http <status>" / the exception's name
+    result: str  # "ok", "cancelled", or "http <status>" / the exception's name / "error event" ...
+    detail: str = ""  # a stream's offending event, for a lost request
 
 
 def _text(rng: random.Random, words: int) -> str:
@@ -83,36 +84,59 @@ async def send(client: httpx.AsyncClient, rng: random.Random, prefixes: list[str
     kind, path, body, streamed = make_request(rng, prefixes)
     cancel_after = rng.randint(1, 4) if streamed and rng.random() < CANCEL_SHARE else None
     started = time.perf_counter()
+    detail = ""
     try:
         if not streamed:
             answer = await client.post(path, json=body)
             result = "ok" if answer.status_code == 200 else f"http {answer.status_code}"
         else:
-            result = await _stream(client, path, body, cancel_after)
+            result, detail = await _stream(client, path, body, cancel_after)
     except Exception as exc:  # anything but a full answer is a lost request, counted by kind
         result = type(exc).__name__
-    return Outcome(kind, started - began, time.perf_counter() - started, result)
+    return Outcome(kind, started - began, time.perf_counter() - started, result, detail)
 
 
-async def _stream(client: httpx.AsyncClient, path: str, body: dict, cancel_after: int | None) -> str:
+def stream_event(payload: str) -> str:
+    """What one SSE `data:` payload is: "done" ([DONE], an OpenAI chunk naming a finish_reason,
+    TGI's last event with its generated text or details), "error" (an object with an `error`
+    key, as both APIs send one), "malformed" (not a JSON object), or "token". Parsed, not
+    searched: a chunk whose text is the word "error" is a token."""
+    if payload == "[DONE]":
+        return "done"
+    try:
+        event = json.loads(payload)
+    except ValueError:
+        return "malformed"
+    if not isinstance(event, dict):
+        return "malformed"
+    if "error" in event:
+        return "error"
+    choices = event.get("choices") or []
+    if isinstance(event.get("details"), dict) or event.get("generated_text") is not None:
+        return "done"
+    if any(isinstance(choice, dict) and choice.get("finish_reason") for choice in choices):
+        return "done"
+    return "token"
+
+
+async def _stream(client: httpx.AsyncClient, path: str, body: dict, cancel_after: int | None) -> tuple[str, str]:
+    """(result, the offending event or ""): "ok" once the stream finished, else what went wrong."""
     async with client.stream("POST", path, json=body) as answer:
         if answer.status_code != 200:
-            return f"http {answer.status_code}"
+            return f"http {answer.status_code}", ""
         events, finished = 0, False
         async for line in answer.aiter_lines():
             if not line.startswith("data:"):
                 continue
             events += 1
             if cancel_after is not None and events >= cancel_after:
-                return "cancelled"  # leaving the block closes the connection mid-stream
+                return "cancelled", ""  # leaving the block closes the connection mid-stream
             payload = line[5:].strip()
-            compact = payload.replace(" ", "")
-            # OpenAI's last chunk names its finish_reason; TGI's last event carries details.
-            if payload == "[DONE]" or '"finish_reason":"' in compact or '"details":{' in compact:
-                finished = True
-            if '"error"' in payload and not finished:
-                return "error event"
-        return "ok" if finished else "stream ended early"
+            what = stream_event(payload)
+            finished = finished or what == "done"
+            if what in ("error", "malformed") and not finished:
+                return f"{what} event", payload[:500]
+        return ("ok", "") if finished else ("stream ended early", "")
 
 
 async def closed_loop(url: str, seconds: float, concurrency: int, prefixes: list[str], seed: int) -> float:

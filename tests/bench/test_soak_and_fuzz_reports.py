@@ -49,3 +49,24 @@ def test_the_fuzz_summary_reads_schemathesis_counts():
         "generated": 14004, "passed": 14004, "skipped": 7}
     failed = summary_counts("Test cases:\n  120 generated, 2 found 1 unique failures, 118 passed\n")
     assert failed["unique_failures"] == 1 and failed["passed"] == 118
+
+
+@pytest.mark.parametrize("payload, what", [
+    ("[DONE]", "done"),
+    ('{"choices":[{"index":0,"delta":{"content":"error"},"finish_reason":null}]}', "token"),  # the word, not a fault
+    ('{"index":3,"token":{"id":1,"text":"\\"error\\"","special":false},"generated_text":null,"details":null}', "token"),
+    ('{"choices":[{"index":0,"delta":{},"finish_reason":"length"}]}', "done"),
+    ('{"index":9,"token":{"id":2,"text":"x"},"generated_text":"a b x","details":null}', "done"),
+    ('{"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":2,"total_tokens":5}}', "token"),
+    ('{"error":{"message":"generation failed","type":"server_error","param":null,"code":null}}', "error"),
+    ('{"error":"Request failed during generation","error_type":"generation"}', "error"),
+    ('{"choices":[{"delta"', "malformed"),
+    ('["error"]', "malformed"),
+])  # fmt: skip
+def test_stream_events_are_parsed_not_searched(payload, what):
+    """The soak's second run counted one chat stream lost on an event holding '"error"' (the
+    event was not kept; it is now, as the outcome's detail). A chunk whose text is the word
+    error held it too: it must count as a token."""
+    from bench.soak import stream_event
+
+    assert stream_event(payload) == what
