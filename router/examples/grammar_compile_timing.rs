@@ -16,9 +16,6 @@ use std::time::Duration;
 use textgen_router::grammar::{token_env, GrammarCompiler, GrammarLimits, GrammarRequest};
 use textgen_router::tokenizer::TextTokenizer;
 
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 /// CPU time this thread has used: a busy neighbour on a shared core does not count.
 fn thread_cpu() -> Duration {
     let mut now = libc::timespec {

@@ -6,9 +6,6 @@ use std::time::Instant;
 
 use textgen_router::chunked_encoding::ChunkedEncoder;
 
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 fn median_ms(mut times: Vec<f64>) -> f64 {
     times.sort_by(f64::total_cmp);
     times[times.len() / 2]

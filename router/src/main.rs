@@ -3,11 +3,6 @@ use clap::Parser;
 use textgen_router::config::Args;
 use textgen_router::telemetry::{self, TraceSettings};
 
-// Tokenizing a long prompt allocates per piece: under glibc malloc a 2,048-token prompt's
-// validation took 4.5 ms here against 3.6 ms on mimalloc (2 cores, warm BPE cache).
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     let args = Args::parse();
