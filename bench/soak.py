@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import random
 import time
@@ -268,6 +269,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=27)
     parser.add_argument("--quick", action="store_true", help="short calibration, warm-up and windows (smoke run)")
     args = parser.parse_args()
+    if importlib.util.find_spec("matplotlib") is None:  # known now, not after the hour
+        parser.error("the soak draws its PNG with matplotlib: pip install '.[bench]' first")
     calibrate = 20.0 if args.quick else CALIBRATE_S
     warmup = min(WARMUP_S, args.duration / 6)
     window = min(DRIFT_WINDOW_S, args.duration / 6)
