@@ -112,9 +112,9 @@ def stream_event(payload: str) -> str:
         return "malformed"
     if "error" in event:
         return "error"
-    choices = event.get("choices") or []
     if isinstance(event.get("details"), dict) or event.get("generated_text") is not None:
         return "done"
+    choices = event.get("choices") or []
     if any(isinstance(choice, dict) and choice.get("finish_reason") for choice in choices):
         return "done"
     return "token"

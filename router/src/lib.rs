@@ -2,8 +2,8 @@
 //! Layered top-down: `server` → `infer` → `validation`/`tokenizer` → `scheduler` → `kv`.
 // The allocator of the server and of every example and test that links this crate. Tokenizing a
 // long prompt allocates per piece, which glibc malloc made 25 % slower. jemalloc rather than
-// mimalloc: under the soak's traffic mimalloc held 65-79 MiB of anonymous memory, swinging by
-// 14 MiB between idle samples, where jemalloc holds 39-40 MiB within 1 MiB (issue 27's RSS bar);
+// mimalloc: under the soak's traffic in bursts mimalloc held 64-73 MiB of anonymous memory,
+// moving by up to 9.5 MiB between idle samples, where jemalloc holds 38-42 MiB (issue 27's RSS bar);
 // tokenizing 12 KB costs 2.64 ms against 2.41, and grammar compiles are alike (p99 13.0-14.0 ms
 // against 12.8-14.0 over JSONSchemaBench). bench/results/router_allocator_cpu.md has the runs.
 #[global_allocator]
