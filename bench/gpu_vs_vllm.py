@@ -24,7 +24,9 @@ Only flag either engine gets beyond its defaults: the model path, port, textgen'
 (it shards over every visible GPU otherwise) and vLLM's `--served-model-name m --dtype bfloat16`.
 An engine's admission limit is honoured by the client (textgen: /info max_concurrent_requests;
 vLLM has none): excess requests wait in the client and the wait counts in their TTFT.
-Writes OUT/gpu_vs_vllm.json after every workload, and a markdown table at the end.
+Writes OUT/gpu_vs_vllm.json after every workload, and a markdown table at the end. A model too
+big for both engines in one 10-minute device call runs them in two calls on the same warm machine:
+`--engines textgen`, then `--engines vllm --resume FIRST/gpu_vs_vllm.json`.
 
 A model bigger than the disk (Mixtral's 93.4 GB on the one-GPU machine's 64 GiB) is written in
 part elsewhere: `--spill-dir /dev/shm/spill --disk-budget-gb 40` keeps 40 GB of shards in the
@@ -342,6 +344,9 @@ def main() -> None:
     parser.add_argument("--textgen-variant", action="append", default=[], metavar='NAME="FLAGS"',
                         help="also run textgen with these flags, as engine textgen[NAME] (choosing a default)")
     parser.add_argument("--fp8", action="store_true", help="both engines' fp8 paths (FP8_FLAGS)")
+    parser.add_argument("--resume", type=Path, default=None, metavar="JSON",
+                        help="an earlier call's gpu_vs_vllm.json on the same warm machine and model: its engines' "
+                        "figures are kept and the report covers them (device calls are capped at 10 minutes)")  # fmt: skip
     parser.add_argument("--write-model", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     args.spill = gpu_model.spill_from(args, parser)
@@ -363,8 +368,9 @@ def main() -> None:
         (args.work / "model.json").write_text(json.dumps(phase_model(args)))
         return
     subprocess.run([sys.executable, __file__, "--write-model", *sys.argv[1:]], check=True)
-    results: dict = {"model": json.loads((args.work / "model.json").read_text()), "quick": args.quick,
-                     "precision": "fp8" if args.fp8 else "bf16", "flags": args.precision_flags}
+    results: dict = json.loads(args.resume.read_text()) if args.resume else {}
+    results.update({"model": json.loads((args.work / "model.json").read_text()), "quick": args.quick,
+                    "precision": "fp8" if args.fp8 else "bf16", "flags": args.precision_flags})
     plan = workloads(args.quick, args.prompt_vocab)
     plan = ({name: plan[name] for name in args.workloads.split(",")} if args.workloads
             else {name: runs for name, runs in plan.items() if name not in OPTIONAL_WORKLOADS})
