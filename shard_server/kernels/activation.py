@@ -1,6 +1,8 @@
-"""SiLU(gate) * up over the fused gate_up projection, in one pass.
+"""act(gate) * up over the fused gate_up projection, in one pass: SiLU (Llama and most
+families) or GELU's tanh approximation (Gemma's GeGLU).
 
-Numerics follow torch: SiLU in float32 rounded to the model dtype, then the product rounded.
+Numerics follow torch: the activation in float32 rounded to the model dtype, then the product
+rounded.
 For an fp8 down projection (`--quantize fp8`, past the skinny kernel's rows) one program per
 row also quantizes it, as `quantize_rows` would, handing the product `Fp8Rows`.
 """
@@ -18,57 +20,77 @@ BLOCK = 1024
 ROW_IN_REGISTERS = 32768  # the widest row the quantizing kernel keeps whole
 
 
+ACTIVATIONS = ("silu", "gelu_tanh")
+SQRT_2_OVER_PI = 0.7978845608028654
+
+
 @triton.jit
-def _silu_mul_row(gate_up_ptr, row, in_stride, cols, WIDTH):
-    """silu(gate) * up of one row's `cols`, rounded as torch rounds it, in float32."""
+def _act_mul_row(gate_up_ptr, row, in_stride, cols, WIDTH, GELU: tl.constexpr):
+    """act(gate) * up of one row's `cols`, rounded as torch rounds it, in float32."""
     mask = cols < WIDTH
     gate = tl.load(gate_up_ptr + row * in_stride + cols, mask=mask, other=0.0)
     up = tl.load(gate_up_ptr + row * in_stride + WIDTH + cols, mask=mask, other=0.0)
     g = gate.to(tl.float32)
-    silu = (g / (1.0 + tl.exp(-g))).to(gate.dtype).to(tl.float32)
-    return (silu * up.to(tl.float32)).to(gate.dtype).to(tl.float32)
+    if GELU:  # tanh(y) as 1 - 2 / (exp(2y) + 1): exact at both saturations in float32
+        y = SQRT_2_OVER_PI * (g + 0.044715 * g * g * g)
+        act = 0.5 * g * (2.0 - 2.0 / (tl.exp(2.0 * y) + 1.0))
+    else:
+        act = g / (1.0 + tl.exp(-g))
+    act = act.to(gate.dtype).to(tl.float32)
+    return (act * up.to(tl.float32)).to(gate.dtype).to(tl.float32)
 
 
 @triton.jit
-def _silu_mul_kernel(gate_up_ptr, out_ptr, in_stride, WIDTH, BLOCK: tl.constexpr, PDL: tl.constexpr):
+def _act_mul_kernel(gate_up_ptr, out_ptr, in_stride, WIDTH, BLOCK: tl.constexpr, GELU: tl.constexpr,
+                    PDL: tl.constexpr):  # fmt: skip
     wait_for_previous_kernel(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    product = _silu_mul_row(gate_up_ptr, row, in_stride, cols, WIDTH)  # already rounded to the model dtype
+    product = _act_mul_row(gate_up_ptr, row, in_stride, cols, WIDTH, GELU)  # already rounded to the model dtype
     tl.store(out_ptr + row * WIDTH + cols, product.to(out_ptr.dtype.element_ty), mask=cols < WIDTH)
 
 
 @triton.jit
-def _silu_mul_quant_kernel(gate_up_ptr, out_ptr, scale_ptr, in_stride, WIDTH, BLOCK: tl.constexpr,
-                           WHOLE_ROW: tl.constexpr, FP8_MAX: tl.constexpr, TINY: tl.constexpr,
-                           PDL: tl.constexpr):  # fmt: skip
+def _act_mul_quant_kernel(gate_up_ptr, out_ptr, scale_ptr, in_stride, WIDTH, BLOCK: tl.constexpr,
+                          WHOLE_ROW: tl.constexpr, FP8_MAX: tl.constexpr, TINY: tl.constexpr, GELU: tl.constexpr,
+                          PDL: tl.constexpr):  # fmt: skip
     """One row: WHOLE_ROW (BLOCK >= WIDTH) in one pass from registers, else its products' amax
     in a first pass and the products again, quantized, in a second."""
     wait_for_previous_kernel(PDL)
     row = tl.program_id(0).to(tl.int64)
     if WHOLE_ROW:
         cols = tl.arange(0, BLOCK)
-        product = _silu_mul_row(gate_up_ptr, row, in_stride, cols, WIDTH)
+        product = _act_mul_row(gate_up_ptr, row, in_stride, cols, WIDTH, GELU)
         scale = tl.maximum(tl.max(tl.abs(product), axis=0) / FP8_MAX, TINY)
         q = tl.minimum(tl.maximum(product / scale, -FP8_MAX), FP8_MAX)
         tl.store(out_ptr + row * WIDTH + cols, q.to(out_ptr.dtype.element_ty), mask=cols < WIDTH)
     else:
         amax = tl.zeros((BLOCK,), tl.float32)
         for c0 in range(0, WIDTH, BLOCK):
-            amax = tl.maximum(amax, tl.abs(_silu_mul_row(gate_up_ptr, row, in_stride, c0 + tl.arange(0, BLOCK), WIDTH)))
+            amax = tl.maximum(amax, tl.abs(_act_mul_row(gate_up_ptr, row, in_stride, c0 + tl.arange(0, BLOCK), WIDTH, GELU)))
         scale = tl.maximum(tl.max(amax, axis=0) / FP8_MAX, TINY)
         for c0 in range(0, WIDTH, BLOCK):
             cols = c0 + tl.arange(0, BLOCK)
-            q = tl.minimum(tl.maximum(_silu_mul_row(gate_up_ptr, row, in_stride, cols, WIDTH) / scale, -FP8_MAX), FP8_MAX)
+            q = tl.minimum(tl.maximum(_act_mul_row(gate_up_ptr, row, in_stride, cols, WIDTH, GELU) / scale, -FP8_MAX),
+                           FP8_MAX)  # fmt: skip
             tl.store(out_ptr + row * WIDTH + cols, q.to(out_ptr.dtype.element_ty), mask=cols < WIDTH)
     tl.store(scale_ptr + row, scale)
 
 
 def fused_silu_mul(gate_up: torch.Tensor, quantize: bool = False) -> torch.Tensor | Fp8Rows:
-    """gate_up: [T, 2 * I] (gate columns first) -> [T, I]; with `quantize` as `Fp8Rows`."""
+    """gate_up: [T, 2 * I] (gate columns first) -> silu(gate) * up, [T, I]; with `quantize` as `Fp8Rows`."""
+    return fused_act_mul(gate_up, "silu", quantize)
+
+
+def fused_act_mul(gate_up: torch.Tensor, activation: str, quantize: bool = False) -> torch.Tensor | Fp8Rows:
+    """gate_up: [T, 2 * I] (gate columns first) -> activation(gate) * up, [T, I]; with `quantize`
+    as `Fp8Rows`. `activation`: one of ACTIVATIONS."""
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"no fused kernel for activation {activation!r}; have {', '.join(ACTIVATIONS)}")
+    gelu = activation == "gelu_tanh"
     tokens, double = gate_up.shape
     if double % 2 or gate_up.stride(1) != 1:
-        raise ValueError("fused_silu_mul needs [T, 2 * I] with contiguous columns")
+        raise ValueError("fused_act_mul needs [T, 2 * I] with contiguous columns")
     width = double // 2
     out = torch.empty((tokens, width), dtype=FP8 if quantize else gate_up.dtype, device=gate_up.device)
     if quantize:
@@ -79,11 +101,12 @@ def fused_silu_mul(gate_up: torch.Tensor, quantize: bool = False) -> torch.Tenso
             # decode layer at batch 80 on an H200, where the plain kernel and the quantize took 5.4.
             whole = max(BLOCK, 1 << (width - 1).bit_length())
             block, warps = (whole, 16) if whole <= ROW_IN_REGISTERS else (BLOCK, 4)
-            _silu_mul_quant_kernel[(tokens,)](gate_up, out, scale, gate_up.stride(0), width, BLOCK=block,
-                                              WHOLE_ROW=block >= width, FP8_MAX=FP8_MAX, TINY=TINY_SCALE,
-                                              num_warps=warps, **launch_args(gate_up))  # fmt: skip
+            _act_mul_quant_kernel[(tokens,)](gate_up, out, scale, gate_up.stride(0), width, BLOCK=block,
+                                             WHOLE_ROW=block >= width, FP8_MAX=FP8_MAX, TINY=TINY_SCALE, GELU=gelu,
+                                             num_warps=warps, **launch_args(gate_up))  # fmt: skip
         return Fp8Rows(out, scale, gate_up.dtype)
     if tokens:
         grid = (tokens, triton.cdiv(width, BLOCK))
-        _silu_mul_kernel[grid](gate_up, out, gate_up.stride(0), width, BLOCK=BLOCK, num_warps=4, **launch_args(gate_up))
+        _act_mul_kernel[grid](gate_up, out, gate_up.stride(0), width, BLOCK=BLOCK, GELU=gelu, num_warps=4,
+                              **launch_args(gate_up))  # fmt: skip
     return out

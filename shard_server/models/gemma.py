@@ -7,7 +7,7 @@ Differences from Llama, as transformers computes them:
   their fused kernels) are Llama's;
 - four norms per layer: input, post-attention (on the attention output, before the residual
   add), pre-feedforward and post-feedforward (on the MLP output, before the residual add);
-- GeGLU MLP: gelu (tanh approximation) of gate, times up;
+- GeGLU MLP: gelu (tanh approximation) of gate, times up (one fused kernel, kernels/activation.py);
 - queries scaled by query_pre_attn_scalar ** -0.5; attention scores soft-capped
   (cap * tanh(s / cap), Gemma 2) and final logits soft-capped;
 - alternating sliding-window and global layers (`layer_types`): each layer gets its own backend
@@ -31,6 +31,8 @@ from torch import nn
 
 from ..attention.base import AttentionBackend
 from ..distributed import ParallelContext
+from ..kernels.activation import fused_act_mul
+from ..kernels.dispatch import use_fused
 from ..kv_cache import KVCache
 from ..layers.embedding import LMHead, VocabParallelEmbedding
 from ..layers.norm import RMSNorm
@@ -75,7 +77,11 @@ class GemmaAttention(LlamaAttention):
 
 class GemmaMLP(LlamaMLP):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        gate_up = self.gate_up_proj(x)
+        if use_fused(gate_up) and gate_up.dim() == 2:
+            quantize = self.down_proj.takes_fp8_rows(gate_up)
+            return self.down_proj(fused_act_mul(gate_up, "gelu_tanh", quantize=quantize))
+        gate, up = gate_up.chunk(2, dim=-1)
         return self.down_proj(F.gelu(gate, approximate="tanh") * up)
 
 

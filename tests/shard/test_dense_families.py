@@ -263,9 +263,11 @@ def test_unsupported_configs_are_refused_by_name(raw, message):
 
 
 def test_gemma2_through_the_triton_backend_matches_transformers(dense_dirs):
-    """Gemma 2's soft-capped attention in the triton kernels (compiled on a GPU, Triton's
-    interpreter on CPU): the prefill logits and the greedy tokens of the runner, all prompts in
-    flight together."""
+    """Gemma 2's soft-capped attention in the triton kernels and its fused GeGLU (compiled on a
+    GPU, Triton's interpreter on CPU): the prefill logits and the greedy tokens of the runner,
+    all prompts in flight together."""
+    from shard_server.kernels.dispatch import fused_kernels
+
     directory, reference = dense_dirs["gemma2"]
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     runner = load_runner(directory, block_size=4, num_blocks=256, attention="triton", device=device)
@@ -277,14 +279,15 @@ def test_gemma2_through_the_triton_backend_matches_transformers(dense_dirs):
         expected = reference(ids[None]).logits[0]
     table = list(range(40, 50))
     metadata = runner.backend.build_metadata(StepLayout([n], [n], [table], 4), device)
-    with torch.inference_mode():
+    with fused_kernels(True, on_cpu=True), torch.inference_mode():
         logits = runner.model.compute_logits(runner.model(ids.to(device), torch.arange(n, device=device),
                                                           runner.kv_cache, metadata))  # fmt: skip
     torch.testing.assert_close(logits.cpu(), expected, atol=LOGITS_ATOL, rtol=1e-4)
     prompts = _prompts(reference.config.get_text_config().vocab_size)
     wanted = _transformers_greedy(reference, prompts)
     runner.clear()
-    got = generate_together(StepDriver(runner), prompts, NEW_TOKENS, chunk=6)
+    with fused_kernels(True, on_cpu=True):
+        got = generate_together(StepDriver(runner), prompts, NEW_TOKENS, chunk=6)
     for i in range(PROMPTS):
         assert got[i] == wanted[i], f"prompt {i}"
 

@@ -192,16 +192,17 @@ def test_the_norm_hands_an_fp8_product_its_rows_quantized_as_the_product_would(w
     assert torch.equal(handed_summed, summed)
 
 
+@pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
 @pytest.mark.parametrize("whole_row", [True, False])
-def test_silu_mul_hands_the_down_projection_its_rows_quantized(whole_row, monkeypatch):
-    from shard_server.kernels import activation
+def test_act_mul_hands_the_down_projection_its_rows_quantized(whole_row, activation, monkeypatch):
+    from shard_server.kernels import activation as kernels
 
     if not whole_row:  # the two-pass loop for rows wider than the registers hold
-        monkeypatch.setattr(activation, "ROW_IN_REGISTERS", 1024)
+        monkeypatch.setattr(kernels, "ROW_IN_REGISTERS", 1024)
     gate_up = _randn(18, 2 * 2500, seed=16, device=DEVICE).half() * 3  # 2500: three blocks, a masked tail
     with fused_kernels(True, on_cpu=True):
-        handed = activation.fused_silu_mul(gate_up, quantize=True)
-        want = quantize_rows(activation.fused_silu_mul(gate_up))
+        handed = kernels.fused_act_mul(gate_up, activation, quantize=True)
+        want = quantize_rows(kernels.fused_act_mul(gate_up, activation))
     assert isinstance(handed, Fp8Rows) and handed.shape == (18, 2500)
     _fp8_rows_equal(handed, want)
 

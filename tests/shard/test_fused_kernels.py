@@ -62,17 +62,32 @@ def test_add_rmsnorm_matches_torch(dtype, hidden):
     assert got_out.abs().max() > 0.5
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_silu_mul_matches_torch(dtype):
+def _gated_reference(activation: str, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     from torch.nn import functional as F
 
-    from shard_server.kernels.activation import fused_silu_mul
+    return (F.silu(gate) if activation == "silu" else F.gelu(gate, approximate="tanh")) * up
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
+def test_act_mul_matches_torch(dtype, activation):
+    from shard_server.kernels.activation import fused_act_mul
 
     gate_up = _randn(3, 2 * 1100, dtype=dtype, seed=4) * 3  # 1100: two column blocks, masked
+    gate_up[0, :4] = torch.tensor([-200.0, -30.0, 30.0, 200.0])  # the activation's saturations
     gate, up = gate_up.chunk(2, dim=-1)
     with fused_kernels(True, on_cpu=True):
-        got = fused_silu_mul(gate_up)
-    torch.testing.assert_close(got, F.silu(gate) * up, atol=TOLERANCE[dtype] * 4, rtol=TOLERANCE[dtype])
+        got = fused_act_mul(gate_up, activation)
+    want = _gated_reference(activation, gate, up)
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got, want, atol=TOLERANCE[dtype] * 4, rtol=TOLERANCE[dtype])
+
+
+def test_an_activation_without_a_kernel_is_refused_by_name():
+    from shard_server.kernels.activation import fused_act_mul
+
+    with pytest.raises(ValueError, match="relu2"):
+        fused_act_mul(torch.zeros(1, 4, device=DEVICE), "relu2")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
