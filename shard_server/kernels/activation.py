@@ -21,7 +21,7 @@ ROW_IN_REGISTERS = 32768  # the widest row the quantizing kernel keeps whole
 
 
 ACTIVATIONS = ("silu", "gelu_tanh")
-SQRT_2_OVER_PI = 0.7978845608028654
+SQRT_2_OVER_PI = tl.constexpr(0.7978845608028654)  # a kernel reads only constexpr globals
 
 
 @triton.jit

@@ -80,10 +80,12 @@ CASES = {
                     dict(NORM, QUANT=False), {"scale_ptr": "*fp32"}),  # fmt: skip
     "add_rmsnorm_fp8_rows": ("shard_server.kernels.norm", "_add_rmsnorm_kernel",
                              dict(NORM, QUANT=True), {"out_ptr": "*fp8e4nv", "scale_ptr": "*fp32"}),  # fmt: skip
-    "silu_mul": ("shard_server.kernels.activation", "_silu_mul_kernel", dict(BLOCK=1024), {}),
-    **{f"silu_mul_fp8_rows_block{block}": ("shard_server.kernels.activation", "_silu_mul_quant_kernel",
-                                           dict(BLOCK=block, WHOLE_ROW=block > 1024, FP8_MAX=448.0, TINY=1e-12),
-                                           {"out_ptr": "*fp8e4nv", "scale_ptr": "*fp32"}) for block in (1024, 16384)},
+    **{name: ("shard_server.kernels.activation", "_act_mul_kernel", dict(BLOCK=1024, GELU=gelu), {})
+       for name, gelu in (("silu_mul", False), ("gelu_tanh_mul", True))},  # fmt: skip
+    **{f"{name}_fp8_rows_block{block}": ("shard_server.kernels.activation", "_act_mul_quant_kernel",
+                                         dict(BLOCK=block, WHOLE_ROW=block > 1024, FP8_MAX=448.0, TINY=1e-12, GELU=gelu),
+                                         {"out_ptr": "*fp8e4nv", "scale_ptr": "*fp32"})
+       for block in (1024, 16384) for name, gelu in (("silu_mul", False), ("gelu_tanh_mul", True))},  # fmt: skip
     **{f"greedy_chunks{'_masked' if masked else ''}": (
         "shard_server.kernels.greedy", "_chunk_stats_kernel", dict(CHUNK=4096, CHUNKS_P=32, MASKED=masked),
         {"max_ptr": "*fp32", "arg_ptr": "*i32", "sum_ptr": "*fp32", "bits_ptr": "*i32", "slot_ptr": "*i32"})
