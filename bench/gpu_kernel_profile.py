@@ -48,7 +48,7 @@ GROUPS = [
     ("fp8_quantize", r"quantize_rows"),
     ("rotary", r"rotary"),
     ("norm", r"rmsnorm"),
-    ("silu_mul", r"silu"),
+    ("act_mul", r"silu|act_mul"),  # the gated activation; "silu_mul" in runs before the GeGLU kernel
     ("matmul", r"gemm|gemv|nvjet|sm90|cutlass|xmma|splitk|matmul"),  # names are matched lowercased
     ("lm_tail", r"argmax|logsumexp|reduce|softmax|max|gather|exp|log"),
 ]
