@@ -9,7 +9,10 @@ row also quantizes it, as `quantize_rows` would, handing the product `Fp8Rows`.
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 
@@ -20,7 +23,9 @@ BLOCK = 1024
 ROW_IN_REGISTERS = 32768  # the widest row the quantizing kernel keeps whole
 
 
-ACTIVATIONS = ("silu", "gelu_tanh")
+# Each gated activation the kernels fuse, and its plain-torch form (the unfused path).
+TORCH_ACTIVATIONS = {"silu": F.silu, "gelu_tanh": partial(F.gelu, approximate="tanh")}
+ACTIVATIONS = tuple(TORCH_ACTIVATIONS)
 SQRT_2_OVER_PI = tl.constexpr(0.7978845608028654)  # a kernel reads only constexpr globals
 
 
@@ -75,11 +80,6 @@ def _act_mul_quant_kernel(gate_up_ptr, out_ptr, scale_ptr, in_stride, WIDTH, BLO
                            FP8_MAX)  # fmt: skip
             tl.store(out_ptr + row * WIDTH + cols, q.to(out_ptr.dtype.element_ty), mask=cols < WIDTH)
     tl.store(scale_ptr + row, scale)
-
-
-def fused_silu_mul(gate_up: torch.Tensor, quantize: bool = False) -> torch.Tensor | Fp8Rows:
-    """gate_up: [T, 2 * I] (gate columns first) -> silu(gate) * up, [T, I]; with `quantize` as `Fp8Rows`."""
-    return fused_act_mul(gate_up, "silu", quantize)
 
 
 def fused_act_mul(gate_up: torch.Tensor, activation: str, quantize: bool = False) -> torch.Tensor | Fp8Rows:

@@ -26,13 +26,10 @@ the vision tower and the projector are never loaded.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..attention.base import AttentionBackend
 from ..distributed import ParallelContext
-from ..kernels.activation import fused_act_mul
-from ..kernels.dispatch import use_fused
 from ..kv_cache import KVCache
 from ..layers.embedding import LMHead, VocabParallelEmbedding
 from ..layers.norm import RMSNorm
@@ -76,13 +73,7 @@ class GemmaAttention(LlamaAttention):
 
 
 class GemmaMLP(LlamaMLP):
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate_up = self.gate_up_proj(x)
-        if use_fused(gate_up) and gate_up.dim() == 2:
-            quantize = self.down_proj.takes_fp8_rows(gate_up)
-            return self.down_proj(fused_act_mul(gate_up, "gelu_tanh", quantize=quantize))
-        gate, up = gate_up.chunk(2, dim=-1)
-        return self.down_proj(F.gelu(gate, approximate="tanh") * up)
+    activation = "gelu_tanh"
 
 
 class GemmaDecoderLayer(nn.Module):

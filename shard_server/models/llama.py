@@ -7,12 +7,11 @@ Tensors are flattened over the step's tokens: hidden states are [T, hidden].
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..attention.base import AttentionBackend
 from ..distributed import ParallelContext
-from ..kernels.activation import fused_silu_mul
+from ..kernels.activation import TORCH_ACTIVATIONS, fused_act_mul
 from ..kernels.dispatch import use_fused
 from ..kv_cache import KVCache
 from ..layers.embedding import LMHead, VocabParallelEmbedding
@@ -71,6 +70,8 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
+    activation = "silu"  # a family with another gated activation (Gemma's GeGLU) names it
+
     def __init__(self, cfg: ModelConfig, ctx: ParallelContext, dtype, device):
         super().__init__()
         size = cfg.intermediate_size
@@ -85,9 +86,10 @@ class LlamaMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)
         if use_fused(gate_up) and gate_up.dim() == 2:
-            return self.down_proj(fused_silu_mul(gate_up, quantize=self.down_proj.takes_fp8_rows(gate_up)))
+            quantize = self.down_proj.takes_fp8_rows(gate_up)
+            return self.down_proj(fused_act_mul(gate_up, self.activation, quantize=quantize))
         gate, up = gate_up.chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(TORCH_ACTIVATIONS[self.activation](gate) * up)
 
 
 class LlamaDecoderLayer(nn.Module):
