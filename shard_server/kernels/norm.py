@@ -3,6 +3,10 @@
 Numerics follow Hugging Face: the residual sum is rounded to the model dtype, the row is
 normalised in float32, rounded, then scaled by the weight in the model dtype.
 
+Gemma norms a sublayer's output before adding it to the residual stream, then norms the sum
+for the next sublayer: with `pre_weight` that first norm runs in the same pass, so the two
+norms and the add between them are one launch instead of two.
+
 For an fp8 product next (`--quantize fp8`, more rows than the skinny kernel takes) the output
 row is quantized in the same pass, exactly as `quantize_rows` would quantize it: its amax is
 already in registers, and the product gets `Fp8Rows` without a launch of its own.
@@ -19,18 +23,31 @@ from .pdl import launch_args, wait_for_previous_kernel
 
 
 @triton.jit
+def _rmsnorm_row(x, weight_ptr, cols, mask, eps, N: tl.constexpr):
+    """One row (model dtype) normed and scaled, in the weight's dtype."""
+    xf = x.to(tl.float32)
+    rstd = tl.rsqrt(tl.sum(xf * xf, axis=0) / N + eps)
+    normed = (xf * rstd).to(x.dtype).to(tl.float32)
+    w = tl.load(weight_ptr + cols, mask=mask, other=0.0)
+    return (normed * w.to(tl.float32)).to(w.dtype)
+
+
+@triton.jit
 def _add_rmsnorm_kernel(
     x_ptr,
     residual_ptr,  # unused when HAS_RESIDUAL is false
+    pre_weight_ptr,  # unused when PRE_NORM is false
     weight_ptr,
     out_ptr,  # the model dtype, or fp8 with QUANT
     scale_ptr,  # with QUANT: float32 [T], each row's scale
     residual_out_ptr,
     x_stride,
     residual_stride,
+    pre_eps,
     eps,
     N: tl.constexpr,
     BLOCK: tl.constexpr,
+    PRE_NORM: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
     QUANT: tl.constexpr,
     FP8_MAX: tl.constexpr,
@@ -42,15 +59,13 @@ def _add_rmsnorm_kernel(
     cols = tl.arange(0, BLOCK)
     mask = cols < N
     x = tl.load(x_ptr + row * x_stride + cols, mask=mask, other=0.0)
+    if PRE_NORM:
+        x = _rmsnorm_row(x, pre_weight_ptr, cols, mask, pre_eps, N).to(x.dtype)
     if HAS_RESIDUAL:
         r = tl.load(residual_ptr + row * residual_stride + cols, mask=mask, other=0.0)
         x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)
         tl.store(residual_out_ptr + row * N + cols, x, mask=mask)
-    xf = x.to(tl.float32)
-    rstd = tl.rsqrt(tl.sum(xf * xf, axis=0) / N + eps)
-    normed = (xf * rstd).to(x.dtype).to(tl.float32)
-    w = tl.load(weight_ptr + cols, mask=mask, other=0.0)
-    y = (normed * w.to(tl.float32)).to(w.dtype)
+    y = _rmsnorm_row(x, weight_ptr, cols, mask, eps, N)
     if QUANT:  # quantize_rows' arithmetic on the rounded row
         yf = y.to(tl.float32)
         scale = tl.maximum(tl.max(tl.abs(yf), axis=0) / FP8_MAX, TINY)
@@ -64,25 +79,35 @@ def _warps(block: int) -> int:
 
 
 def fused_rmsnorm(
-    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None, quantize: bool = False
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    residual: torch.Tensor | None = None,
+    quantize: bool = False,
+    pre: tuple[torch.Tensor, float] | None = None,
 ) -> tuple[torch.Tensor | Fp8Rows, torch.Tensor]:
     """(rmsnorm(x + residual) * weight, x + residual) for x, residual of shape [T, N]; with
-    `quantize` the first value comes as `Fp8Rows`.
+    `quantize` the first value comes as `Fp8Rows`. `pre` = (weight, eps) of a norm applied to x
+    first: then x stands for rmsnorm(x) * pre_weight throughout.
 
-    Without a residual the second value is x itself.
+    Without a residual the second value is x itself (it needs one with `pre`).
     """
     tokens, n = x.shape
     if x.stride(1) != 1 or (residual is not None and residual.stride(1) != 1):
         raise ValueError("fused_rmsnorm needs rows with contiguous columns")
+    if pre is not None and residual is None:
+        raise ValueError("fused_rmsnorm's pre-norm needs a residual (its normed x is returned as the sum)")
+    pre_weight, pre_eps = pre if pre is not None else (weight, eps)
     out = torch.empty((tokens, n), dtype=FP8 if quantize else weight.dtype, device=x.device)
     scale = torch.empty((tokens, 1), dtype=torch.float32, device=x.device) if quantize else out
     summed = torch.empty((tokens, n), dtype=x.dtype, device=x.device) if residual is not None else x
     if tokens:
         block = 1 << (n - 1).bit_length()
         _add_rmsnorm_kernel[(tokens,)](
-            x, residual if residual is not None else x, weight, out, scale, summed,
-            x.stride(0), residual.stride(0) if residual is not None else 0, eps,
-            N=n, BLOCK=block, HAS_RESIDUAL=residual is not None, QUANT=quantize, FP8_MAX=FP8_MAX, TINY=TINY_SCALE,
+            x, residual if residual is not None else x, pre_weight, weight, out, scale, summed,
+            x.stride(0), residual.stride(0) if residual is not None else 0, pre_eps, eps,
+            N=n, BLOCK=block, PRE_NORM=pre is not None, HAS_RESIDUAL=residual is not None, QUANT=quantize,
+            FP8_MAX=FP8_MAX, TINY=TINY_SCALE,
             num_warps=_warps(block), **launch_args(x),
         )  # fmt: skip
     return (Fp8Rows(out, scale, weight.dtype) if quantize else out), summed

@@ -30,11 +30,16 @@ class RMSNorm(nn.Module):
         return self.weight * x.to(dtype)
 
     def add_and_norm(
-        self, x: torch.Tensor, residual: torch.Tensor, quantize: bool = False
+        self, x: torch.Tensor, residual: torch.Tensor, quantize: bool = False, before: RMSNorm | None = None
     ) -> tuple[torch.Tensor | Fp8Rows, torch.Tensor]:
-        """Returns (norm(x + residual), x + residual): the pre-norm residual stream step."""
+        """Returns (norm(x + residual), x + residual): the pre-norm residual stream step.
+        `before`: a norm of the sublayer's output (Gemma's post-attention and post-feedforward
+        norms), applied to x first, in the same launch."""
         if _fusable(x) and _fusable(residual):
-            return fused_rmsnorm(x, self.weight, self.eps, residual, quantize)
+            pre = (before.weight, before.eps) if before is not None else None
+            return fused_rmsnorm(x, self.weight, self.eps, residual, quantize, pre)
+        if before is not None:
+            x = before(x)
         residual = x + residual
         return self.forward(residual), residual
 

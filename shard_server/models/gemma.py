@@ -6,7 +6,8 @@ Differences from Llama, as transformers computes them:
 - RMSNorm scales by (1 + w): the checkpoint's w is stored as 1 + w at load, so the norms (and
   their fused kernels) are Llama's;
 - four norms per layer: input, post-attention (on the attention output, before the residual
-  add), pre-feedforward and post-feedforward (on the MLP output, before the residual add);
+  add), pre-feedforward and post-feedforward (on the MLP output, before the residual add); a
+  post-norm runs in the same launch as the add and the norm after it (two launches a layer);
 - GeGLU MLP: gelu (tanh approximation) of gate, times up (one fused kernel, kernels/activation.py);
 - queries scaled by query_pre_attn_scalar ** -0.5; attention scores soft-capped
   (cap * tanh(s / cap), Gemma 2) and final logits soft-capped;
@@ -97,17 +98,23 @@ class GemmaDecoderLayer(nn.Module):
         self.self_attn.load(store, f"{prefix}.self_attn")
         self.mlp.load(store, f"{prefix}.mlp")
 
-    def forward(self, hidden, residual, rotary, k_cache, v_cache, metadata):
-        """(hidden, residual) in, (the MLP's normed output, the residual stream before it) out."""
+    def forward(self, hidden, residual, incoming, rotary, k_cache, v_cache, metadata):
+        """`hidden`: what the layer before adds to the residual stream, before `incoming` (that
+        layer's post-feedforward norm) is applied; at the first layer the embeddings, with
+        `residual` and `incoming` None. Returns (this layer's MLP output, before its own
+        post-feedforward norm; the residual stream before it): each sublayer's output norm runs
+        in the launch of the norm after it (`add_and_norm(before=...)`)."""
         quantize = self.self_attn.qkv_proj.takes_fp8_rows(hidden)
         if residual is None:
             residual, hidden = hidden, self.input_layernorm(hidden, quantize)
         else:
-            hidden, residual = self.input_layernorm.add_and_norm(hidden, residual, quantize)
-        hidden = self.post_attention_layernorm(self.self_attn(hidden, rotary, k_cache, v_cache, metadata))
-        quantize = self.mlp.gate_up_proj.takes_fp8_rows(hidden)
-        hidden, residual = self.pre_feedforward_layernorm.add_and_norm(hidden, residual, quantize)
-        return self.post_feedforward_layernorm(self.mlp(hidden)), residual
+            hidden, residual = self.input_layernorm.add_and_norm(hidden, residual, quantize, before=incoming)
+        attended = self.self_attn(hidden, rotary, k_cache, v_cache, metadata)
+        quantize = self.mlp.gate_up_proj.takes_fp8_rows(attended)
+        hidden, residual = self.pre_feedforward_layernorm.add_and_norm(
+            attended, residual, quantize, before=self.post_attention_layernorm
+        )
+        return self.mlp(hidden), residual
 
 
 class GemmaForCausalLM(nn.Module):
@@ -154,12 +161,13 @@ class GemmaForCausalLM(nn.Module):
         """Final-norm hidden states [T, hidden] of every token of the step."""
         rotary = self.rotary.for_step(positions)
         local = rotary if self.local_rotary is None else self.local_rotary.for_step(positions)
-        hidden, residual = self.embed_tokens(input_ids) * self.embed_scale, None
+        hidden, residual, incoming = self.embed_tokens(input_ids) * self.embed_scale, None, None
         for index, layer in enumerate(self.layers):
             k_cache, v_cache = kv_cache.layer(index)
             step = local if self.layer_is_local[index] else rotary
-            hidden, residual = layer(hidden, residual, step, k_cache, v_cache, metadata)
-        hidden, _ = self.norm.add_and_norm(hidden, residual)
+            hidden, residual = layer(hidden, residual, incoming, step, k_cache, v_cache, metadata)
+            incoming = layer.post_feedforward_layernorm
+        hidden, _ = self.norm.add_and_norm(hidden, residual, before=incoming)
         return hidden
 
     def compute_logits(self, hidden: torch.Tensor, float32: bool = True) -> torch.Tensor:

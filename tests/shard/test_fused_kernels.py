@@ -62,6 +62,35 @@ def test_add_rmsnorm_matches_torch(dtype, hidden):
     assert got_out.abs().max() > 0.5
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_post_norm_add_rmsnorm_matches_torch(dtype):
+    """Gemma's post-norm of a sublayer, the residual add and the next norm, in one launch."""
+    hidden, device = 96, torch.device(DEVICE)
+    post, norm = RMSNorm(hidden, 1e-6, dtype, device), RMSNorm(hidden, 1e-5, dtype, device)
+    post.weight.copy_(_randn(hidden, dtype=dtype, seed=4) + 1.0)
+    norm.weight.copy_(_randn(hidden, dtype=dtype, seed=5))
+    x, residual = _randn(5, hidden, dtype=dtype, seed=6) * 30, _randn(5, hidden, dtype=dtype, seed=7)
+    with fused_kernels(False):
+        want_out, want_sum = norm.add_and_norm(x, residual, before=post)
+        assert not torch.equal(want_sum, x + residual)  # the post-norm changed x
+    with fused_kernels(True, on_cpu=True):
+        got_out, got_sum = norm.add_and_norm(x, residual, before=post)
+        two_launches = norm.add_and_norm(post(x), residual)
+    atol = TOLERANCE[dtype]
+    torch.testing.assert_close(got_sum, want_sum, atol=atol, rtol=atol)
+    torch.testing.assert_close(got_out, want_out, atol=atol, rtol=atol)
+    # The one launch computes exactly what the two it replaces did.
+    assert torch.equal(got_sum, two_launches[1]) and torch.equal(got_out, two_launches[0])
+
+
+def test_post_norm_needs_a_residual():
+    from shard_server.kernels.norm import fused_rmsnorm
+
+    x = torch.ones(2, 8)
+    with pytest.raises(ValueError, match="needs a residual"):
+        fused_rmsnorm(x, torch.ones(8), 1e-6, pre=(torch.ones(8), 1e-6))
+
+
 def _gated_reference(activation: str, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     from torch.nn import functional as F
 

@@ -18,7 +18,7 @@ import pytest
 pytest.importorskip("triton")
 
 REPO = Path(__file__).resolve().parents[2]
-FLOATS = {"scale_log2", "eps"}  # every other scalar argument is an integer
+FLOATS = {"scale_log2", "eps", "pre_eps"}  # every other scalar argument is an integer
 METADATA = {name: "*i32" for name in ("slots_ptr", "tile_seq_ptr", "tile_first_ptr", "query_starts_ptr",
                                       "query_lens_ptr", "context_lens_ptr", "block_tables_ptr")}  # fmt: skip
 LLAMA_8B = dict(KV_HEADS=8, GROUP=4, GROUP_P=4, PAGE=16, HEAD_DIM=128, HEAD_DIM_P=128, IEEE=False, WINDOW=0,
@@ -27,7 +27,7 @@ SPLIT = dict(METADATA, out_ptr="*fp32", partial_ml_ptr="*fp32")
 FP8_POOL = {"k_cache_ptr": "*fp8e4nv", "v_cache_ptr": "*fp8e4nv"}  # --kv-cache-dtype fp8_e4m3fn
 SKINNY = dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=256)
 FP8_WEIGHT = {"w_ptr": "*fp8e4nv", "w_scale_ptr": "*fp32"}
-NORM = dict(N=4096, BLOCK=4096, HAS_RESIDUAL=True, FP8_MAX=448.0, TINY=1e-12)
+NORM = dict(N=4096, BLOCK=4096, PRE_NORM=False, HAS_RESIDUAL=True, FP8_MAX=448.0, TINY=1e-12)
 
 # name: (module, kernel, constexprs, pointer types other than bf16)
 MOE_POINTERS = {"w_scale_ptr": "*fp32", "topk_weights_ptr": "*fp32", "sorted_pairs_ptr": "*i32",
@@ -80,6 +80,9 @@ CASES = {
                     dict(NORM, QUANT=False), {"scale_ptr": "*fp32"}),  # fmt: skip
     "add_rmsnorm_fp8_rows": ("shard_server.kernels.norm", "_add_rmsnorm_kernel",
                              dict(NORM, QUANT=True), {"out_ptr": "*fp8e4nv", "scale_ptr": "*fp32"}),  # fmt: skip
+    # Gemma 2 9B: a sublayer's post-norm, the residual add and the next pre-norm in one pass.
+    "post_norm_add_rmsnorm": ("shard_server.kernels.norm", "_add_rmsnorm_kernel",
+                              dict(NORM, N=3584, PRE_NORM=True, QUANT=False), {"scale_ptr": "*fp32"}),  # fmt: skip
     **{name: ("shard_server.kernels.activation", "_act_mul_kernel", dict(BLOCK=1024, GELU=gelu), {})
        for name, gelu in (("silu_mul", False), ("gelu_tanh_mul", True))},  # fmt: skip
     **{f"{name}_fp8_rows_block{block}": ("shard_server.kernels.activation", "_act_mul_quant_kernel",
