@@ -1,16 +1,19 @@
 //! Applying a step's response (pure): sampled tokens become events, stop conditions
 //! finish sequences, and finished sequences give their blocks back at once. A step the
-//! device ran out of memory on sends its sequences back to be computed again.
+//! device ran out of memory on sends its sequences back to be computed again, and later
+//! steps carry fewer prompt tokens for a while (`memory_backoff.rs`).
 use std::collections::HashMap;
 
 use super::api::{FailureKind, GenerationFailure, SequenceEvent};
+use super::memory_backoff::{charged, prompt_tokens};
 use super::state::{Delivery, InFlightStep, ScheduledWork, SchedulerState};
 use crate::finish::{finish_reason, AfterToken};
 use crate::metrics::names;
 use crate::pb;
 
-/// Steps of one sequence the device may run out of memory on: each one recomputes it,
-/// the last fails it (an out-of-memory that keeps coming back is the request's size).
+/// Steps the device may run out of memory on that count against one sequence (see
+/// `memory_backoff::charged`): each one recomputes it, the last fails it (an out-of-memory
+/// that keeps coming back, on ever smaller steps, is the request's size).
 pub const MAX_OUT_OF_MEMORY_STEPS: u32 = 3;
 
 impl SchedulerState {
@@ -36,6 +39,8 @@ impl SchedulerState {
         if response.out_of_memory {
             return self.recompute_out_of_memory(step, outputs);
         }
+        self.memory_backoff
+            .succeeded(self.config.max_batch_prefill_tokens);
         let mut deliveries = Vec::new();
         for work in step.scheduled {
             if work.num_tokens > 1 {
@@ -144,9 +149,11 @@ impl SchedulerState {
 
     /// The device ran out of memory on this step and kept nothing of it. Its sequences go
     /// back to the queue to be computed again (a sequence refused on its own still ends),
-    /// until one has met this MAX_OUT_OF_MEMORY_STEPS times: then it fails, as it does not
-    /// fit what the device has free. The prefix cache is cleared: it may hold blocks this
-    /// step was to write (a prefill chunk is cached when the chunk before it is applied).
+    /// and later steps carry fewer prompt tokens. A sequence the failure counts against
+    /// (it brought prompt tokens) fails once that has happened MAX_OUT_OF_MEMORY_STEPS
+    /// times, as it does not fit what the device has free; the decodes beside it never
+    /// do. The prefix cache is cleared: it may hold blocks this step was to write (a
+    /// prefill chunk is cached when the chunk before it is applied).
     fn recompute_out_of_memory(
         &mut self,
         step: InFlightStep,
@@ -158,6 +165,8 @@ impl SchedulerState {
             "the device ran out of memory on a step; its sequences are recomputed"
         );
         metrics::counter!(names::OUT_OF_MEMORY_STEPS_TOTAL).increment(1);
+        let step_prompt_tokens = prompt_tokens(&step.scheduled);
+        self.memory_backoff.out_of_memory(step_prompt_tokens);
         if let Some(cache) = self.prefix_cache.as_mut() {
             cache.clear();
         }
@@ -172,7 +181,9 @@ impl SchedulerState {
                 continue; // finished, cancelled or already recomputing since
             }
             let mut sequence = self.running.remove(&work.id).expect("looked up above");
-            sequence.out_of_memory_steps += 1;
+            if charged(&work, step_prompt_tokens) {
+                sequence.out_of_memory_steps += 1;
+            }
             if sequence.out_of_memory_steps < MAX_OUT_OF_MEMORY_STEPS {
                 self.requeue_for_recompute(sequence);
                 continue;

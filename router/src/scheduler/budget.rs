@@ -1,8 +1,9 @@
 //! The per-step budget: how many tokens and sequences one step may carry.
 //!
 //! Every running decode costs one token and one seat; prefill chunks share what is left
-//! of `max_batch_prefill_tokens`. The scheduler reserves the decodes first, so long
-//! prompts never stall streams.
+//! of `max_batch_prefill_tokens`, and at most a prompt-token cap while the device backs
+//! off after running out of memory (`memory_backoff.rs`). The scheduler reserves the
+//! decodes first, so long prompts never stall streams.
 use super::api::SchedulerConfig;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -10,6 +11,8 @@ pub struct StepBudget {
     tokens_left: u32,
     seats_left: u32,
     tokens_used: u32,
+    /// Prompt tokens (prefill chunks) the step may still carry, within `tokens_left`.
+    prefill_left: u32,
 }
 
 impl StepBudget {
@@ -18,7 +21,14 @@ impl StepBudget {
             tokens_left: max_tokens,
             seats_left: max_sequences,
             tokens_used: 0,
+            prefill_left: u32::MAX,
         }
+    }
+
+    /// The same budget with prefill chunks limited to `cap` tokens in all (None: no cap).
+    pub fn with_prefill_cap(mut self, cap: Option<u32>) -> Self {
+        self.prefill_left = cap.unwrap_or(u32::MAX);
+        self
     }
 
     pub fn for_config(config: &SchedulerConfig) -> Self {
@@ -43,7 +53,17 @@ impl StepBudget {
         if self.seats_left == 0 {
             return 0;
         }
-        wanted.min(self.tokens_left)
+        wanted.min(self.tokens_left).min(self.prefill_left)
+    }
+
+    /// Takes one seat and a prefill chunk of `tokens` (sized by `chunk_for`); false (and
+    /// nothing taken) if it does not fit.
+    pub fn consume_chunk(&mut self, tokens: u32) -> bool {
+        if tokens > self.prefill_left || !self.consume(tokens) {
+            return false;
+        }
+        self.prefill_left -= tokens;
+        true
     }
 
     /// Takes one seat and `tokens` tokens; false (and nothing taken) if they do not fit.
@@ -110,6 +130,26 @@ mod tests {
             max_stream_backlog: 1,
             num_draft_tokens: 0,
         }
+    }
+
+    #[test]
+    fn a_prefill_cap_limits_chunks_but_not_decodes() {
+        let mut budget = StepBudget::new(100, 8).with_prefill_cap(Some(10));
+        assert!(budget.consume(1), "a decode");
+        assert_eq!(budget.chunk_for(50), 10);
+        assert!(budget.consume_chunk(6));
+        assert_eq!(
+            budget.chunk_for(50),
+            4,
+            "the cap is shared by the step's chunks"
+        );
+        assert!(!budget.consume_chunk(5), "past the cap");
+        assert!(budget.consume(1), "decodes are not prompt tokens");
+        assert_eq!(budget.tokens_used(), 8);
+        assert_eq!(
+            StepBudget::new(100, 8).with_prefill_cap(None).chunk_for(50),
+            50
+        );
     }
 
     #[test]

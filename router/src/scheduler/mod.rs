@@ -12,6 +12,7 @@ mod apply;
 pub mod budget;
 mod events;
 mod failure;
+mod memory_backoff;
 mod plan;
 mod prefix;
 pub mod queue;

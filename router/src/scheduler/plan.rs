@@ -56,7 +56,8 @@ impl SchedulerState {
     /// are all in flight sits the step out. Answers go to [`SchedulerState::apply`] in
     /// planning order.
     pub fn plan_step(&mut self, now: Instant) -> Option<PlannedStep> {
-        let mut budget = StepBudget::for_config(&self.config);
+        let mut budget = StepBudget::for_config(&self.config)
+            .with_prefill_cap(self.memory_backoff.prefill_cap());
         let mut step = StepBuilder::default();
 
         let preempted = self.schedule_running(&mut budget, &mut step);
@@ -70,6 +71,7 @@ impl SchedulerState {
         }
 
         let released_ids = std::mem::take(&mut self.pending_releases);
+        let decodes = step.decodes.len(); // the batch's first rows; prefill chunks follow
         let sequences: Vec<pb::ScheduledSequence> =
             step.decodes.into_iter().chain(step.prefills).collect();
         if sequences.is_empty() && released_ids.is_empty() {
@@ -79,12 +81,14 @@ impl SchedulerState {
         self.next_step_id += 1;
         let scheduled = sequences
             .iter()
-            .map(|s| ScheduledWork {
+            .enumerate()
+            .map(|(index, s)| ScheduledWork {
                 id: s.id,
                 admission: self.running[&s.id].admission,
                 num_tokens: s.num_tokens,
                 sample: s.sample,
                 drafts: s.max_draft_tokens,
+                prefill: index >= decodes,
             })
             .collect();
         let admits = !step.new_sequences.is_empty();
@@ -156,7 +160,7 @@ impl SchedulerState {
                 }
             };
             if !decode {
-                let taken = budget.consume(granted);
+                let taken = budget.consume_chunk(granted);
                 debug_assert!(taken, "chunk was sized from the budget");
             }
             let sequence = self.running.get_mut(&id).expect("room was granted");
@@ -258,7 +262,7 @@ impl SchedulerState {
                 reservation.cached_len,
                 reservation.cached_blocks,
             );
-            let taken = budget.consume(reservation.chunk);
+            let taken = budget.consume_chunk(reservation.chunk);
             debug_assert!(taken, "chunk was sized from the budget");
             step.new_sequences.push(sequence.new_sequence_message());
             sequence.announced = true;

@@ -7,6 +7,7 @@ use std::time::Instant;
 use super::api::{GenerationFailure, SchedulerConfig, SequenceEvent, Submission};
 use super::budget::blocks_for;
 use super::events::EventSender;
+use super::memory_backoff::MemoryBackoff;
 use super::queue::WaitingQueue;
 use super::sequence::Sequence;
 use crate::kv::{BlockAllocator, RadixCache};
@@ -35,6 +36,8 @@ pub struct ScheduledWork {
     pub sample: bool,
     /// Drafts the decode may verify (speculative decoding); 0 for a plain decode.
     pub drafts: u32,
+    /// A prefill chunk (of a prompt, or of a recomputation), not a decode.
+    pub prefill: bool,
 }
 
 /// A step that was planned and not yet applied: what each sequence in it does.
@@ -65,6 +68,8 @@ pub struct SchedulerState {
     pub(super) pending_releases: Vec<u64>,
     /// Steps sent and not yet applied, oldest first (at most the pipeline depth).
     pub(super) in_flight: VecDeque<InFlightStep>,
+    /// The prompt-token cap after the device ran out of memory on a step.
+    pub(super) memory_backoff: MemoryBackoff,
     next_sequence_id: u64,
     pub(super) next_step_id: u64,
 }
@@ -86,6 +91,7 @@ impl SchedulerState {
             behind: Vec::new(),
             pending_releases: Vec::new(),
             in_flight: VecDeque::new(),
+            memory_backoff: MemoryBackoff::default(),
             next_sequence_id: 0,
             next_step_id: 0,
         }

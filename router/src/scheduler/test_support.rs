@@ -109,6 +109,10 @@ pub struct ShardSim {
     /// Steps (by id) the device "runs out of memory" on, as the shard answers them: nothing
     /// written, every sequence scheduled dropped and skipped by later steps until released.
     pub out_of_memory_steps: HashSet<u64>,
+    /// Steps carrying more prompt tokens than this run out of memory too (activations
+    /// grow with them). A sequence scheduled for more tokens than a decode with its
+    /// drafts carries prompt tokens.
+    pub out_of_memory_above: Option<u32>,
     failed: HashSet<u64>,
 }
 
@@ -125,6 +129,7 @@ impl ShardSim {
             announcements: HashMap::new(),
             steps: 0,
             out_of_memory_steps: HashSet::new(),
+            out_of_memory_above: None,
             failed: HashSet::new(),
         }
     }
@@ -210,8 +215,17 @@ impl ShardSim {
                 },
             );
         }
-        let out_of_memory =
-            self.out_of_memory_steps.contains(&request.step_id) && !request.sequences.is_empty();
+        let prompt_tokens: u32 = request
+            .sequences
+            .iter()
+            .filter(|s| s.num_tokens > 1 + s.max_draft_tokens)
+            .map(|s| s.num_tokens)
+            .sum();
+        let too_large = self
+            .out_of_memory_above
+            .is_some_and(|limit| prompt_tokens > limit);
+        let out_of_memory = (self.out_of_memory_steps.contains(&request.step_id) || too_large)
+            && !request.sequences.is_empty();
         let mut outputs = Vec::new();
         for scheduled in &request.sequences {
             if self.failed.contains(&scheduled.id) {

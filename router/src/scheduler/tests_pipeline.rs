@@ -203,6 +203,48 @@ fn a_sequence_the_device_keeps_running_out_of_memory_on_fails_with_a_clear_error
     assert_eq!(h.sim.live_sequences(), 0);
 }
 
+/// The device runs out of memory on every step carrying more than 12 prompt tokens while
+/// steps may carry 32. Two streams are decoding when three prompts arrive: the steps back
+/// off to chunks that fit, and every request is served with exactly its tokens (before the
+/// backoff, each retry carried as many prompt tokens as the step that failed, and the
+/// third failure ended the requests in it, streams included).
+#[test]
+fn steps_too_large_for_the_device_back_off_until_every_request_is_served() {
+    let recorder = CapturedMetrics::default();
+    let (h, submitted) = metrics::with_local_recorder(&recorder, || {
+        let mut h = Harness::new(config(4, 256, 32));
+        h.sim.out_of_memory_above = Some(12);
+        let mut submitted: Vec<(u64, u32, u32)> = [(3, 20), (5, 20)]
+            .iter()
+            .map(|&(prompt, new)| (h.submit(request(prompt, new)), prompt, new))
+            .collect();
+        let mut sent = Vec::new();
+        for _ in 0..4 {
+            assert!(h.pipelined_step(DEPTH, &mut sent)); // both streams decoding
+        }
+        submitted.extend(
+            [(50, 6), (30, 6), (9, 4)]
+                .iter()
+                .map(|&(prompt, new)| (h.submit(request(prompt, new)), prompt, new)),
+        );
+        h.run_pipelined(DEPTH, 400);
+        (h, submitted)
+    });
+    for &(id, prompt, new) in &submitted {
+        assert_eq!(
+            h.tokens(id),
+            expected_tokens(id, prompt, new),
+            "sequence {id}"
+        );
+        assert_eq!(h.finished(id), Some((FinishReason::Length, new)));
+    }
+    assert!(recorder.counter("textgen_out_of_memory_steps_total") >= 2);
+    let cap = h.state.memory_backoff.prefill_cap();
+    assert!(cap.is_some_and(|cap| cap <= 12), "{cap:?}");
+    assert_eq!(h.state.allocator.used(), 0);
+    assert_eq!(h.sim.live_sequences(), 0);
+}
+
 /// Out-of-memory steps amid sharing, eviction, preemption and cancellations: every
 /// client still gets its exact tokens, and the pool ends exact (the simulated shard checks
 /// every cached position it is handed against what was written).
