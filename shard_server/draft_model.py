@@ -10,7 +10,8 @@ on the draft's KV. So that KV is kept lazily. Each sequence's `DraftCursor` says
 the draft pool holds at which positions. When a decode drafts, the draft model first catches
 up from the first position whose token is not the sequence's (the whole prompt at a
 sequence's first draft; after a verification, the drafts it kept and the target's token
-after them), then proposes one token a forward. A prefix that the prefix cache shares between
+after them), then proposes one token a forward. The proposals stay on the device, each
+forward's feeding the next, and reach the host once, after the last. A prefix that the prefix cache shares between
 sequences has the same tokens at the same positions, so catching up over it writes what is
 there already.
 
@@ -126,22 +127,32 @@ class DraftModel:
         cursors = [_cursor(item.state) for item in items]
         token_lists = [item.state.token_ids for item in items]
         starts = [min(c.valid_len(t), len(t) - 1) for c, t in zip(cursors, token_lists)]
-        drafts = [[token] for token in self._catch_up(items, starts)]
-        for j in range(1, max(item.draft_budget for item in items)):
+        # Each forward's proposals feed the next on the device: the host reads them once, at
+        # the end, instead of waiting on every forward before it can queue the next.
+        width = max(item.draft_budget for item in items)
+        proposals = torch.zeros((len(items), width), dtype=torch.long, device=self.device)
+        proposals[:, 0] = self._catch_up(items, starts)
+        for j in range(1, width):
             active = [i for i, item in enumerate(items) if item.draft_budget > j]
-            runs = [_Run(items[i].state.block_table, [drafts[i][-1]], len(token_lists[i]) + j - 1) for i in active]
-            for i, token in zip(active, self._propose(runs)):
-                drafts[i].append(token)
-        for item, cursor, tokens, proposed in zip(items, cursors, token_lists, drafts):
-            item.drafts = proposed
+            # One token each, at the position after the last fed; its id is the device's.
+            runs = [_Run(items[i].state.block_table, [0], len(token_lists[i]) + j - 1) for i in active]
+            rows = None if len(active) == len(items) else to_device(active, torch.long, self.device)
+            fed = proposals[:, j - 1] if rows is None else proposals[rows, j - 1]
+            proposed = self._propose(runs, fed)
+            if rows is None:
+                proposals[:, j] = proposed
+            else:
+                proposals[rows, j] = proposed
+        for item, cursor, tokens, row in zip(items, cursors, token_lists, proposals.tolist()):
+            item.drafts = row[: item.draft_budget]
             # The last draft was proposed, never fed: its KV is not in the pool.
-            cursor.confirmed, cursor.proposed = len(tokens), proposed[:-1]
+            cursor.confirmed, cursor.proposed = len(tokens), item.drafts[:-1]
 
-    def _catch_up(self, items: list[ScheduledWork], starts: list[int]) -> list[int]:
+    def _catch_up(self, items: list[ScheduledWork], starts: list[int]) -> torch.Tensor:
         """Feeds each sequence's tokens from its start to its last (the decode's input), at
-        most CATCH_UP_TOKENS a forward; returns each one's first draft."""
+        most CATCH_UP_TOKENS a forward; returns each one's first draft (on the device)."""
         fed = list(starts)
-        first = [0] * len(items)
+        first = torch.zeros(len(items), dtype=torch.long, device=self.device)
         while True:
             room, runs, fed_now = CATCH_UP_TOKENS, [], []
             for i, item in enumerate(items):
@@ -154,11 +165,12 @@ class DraftModel:
                     room -= take
             if not runs:
                 return first
-            for i, token in zip(fed_now, self._propose(runs)):
-                first[i] = token  # a sequence's last chunk proposes its first draft
+            # A sequence's last chunk proposes its first draft (later chunks overwrite earlier).
+            first.index_copy_(0, to_device(fed_now, torch.long, self.device), self._propose(runs))
 
-    def _propose(self, runs: list[_Run]) -> list[int]:
-        """One forward over the runs; each run's greedy next token."""
+    def _propose(self, runs: list[_Run], fed: torch.Tensor | None = None) -> torch.Tensor:
+        """One forward over the runs; each run's greedy next token, on the device. `fed`: the
+        input ids of one-token runs, on the device (the runs' own tokens are then ignored)."""
         ids = [min(token, self.model.config.vocab_size - 1) for run in runs for token in run.tokens]
         positions = [p for run in runs for p in range(run.start, run.start + len(run.tokens))]
         layout = StepLayout(
@@ -167,21 +179,24 @@ class DraftModel:
             block_tables=[run.block_table for run in runs],
             block_size=self.kv_spec.block_size,
         )
-        logits = self._replay(ids, positions, layout)
+        fill = None if fed is None else (lambda buffer: buffer[: len(fed)].copy_(fed))
+        logits = self._replay(ids, positions, layout, fill)
         if logits is None:
             metadata = self.model.attention_backend.build_metadata(layout, self.device)
-            input_ids, input_positions = (to_device(v, torch.long, self.device) for v in (ids, positions))
+            input_ids = fed.contiguous() if fed is not None else to_device(ids, torch.long, self.device)
+            input_positions = to_device(positions, torch.long, self.device)
             hidden = self.model(input_ids, input_positions, self.kv_cache, metadata)
             last = [start + n - 1 for start, n in zip(layout.query_starts, layout.query_lens)]
             logits = self.model.compute_logits(hidden.index_select(0, to_device(last, torch.long, self.device)))
-        return logits[:, : self.vocab_size].argmax(dim=-1).tolist()
+        return logits[:, : self.vocab_size].argmax(dim=-1)
 
-    def _replay(self, ids: list[int], positions: list[int], layout: StepLayout) -> torch.Tensor | None:
-        """Each run's last logits from the graph that holds the forward, or None: run it eagerly."""
+    def _replay(self, ids: list[int], positions: list[int], layout: StepLayout, fill) -> torch.Tensor | None:
+        """Each run's last logits from the graph that holds the forward, or None: run it eagerly.
+        `fill` writes input ids that are on the device into the graph's input buffer."""
         if self.graphs is not None and (size := self.graphs.size_for(layout)) is not None:
-            return self.graphs.run(size, ids, positions, layout).logits
+            return self.graphs.run(size, ids, positions, layout, fill).logits
         if self.mixed_graphs is not None and (tokens := self.mixed_graphs.bucket_for(layout)) is not None:
-            return self.mixed_graphs.run(tokens, ids, positions, layout).logits
+            return self.mixed_graphs.run(tokens, ids, positions, layout, fill).logits
         return None
 
 

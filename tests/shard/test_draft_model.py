@@ -78,7 +78,7 @@ def test_long_prompts_catch_up_in_chunks(tiny_model_dirs, plain_runner, monkeypa
     runner = draft_runner(tiny_model_dirs["llama"], tiny_model_dirs["llama"])
     forwards = []
     original = runner.drafter._propose
-    monkeypatch.setattr(runner.drafter, "_propose", lambda runs: forwards.append(runs) or original(runs))
+    monkeypatch.setattr(runner.drafter, "_propose", lambda runs, *fed: forwards.append(runs) or original(runs, *fed))
     speculative, _, per_step = generate(runner, GREEDY, 16, k=4)
     assert speculative == plain and per_step[0] == 5
     # The first drafting decode knows the prompt and one token: 15 tokens in 5 forwards.
