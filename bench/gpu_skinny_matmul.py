@@ -1,10 +1,13 @@
-"""The skinny-matmul kernel against cuBLAS on the 8B model's projections at decode batch sizes.
+"""The skinny-matmul kernel against cuBLAS on a model's projections at decode batch sizes.
 
 Every candidate config runs on several copies of the weight in turn, so no run finds the
 weight in L2 (o_proj's 33.5 MB would fit), replayed from a CUDA graph as decode steps are. Reported: µs per call, the weight bytes over that
 time, and the error against cuBLAS (both round one float32 sum to bf16).
 
-    python3 bench/gpu_skinny_matmul.py OUT_JSON [--fp8-weights]
+    python3 bench/gpu_skinny_matmul.py OUT_JSON [--fp8-weights] [--shape NAME]
+
+`--shape`: the projections of one of bench/gpu_model.py's SHAPES (default 8b, Llama-3-8B); each
+result also names the config `config_for` ships for it, so a shape it serves badly shows.
 
 `--fp8-weights`: the weights in e4m3 with a scale per output feature (`--quantize fp8`), each
 config with the rows and weight meeting in fp16 and in bf16, against the shipped choice
@@ -25,7 +28,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from shard_server.kernels.skinny_matmul import SkinnyConfig, skinny_matmul  # noqa: E402
 
-SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
+from bench.gpu_model import SHAPES as MODEL_SHAPES, head_dim  # noqa: E402
+
+
+def projection_shapes(shape: str) -> dict[str, tuple[int, int]]:
+    """(out features, depth) of a dense model shape's four projections, as the shard fuses them."""
+    cfg = MODEL_SHAPES[shape]
+    h, i, d = cfg["hidden_size"], cfg["intermediate_size"], head_dim(cfg)
+    q, kv = cfg["num_attention_heads"] * d, cfg["num_key_value_heads"] * d
+    return {"qkv": (q + 2 * kv, h), "o": (h, q), "gate_up": (2 * i, h), "down": (h, i)}
+
+
+SHAPES = projection_shapes("8b")  # the other kernel benches measure the 8B's projections
+
 ROWS = (1, 4, 16)
 CONFIGS = [SkinnyConfig(n, k, w, s) for n, k, w, s in [
     (16, 256, 4, 4), (16, 512, 4, 4), (16, 256, 4, 6), (32, 128, 4, 4), (32, 256, 4, 4), (32, 256, 4, 3),
@@ -71,11 +86,14 @@ def graph_us(call, weights, repeats: int = 10) -> float:
 
 def main() -> None:
     out = Path(sys.argv[1])
+    shape = sys.argv[sys.argv.index("--shape") + 1] if "--shape" in sys.argv else "8b"
     if "--fp8-weights" in sys.argv[2:]:
-        return fp8_main(out)
+        return fp8_main(out, projection_shapes(shape))
+    from shard_server.kernels.skinny_matmul import config_for
+
     device = torch.device("cuda")
     results = {}
-    for name, (n, k) in SHAPES.items():
+    for name, (n, k) in projection_shapes(shape).items():
         weights = [torch.randn((n, k), device=device, dtype=torch.bfloat16) * 0.02 for _ in range(COPIES)]
         nbytes = n * k * 2
         for rows in ROWS:
@@ -94,20 +112,22 @@ def main() -> None:
                 entries.append({"config": config.__dict__, "us": us, "tb_s": nbytes / us / 1e6, "rel_err": error})
             best = min((e for e in entries if "us" in e and e["rel_err"] < 2e-2), key=lambda e: e["us"])
             key = f"{name}_m{rows}"
-            results[key] = {"cublas_us": cublas, "cublas_tb_s": nbytes / cublas / 1e6, "best": best, "all": entries}
-            print(f"{key}: cublas {cublas:.1f} us ({nbytes / cublas / 1e6:.2f} TB/s), best {best['us']:.1f} us "
-                  f"({best['tb_s']:.2f} TB/s) {best['config']}", flush=True)  # fmt: skip
+            shipped = config_for(rows, n, k)  # None: cuBLAS
+            results[key] = {"shape": [n, k], "cublas_us": cublas, "cublas_tb_s": nbytes / cublas / 1e6, "best": best,
+                            "shipped": shipped.__dict__ if shipped else "cublas", "all": entries}  # fmt: skip
+            print(f"{key} {n}x{k}: cublas {cublas:.1f} us ({nbytes / cublas / 1e6:.2f} TB/s), best {best['us']:.1f} us "
+                  f"({best['tb_s']:.2f} TB/s) {best['config']}, shipped {results[key]['shipped']}", flush=True)  # fmt: skip
         del weights
     out.write_text(json.dumps(results, indent=1))
 
 
-def fp8_main(out: Path) -> None:
+def fp8_main(out: Path, shapes: dict[str, tuple[int, int]]) -> None:
     from shard_server.kernels.fp8_matmul import quantize_rows_reference
     from shard_server.kernels.skinny_matmul import config_for
 
     device = torch.device("cuda")
     results = {}
-    for name, (n, k) in SHAPES.items():
+    for name, (n, k) in shapes.items():
         dense = [torch.randn((n, k), device=device, dtype=torch.bfloat16) * 0.02 for _ in range(COPIES)]
         cublas_weights = dense
         quantized = [quantize_rows_reference(w) for w in dense]  # (e4m3 [n, k], float32 scale [n, 1])
