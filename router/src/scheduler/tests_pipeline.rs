@@ -150,6 +150,26 @@ fn a_busy_tiny_pool_pipelined_with_the_prefix_cache_stays_exact() {
     }
 }
 
+/// Submits greedy requests of (prompt, new tokens); returns (id, prompt, new) of each.
+fn submit_all(h: &mut Harness, shapes: &[(u32, u32)]) -> Vec<(u64, u32, u32)> {
+    shapes
+        .iter()
+        .map(|&(prompt, new)| (h.submit(request(prompt, new)), prompt, new))
+        .collect()
+}
+
+/// Every request got exactly the tokens it would have alone, all of them.
+fn assert_all_served_exactly(h: &Harness, submitted: &[(u64, u32, u32)]) {
+    for &(id, prompt, new) in submitted {
+        assert_eq!(
+            h.tokens(id),
+            expected_tokens(id, prompt, new),
+            "sequence {id}"
+        );
+        assert_eq!(h.finished(id), Some((FinishReason::Length, new)));
+    }
+}
+
 /// The device runs out of memory on two steps: nothing of them is kept, their sequences
 /// are computed again, and every client gets exactly the tokens it would have.
 #[test]
@@ -158,21 +178,11 @@ fn steps_out_of_device_memory_recompute_their_sequences_and_lose_nothing() {
     let (h, submitted) = metrics::with_local_recorder(&recorder, || {
         let mut h = Harness::new(config(4, 64, 8));
         h.sim.out_of_memory_steps.extend([3, 6]);
-        let submitted: Vec<(u64, u32, u32)> = [(3, 6), (5, 7), (20, 5), (2, 9)]
-            .iter()
-            .map(|&(prompt, new)| (h.submit(request(prompt, new)), prompt, new))
-            .collect();
+        let submitted = submit_all(&mut h, &[(3, 6), (5, 7), (20, 5), (2, 9)]);
         h.run_pipelined(DEPTH, 200);
         (h, submitted)
     });
-    for &(id, prompt, new) in &submitted {
-        assert_eq!(
-            h.tokens(id),
-            expected_tokens(id, prompt, new),
-            "sequence {id}"
-        );
-        assert_eq!(h.finished(id), Some((FinishReason::Length, new)));
-    }
+    assert_all_served_exactly(&h, &submitted);
     let recomputed = submitted
         .iter()
         .filter(|&&(id, _, _)| h.sim.announcements[&id] > 1)
@@ -214,30 +224,16 @@ fn steps_too_large_for_the_device_back_off_until_every_request_is_served() {
     let (h, submitted) = metrics::with_local_recorder(&recorder, || {
         let mut h = Harness::new(config(4, 256, 32));
         h.sim.out_of_memory_above = Some(12);
-        let mut submitted: Vec<(u64, u32, u32)> = [(3, 20), (5, 20)]
-            .iter()
-            .map(|&(prompt, new)| (h.submit(request(prompt, new)), prompt, new))
-            .collect();
+        let mut submitted = submit_all(&mut h, &[(3, 20), (5, 20)]);
         let mut sent = Vec::new();
         for _ in 0..4 {
             assert!(h.pipelined_step(DEPTH, &mut sent)); // both streams decoding
         }
-        submitted.extend(
-            [(50, 6), (30, 6), (9, 4)]
-                .iter()
-                .map(|&(prompt, new)| (h.submit(request(prompt, new)), prompt, new)),
-        );
+        submitted.extend(submit_all(&mut h, &[(50, 6), (30, 6), (9, 4)]));
         h.run_pipelined(DEPTH, 400);
         (h, submitted)
     });
-    for &(id, prompt, new) in &submitted {
-        assert_eq!(
-            h.tokens(id),
-            expected_tokens(id, prompt, new),
-            "sequence {id}"
-        );
-        assert_eq!(h.finished(id), Some((FinishReason::Length, new)));
-    }
+    assert_all_served_exactly(&h, &submitted);
     assert!(recorder.counter("textgen_out_of_memory_steps_total") >= 2);
     let cap = h.state.memory_backoff.prefill_cap();
     assert!(cap.is_some_and(|cap| cap <= 12), "{cap:?}");
