@@ -247,7 +247,7 @@ def load_service(
         drafter = DraftModel(draft, _kv_spec(draft_config, parallel, config, dtype), device, model_config.vocab_size)
     spec = _kv_spec(model_config, parallel, config, dtype)
     grammars = GrammarEngine.for_model_dir(config.model_path, model_config.vocab_size)  # tokenizer read lazily
-    runner = ModelRunner(model, spec, device, grammars, drafter)
+    runner = ModelRunner(model, spec, device, grammars, drafter, parallel)
     identity = ShardIdentity(model_config.model_type, parallel, attention)
     sizing = PoolSizing(config.kv_cache_tokens, config.cuda_memory_fraction, parse_sizes(config.cuda_graphs),
                         parse_sizes(config.cuda_graph_tokens, "--cuda-graph-tokens"))  # fmt: skip

@@ -20,6 +20,7 @@ import torch
 from .attention.base import StepLayout
 from .cuda_graphs import DecodeGraphs, DecodeOutputs
 from .device_copy import to_device
+from .distributed import ParallelContext
 from .grammar import GrammarEngine
 from .kernels.dispatch import use_fused
 from .kernels.greedy import fused_greedy
@@ -88,11 +89,14 @@ class LaunchedStep:
 class ModelRunner:
     def __init__(
         self, model: CausalLM, kv_spec: KVSpec, device: torch.device, grammars: GrammarEngine | None = None,
-        drafter: Drafter | None = None,
+        drafter: Drafter | None = None, parallel: ParallelContext | None = None,
     ):  # fmt: skip
         """`grammars` runs constrained decoding; without one (no tokenizer), a constrained
-        sequence is refused. `drafter` proposes speculative drafts: prompt lookup by default."""
+        sequence is refused. `drafter` proposes speculative drafts: prompt lookup by default.
+        `parallel`: the ranks' context the model was built with; its steps are spans of votes
+        (distributed.StepAgreement), so that a rank out of memory never hangs the others."""
         self.model = model
+        self.parallel = parallel or ParallelContext()
         self.config = model.config
         self.kv_spec = kv_spec
         self.device = device
@@ -161,7 +165,8 @@ class ModelRunner:
         if not plan.work:
             return launched
         try:
-            self._queue_work(launched, plan.work, settle if wait_for_host else None)
+            with self.parallel.step():  # every rank leaves a step one rank ran out of memory in
+                self._queue_work(launched, plan.work, settle if wait_for_host else None)
         except torch.cuda.OutOfMemoryError:
             self._out_of_memory(launched)
         return launched
@@ -227,9 +232,10 @@ class ModelRunner:
         launched.response.draft_ns = time.perf_counter_ns() - launched.started_ns
 
     def _out_of_memory(self, launched: LaunchedStep) -> None:
-        """The device ran out of memory queueing the step: none of it is kept. Its sequences
-        are failed here (later steps skip them until released) and the answer says so, so
-        that the router recomputes them (preemption) instead of failing them or the shard."""
+        """The device ran out of memory queueing the step (on this rank, or on another that
+        said so: distributed.PeerOutOfMemory): none of it is kept. Its sequences are failed
+        here (later steps skip them until released) and the answer says so, so that the
+        router recomputes them (preemption) instead of failing them or the shard."""
         log.warning("step %d ran out of device memory: its %d sequences go back to the router",
                     launched.response.step_id, len(launched.work))  # fmt: skip
         for item in launched.work:

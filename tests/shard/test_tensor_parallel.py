@@ -9,6 +9,9 @@
   no extra collective. The test checks both halves: logits bitwise equal across ranks, and
   seeded sampled tokens and logprobs equal across ranks.
 - With a draft model, two ranks draft, keep and sample alike, as one rank does.
+- A rank that runs out of device memory mid-forward, or after the step's last collective,
+  takes every rank out of the step with an out-of-memory answer instead of leaving the
+  others in a collective; the ranks then serve on.
 """
 
 import multiprocessing
@@ -84,6 +87,43 @@ def drafted_generations(target, draft, parallel) -> dict:
     return {"greedy": greedy, "greedy_steps": greedy_steps, "sampled": sampled}
 
 
+def _fail_once(owner, name: str) -> None:
+    """`owner.name` raises the device's out-of-memory error at its next call, then is itself."""
+
+    def fail(*args, **kwargs):
+        del owner.__dict__[name]
+        raise torch.cuda.OutOfMemoryError("injected: out of device memory")
+
+    owner.__dict__[name] = fail
+
+
+def out_of_memory_steps(model, parallel) -> dict:
+    """Two prefills, each with a rank out of memory: rank 1 in its second layer's MLP (between
+    collectives), then rank 0 in sampling (after the last one). Each rank's answers to them,
+    then greedy tokens of a third sequence."""
+    config = model.config
+    spec = KVSpec(config.num_hidden_layers, shard_heads(config, parallel).num_kv_heads, config.head_dim, 4,
+                  torch.float32)  # fmt: skip
+    runner = ModelRunner(model, spec, CPU, parallel=parallel)
+    runner.allocate_kv_cache(64)
+    driver = StepDriver(runner)
+
+    def prefill(seq_id: int, released=()):
+        new = pb.NewSequence(id=seq_id, input_ids=PROMPT, prompt_len=len(PROMPT))
+        chunk = pb.ScheduledSequence(id=seq_id, num_tokens=len(PROMPT), sample=True,
+                                     new_block_ids=driver.blocks_for(seq_id, len(PROMPT)))  # fmt: skip
+        return driver.step(new=[new], scheduled=[chunk], released=released)
+
+    if parallel.rank == 1:
+        _fail_once(model.layers[1].mlp, "forward")
+    answers = [prefill(1).out_of_memory]
+    if parallel.rank == 0:
+        _fail_once(runner, "_sample")
+    answers.append(prefill(2, released=[1]).out_of_memory)
+    driver.step(released=[2])
+    return {"answers": answers, "greedy": generate_greedy(driver, 3, PROMPT, NEW_TOKENS, chunk=5)}
+
+
 def _rank_main(rank: int, world: int, directories, port: int, what: str, results) -> None:
     torch.set_num_threads(1)
     parallel = init_parallel(rank, world, "127.0.0.1", port, CPU)
@@ -91,6 +131,9 @@ def _rank_main(rank: int, world: int, directories, port: int, what: str, results
         if what == "drafting":  # directories: the model, then its draft
             target, draft = (load_rank_model(directory, parallel) for directory in directories)
             results.put((rank, [drafted_generations(target, draft, parallel)]))
+            return
+        if what == "out_of_memory":
+            results.put((rank, [out_of_memory_steps(load_rank_model(directories[0], parallel), parallel)]))
             return
         outputs = []
         for directory in directories:  # one rendezvous for several models: spawning is slow
@@ -211,3 +254,13 @@ def test_two_ranks_draft_alike_with_a_draft_model(tiny_model_dirs):
     assert outputs[0] == outputs[1]
     assert outputs[0]["greedy"] == one["greedy"] and outputs[0]["sampled"] == one["sampled"]
     assert outputs[0]["greedy_steps"][0] == 5, "a draft equal to the model has its drafts kept"
+
+
+def test_a_rank_out_of_memory_takes_every_rank_out_of_the_step(tiny_model_dirs, single_rank):
+    """Without the ranks' votes, rank 0 waited in the MLP's all-reduce for rank 1, which had
+    left the step: a hang until the collective's timeout."""
+    ranks = run_ranks(2, [tiny_model_dirs["llama_8h_2kv"]], "out_of_memory")
+    for rank in range(2):
+        outcome = ranks[rank][0]
+        assert outcome["answers"] == [True, True], f"rank {rank}"
+        assert outcome["greedy"] == single_rank["greedy"], f"rank {rank} after the failed steps"
