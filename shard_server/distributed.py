@@ -119,12 +119,15 @@ class ParallelContext:
     def all_gather_last_dim(self, tensor: torch.Tensor) -> torch.Tensor:
         if not self.is_parallel:
             return tensor
-        self._agree()  # before allocating: a rank that cannot has voted no by then
+        tensor = tensor.contiguous()
         parts = [torch.empty_like(tensor) for _ in range(self.world_size)]
-        dist.all_gather(parts, tensor.contiguous())
+        self._agree()
+        dist.all_gather(parts, tensor)
         return torch.cat(parts, dim=-1)
 
     def _agree(self) -> None:
+        """The vote before a collective. Called right before it: a rank whose allocation fails
+        between its vote and the collective would leave its peers waiting in that collective."""
         if self.agreement is not None:
             self.agreement.check()
 
