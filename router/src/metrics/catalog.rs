@@ -155,6 +155,12 @@ pub const CATALOG: &[MetricSpec] = &[
         "Steps the device ran out of memory on (their sequences were recomputed)",
     ),
     spec(
+        PREFILL_TOKEN_CAP,
+        Kind::Gauge,
+        COUNT,
+        "Prompt tokens a step may carry while backing off after an out-of-memory step (0: no cap)",
+    ),
+    spec(
         SPECULATIVE_DRAFT_TOKENS_TOTAL,
         Kind::Counter,
         COUNT,

@@ -11,6 +11,7 @@
 //! prompt tokens in the step, since they made it large. A decode-only step that fails
 //! counts against all of its sequences.
 use super::state::ScheduledWork;
+use crate::metrics::names;
 
 /// Steps in a row that must succeed before the prompt-token cap doubles.
 pub const RECOVERY_STEPS: u32 = 256;
@@ -36,7 +37,7 @@ impl MemoryBackoff {
             return; // nothing to shrink: the decodes are recomputed (and charged)
         }
         let halved = (prompt_tokens / 2).max(1);
-        self.cap = Some(self.cap.map_or(halved, |cap| cap.min(halved)));
+        self.set_cap(Some(self.cap.map_or(halved, |cap| cap.min(halved))));
         tracing::warn!(
             cap = halved,
             "after running out of device memory, steps carry at most this many prompt tokens \
@@ -55,7 +56,12 @@ impl MemoryBackoff {
         }
         self.clean_steps = 0;
         let doubled = cap.saturating_mul(2);
-        self.cap = (doubled < limit).then_some(doubled);
+        self.set_cap((doubled < limit).then_some(doubled));
+    }
+
+    fn set_cap(&mut self, cap: Option<u32>) {
+        self.cap = cap;
+        metrics::gauge!(names::PREFILL_TOKEN_CAP).set(f64::from(cap.unwrap_or(0)));
     }
 }
 

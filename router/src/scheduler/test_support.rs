@@ -392,12 +392,28 @@ impl ShardSim {
     }
 }
 
-/// A metrics recorder that keeps counters and histogram samples, for
+/// A metrics recorder that keeps counters, gauges and histogram samples, for
 /// `metrics::with_local_recorder` around synchronous scheduler code.
 #[derive(Default)]
 pub struct CapturedMetrics {
     counters: std::sync::Mutex<HashMap<String, std::sync::Arc<std::sync::atomic::AtomicU64>>>,
+    gauges: std::sync::Mutex<HashMap<String, std::sync::Arc<GaugeValue>>>,
     histograms: std::sync::Mutex<HashMap<String, std::sync::Arc<Samples>>>,
+}
+
+#[derive(Default)]
+pub struct GaugeValue(std::sync::Mutex<f64>);
+
+impl metrics::GaugeFn for GaugeValue {
+    fn increment(&self, value: f64) {
+        *self.0.lock().unwrap() += value;
+    }
+    fn decrement(&self, value: f64) {
+        *self.0.lock().unwrap() -= value;
+    }
+    fn set(&self, value: f64) {
+        *self.0.lock().unwrap() = value;
+    }
 }
 
 #[derive(Default)]
@@ -415,6 +431,11 @@ impl CapturedMetrics {
         counters
             .get(name)
             .map_or(0, |c| c.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
+    pub fn gauge(&self, name: &str) -> f64 {
+        let gauges = self.gauges.lock().unwrap();
+        gauges.get(name).map_or(0.0, |g| *g.0.lock().unwrap())
     }
 
     pub fn samples(&self, name: &str) -> Vec<f64> {
@@ -454,8 +475,10 @@ impl metrics::Recorder for CapturedMetrics {
         metrics::Counter::from_arc(counter.clone())
     }
 
-    fn register_gauge(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Gauge {
-        metrics::Gauge::noop()
+    fn register_gauge(&self, key: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Gauge {
+        let mut gauges = self.gauges.lock().unwrap();
+        let gauge = gauges.entry(key.name().to_string()).or_default();
+        metrics::Gauge::from_arc(gauge.clone())
     }
 
     fn register_histogram(

@@ -237,6 +237,10 @@ fn steps_too_large_for_the_device_back_off_until_every_request_is_served() {
     assert!(recorder.counter("textgen_out_of_memory_steps_total") >= 2);
     let cap = h.state.memory_backoff.prefill_cap();
     assert!(cap.is_some_and(|cap| cap <= 12), "{cap:?}");
+    assert_eq!(
+        recorder.gauge("textgen_prefill_token_cap"),
+        f64::from(cap.unwrap())
+    );
     assert_eq!(h.state.allocator.used(), 0);
     assert_eq!(h.sim.live_sequences(), 0);
 }
