@@ -7,13 +7,13 @@ for CALIBRATE_S seconds; the soak then sends Poisson arrivals at LOAD_SHARE of t
 second it completed. The mix (seeded): non-streamed /generate with and without stop
 sequences, streamed /generate_stream, streamed chat, /v1/completions with n=2, and prompts that
 share one of a few long prefixes; a tenth of the streamed requests are cancelled after a few
-events. Every SAMPLE_S seconds it records router and shard RSS, the KV gauges and requests in
-flight.
+events. Every SAMPLE_S seconds it records router and shard RSS, the KV gauges, requests in
+flight and the prefix cache's counters.
 
 Reported against the bars: requests lost (neither answered in full nor cancelled on purpose)
 and 5xx answers; RSS growth of router and shard from the end of warm-up (WARMUP_S) to the end;
 the KV gauges once the last request is done; p99 end-to-end latency of the first and the last
-DRIFT_WINDOW_S. Writes OUT.json and OUT.png (RSS, KV and latency over time).
+DRIFT_WINDOW_S, with the prefix cache's hit rate and evictions in each. Writes OUT.json and OUT.png (RSS, KV and latency over time).
 
     PYTHONPATH=. .venv/bin/python bench/soak.py --out bench/results/soak_cpu         # an hour
     PYTHONPATH=. .venv/bin/python bench/soak.py --out /tmp/soak --duration 120 --quick  # a smoke run
@@ -236,6 +236,24 @@ def rss_window_growth(samples: list[dict], warmup: float, window: float, seconds
     return growth
 
 
+def prefix_cache_by_window(samples: list[dict], window: float, seconds: float) -> dict:
+    """The prefix cache's hit rate (hit / looked-up prompt tokens) and blocks evicted in the
+    first and the last `window`, from the counters' growth between the samples around each."""
+
+    counted = [s for s in samples if "prefix_query_tokens" in s]
+
+    def between(start: float, end: float) -> dict | None:
+        first = ([s for s in counted if s["t"] <= start] or counted[:1] or [None])[-1]
+        last = ([s for s in counted if s["t"] >= end] or counted[-1:] or [None])[0]
+        if first is None or first is last:
+            return None
+        queried = last["prefix_query_tokens"] - first["prefix_query_tokens"]
+        return {"hit_rate": (last["prefix_hit_tokens"] - first["prefix_hit_tokens"]) / queried if queried else None,
+                "evicted_blocks": last["prefix_evicted_blocks"] - first["prefix_evicted_blocks"]}  # fmt: skip
+
+    return {"first_window": between(0.0, window), "last_window": between(seconds - window, seconds)}
+
+
 def plot(samples: list[dict], per_minute: list[dict], path: Path) -> None:
     import matplotlib
 
@@ -292,11 +310,12 @@ def main() -> None:
               "warmup_s": warmup, "drift_window_s": window, "stack_alive_at_end": alive,
               **report(outcomes, samples, idle, args.duration, warmup, window),
               "rss_window_growth": rss_window_growth(samples, warmup, window / 2, args.duration),
+              "prefix_cache": prefix_cache_by_window(samples, window, args.duration),
               "samples": samples}  # fmt: skip
     args.out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
     plot(samples, result["per_minute"], args.out.with_suffix(".png"))
     keys = ("requests", "served", "cancelled", "lost", "http_5xx", "rss_growth_after_warmup", "rss_window_growth",
-            "idle_at_end", "p99_e2e_s")
+            "idle_at_end", "p99_e2e_s", "prefix_cache")
     print(json.dumps({k: result[k] for k in keys}, indent=1))
 
 

@@ -1,5 +1,5 @@
-"""The stack a soak runs against, and what it samples from it: the processes' RSS and the KV
-gauges (from /metrics)."""
+"""The stack a soak runs against, and what it samples from it: the processes' RSS, the KV
+gauges and the prefix cache's counters (from /metrics)."""
 
 from __future__ import annotations
 
@@ -30,7 +30,11 @@ class StackProbe:
         return {"router_rss_mib": _rss_mib(self.router), "shard_rss_mib": _rss_mib(self.shard),
                 "kv_blocks_used": metric(gauges, "textgen_kv_blocks_used"),
                 "prefix_cache_blocks": metric(gauges, "textgen_prefix_cache_blocks"),
-                "running": metric(gauges, "textgen_running_requests")}  # fmt: skip
+                "running": metric(gauges, "textgen_running_requests"),
+                # counters, for the prefix cache's hit rate and evictions per window
+                "prefix_query_tokens": metric(gauges, "textgen_prefix_cache_queries_tokens_total"),
+                "prefix_hit_tokens": metric(gauges, "textgen_prefix_cache_hits_tokens_total"),
+                "prefix_evicted_blocks": metric(gauges, "textgen_prefix_cache_evicted_blocks_total")}  # fmt: skip
 
     def wait_idle(self, timeout_s: float) -> dict:
         """The gauges once no sequence holds a block (or at the timeout), with the wait."""

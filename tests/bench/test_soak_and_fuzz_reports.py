@@ -5,7 +5,7 @@ import random
 import pytest
 
 from bench.openapi_fuzz import summary_counts
-from bench.soak import Outcome, make_request, report
+from bench.soak import Outcome, make_request, prefix_cache_by_window, report
 
 
 def _sample(t, router, shard, kv=0.0):
@@ -35,6 +35,19 @@ def test_latency_drift_compares_the_first_and_last_windows():
     drift = report(outcomes, [_sample(0, 1, 1), _sample(100, 1, 1)], {}, 100.0, 0.0, 10.0)["p99_e2e_s"]
     assert (drift["first_window"], drift["last_window"]) == (1.0, 1.5)
     assert drift["drift"] == pytest.approx(0.5)
+
+
+def test_the_prefix_cache_hit_rate_is_read_from_the_counters_growth_in_each_window():
+    def counters(t, queried, hit, evicted):
+        return {"t": t, "prefix_query_tokens": queried, "prefix_hit_tokens": hit, "prefix_evicted_blocks": evicted}
+
+    samples = [counters(0, 0, 0, 0), counters(5, 100, 80, 0), counters(10, 200, 150, 0),
+               counters(90, 900, 500, 40), counters(100, 1300, 600, 100)]  # fmt: skip
+    windows = prefix_cache_by_window(samples, 10.0, 100.0)
+    assert windows["first_window"] == {"hit_rate": 0.75, "evicted_blocks": 0}
+    assert windows["last_window"] == {"hit_rate": 0.25, "evicted_blocks": 60}
+    # samples without the counters (runs before they were sampled) give no figure
+    assert prefix_cache_by_window([{"t": 0}, {"t": 5}], 10.0, 10.0)["first_window"] is None
 
 
 def test_the_mix_has_every_kind_and_is_seeded():
