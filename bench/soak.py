@@ -13,7 +13,8 @@ flight and the prefix cache's counters.
 Reported against the bars: requests lost (neither answered in full nor cancelled on purpose)
 and 5xx answers; RSS growth of router and shard from the end of warm-up (WARMUP_S) to the end;
 the KV gauges once the last request is done; p99 end-to-end latency of the first and the last
-DRIFT_WINDOW_S, with the prefix cache's hit rate and evictions in each. Writes OUT.json and OUT.png (RSS, KV and latency over time).
+DRIFT_WINDOW_S, with the prefix cache's hit rate and evictions in each. Writes OUT.json and
+OUT.png (RSS, KV and latency over time).
 
     PYTHONPATH=. .venv/bin/python bench/soak.py --out bench/results/soak_cpu         # an hour
     PYTHONPATH=. .venv/bin/python bench/soak.py --out /tmp/soak --duration 120 --quick  # a smoke run
@@ -240,12 +241,15 @@ def prefix_cache_by_window(samples: list[dict], window: float, seconds: float) -
     """The prefix cache's hit rate (hit / looked-up prompt tokens) and blocks evicted in the
     first and the last `window`, from the counters' growth between the samples around each."""
 
-    counted = [s for s in samples if "prefix_query_tokens" in s]
+    counted = [s for s in samples if "prefix_query_tokens" in s]  # runs before: none
 
     def between(start: float, end: float) -> dict | None:
-        first = ([s for s in counted if s["t"] <= start] or counted[:1] or [None])[-1]
-        last = ([s for s in counted if s["t"] >= end] or counted[-1:] or [None])[0]
-        if first is None or first is last:
+        if not counted:
+            return None
+        before, after = [s for s in counted if s["t"] <= start], [s for s in counted if s["t"] >= end]
+        first = before[-1] if before else counted[0]
+        last = after[0] if after else counted[-1]
+        if first is last:
             return None
         queried = last["prefix_query_tokens"] - first["prefix_query_tokens"]
         return {"hit_rate": (last["prefix_hit_tokens"] - first["prefix_hit_tokens"]) / queried if queried else None,
