@@ -40,6 +40,8 @@ test: install-test test-router test-python
 test-router:
 	cd router && cargo test --release
 
-# The slowest tests are listed so that a growing suite shows where its time goes (CI has 90 min).
+# The slowest tests are listed so that a growing suite shows where its time goes (CI has 90 min
+# on 2 cores). Two workers, each on its own CPUs (conftest.py), a test file to one worker so
+# that its servers start once; two, not one per core: each holds a few servers in memory.
 test-python:
-	$(PYTHON) -m pytest -q -rs --durations=25
+	$(PYTHON) -m pytest -q -rs --durations=25 -n 2 --dist loadfile

@@ -21,7 +21,9 @@ PROMPTS = (
     + [f"Repeat after me three times: {t} is near the {u}." for t in TOPICS for u in ("bank", "bridge")]
     + [f"Write a short story about {t}." for t in TOPICS]
 )
-NEW_TOKENS = 64
+# 32 tokens: past the copied passage's first sentence, so drafts are kept and refused; the
+# suite runs on 2 CPU cores, where each token of the 32 prompts costs.
+NEW_TOKENS = 32
 
 
 def generate(url: str, prompt: str, **parameters) -> dict:
@@ -89,7 +91,8 @@ def test_preempted_and_cached_streams_keep_their_text(plain_greedy_16, speculati
 
 def test_seeded_sampling_draws_the_same_tokens_with_drafts(server, speculating):
     seeded = dict(do_sample=True, temperature=0.8, top_p=0.95, seed=7)
-    assert answers(speculating.url, 4, **seeded) == answers(server.url, 4, **seeded)
+    prompts = PROMPTS[::4]  # copy-heavy and open ones; sampled answers rarely stop early
+    assert answers(speculating.url, 4, prompts, **seeded) == answers(server.url, 4, prompts, **seeded)
 
 
 def test_stops_inside_a_verified_run_end_exactly_where_they_would(server, speculating):

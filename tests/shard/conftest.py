@@ -1,4 +1,5 @@
 import logging
+import os
 from pathlib import Path
 
 import pytest
@@ -21,4 +22,5 @@ def tiny_model_dirs(tmp_path_factory) -> dict[str, Path]:
 
 @pytest.fixture(autouse=True)
 def _few_threads():
-    torch.set_num_threads(2)
+    # Two at most, and no more than this process's CPUs (a pytest-xdist worker has its own).
+    torch.set_num_threads(min(2, len(os.sched_getaffinity(0))))

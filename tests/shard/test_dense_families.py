@@ -28,6 +28,9 @@ from .tiny_models import COMMON, DENSE_FAMILIES, make_tiny_dense_model
 LOGITS_ATOL = 1e-4
 PROMPTS = 5
 NEW_TOKENS = 32
+# Triton's interpreter (no GPU) runs each step ~100x slower: the triton-backend tests check the
+# first tokens there, still past Gemma-2's sliding window with the longest prompt.
+INTERPRETED_NEW_TOKENS = 12
 
 
 @pytest.fixture(scope="module")
@@ -262,6 +265,10 @@ def test_unsupported_configs_are_refused_by_name(raw, message):
         ModelConfig.from_dict({**COMMON, **raw})
 
 
+def _triton_tokens(device: torch.device) -> int:
+    return NEW_TOKENS if device.type == "cuda" else INTERPRETED_NEW_TOKENS
+
+
 def test_gemma2_through_the_triton_backend_matches_transformers(dense_dirs):
     """Gemma 2's soft-capped attention in the triton kernels and its fused GeGLU (compiled on a
     GPU, Triton's interpreter on CPU): the prefill logits and the greedy tokens of the runner,
@@ -287,15 +294,15 @@ def test_gemma2_through_the_triton_backend_matches_transformers(dense_dirs):
     wanted = _transformers_greedy(reference, prompts)
     runner.clear()
     with fused_kernels(True, on_cpu=True):
-        got = generate_together(StepDriver(runner), prompts, NEW_TOKENS, chunk=6)
+        got = generate_together(StepDriver(runner), prompts, _triton_tokens(device), chunk=6)
     for i in range(PROMPTS):
-        assert got[i] == wanted[i], f"prompt {i}"
+        assert got[i] == wanted[i][: _triton_tokens(device)], f"prompt {i}"
 
 
 def test_phi3_partial_rotary_through_the_triton_backend_matches_transformers(dense_dirs):
     """Phi-4-mini's partial rotary (12 of 16 dims) in the triton backend with the fused kernels on
     (compiled on a GPU, Triton's interpreter on CPU): the in-place rotary kernel, then the plain KV
-    store; prefill logits and 5 x 32 greedy tokens, all prompts in flight together."""
+    store; prefill logits and 5 x 32 greedy tokens (12 interpreted), all prompts in flight together."""
     from shard_server.kernels.dispatch import fused_kernels
 
     directory, reference = dense_dirs["phi3_partial"]
@@ -315,9 +322,9 @@ def test_phi3_partial_rotary_through_the_triton_backend_matches_transformers(den
     wanted = _transformers_greedy(reference, prompts)
     runner.clear()
     with fused_kernels(True, on_cpu=True):
-        got = generate_together(StepDriver(runner), prompts, NEW_TOKENS, chunk=6)
+        got = generate_together(StepDriver(runner), prompts, _triton_tokens(device), chunk=6)
     for i in range(PROMPTS):
-        assert got[i] == wanted[i], f"prompt {i}"
+        assert got[i] == wanted[i][: _triton_tokens(device)], f"prompt {i}"
 
 
 # -- rope scaling types against transformers ---------------------------------------------
