@@ -23,8 +23,8 @@ def long_text(seed: int, size: int) -> str:
 
 @pytest.fixture(scope="module")
 def chunking_server():
-    """Prefill in steps of 512 tokens: on one slow CPU core the 2,000-token prompt in a single
-    step ran past the router's 60 s step timeout (the ids are the subject here, not speed)."""
+    """Prefill in steps of 512 tokens: on one slow CPU core the 5,547-token prompt in 4,096-token
+    steps ran past the router's 60 s step timeout (the ids are the subject here, not speed)."""
     srv = Server("--max-batch-prefill-tokens", "512")
     yield srv
     srv.stop()
