@@ -31,11 +31,10 @@ def chunking_server():
 
 
 def test_a_long_prompt_tokenizes_like_hugging_face(chunking_server, demo_model_dir):
-    server = chunking_server
     text = long_text(0, 10_000)
     want = Tokenizer.from_file(str(demo_model_dir / "tokenizer.json")).encode(text).ids
     response = httpx.post(
-        server.url + "/generate",
+        chunking_server.url + "/generate",
         json={"inputs": text, "parameters": {"max_new_tokens": 1, "details": True, "decoder_input_details": True}},
         timeout=600,
     )
