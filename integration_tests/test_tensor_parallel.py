@@ -126,10 +126,15 @@ def test_a_hung_shard_times_out_the_step_and_turns_health_503(tiny_model):
         health = httpx.get(srv.url + "/health", timeout=30)
         assert health.status_code == 503
         assert health.json()["error_type"] == "healthcheck"
-        # New requests fail at once instead of waiting on the broken shards.
-        late = httpx.post(srv.url + "/generate", json={"inputs": "Hi", "parameters": {"max_new_tokens": 2}},
-                          timeout=30)
-        assert late.status_code >= 400
+        # New requests fail at once instead of waiting on the broken shards. On a loaded host
+        # the launcher may already have counted the stopped rank out (six rounds) and taken the
+        # router down; a refused connection fails at once too.
+        try:
+            late = httpx.post(srv.url + "/generate", json={"inputs": "Hi", "parameters": {"max_new_tokens": 2}},
+                              timeout=30).status_code
+        except httpx.ConnectError:
+            late = None  # refused: the exit status and log below say why
+        assert late is None or late >= 400
         assert wait_exit(srv, 90) == 1
         assert "shard 1 has not answered Health" in srv.log()
     finally:

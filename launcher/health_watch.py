@@ -34,7 +34,10 @@ class WatchTimings:
     shard_timeout: float = 5.0  # a shard answers Health from its event loop, even mid-step
     router_timeout: float = 15.0  # the router bounds its own /health to a few seconds
     failures_allowed: int = 3  # consecutive failed probes (of an idle process) before it counts as failed
-    stopped_allowed: int = 6  # consecutive rounds seen stopped (SIGSTOP); the router fails its streams first
+    # Consecutive rounds seen stopped (SIGSTOP). The router fails its streams first (within
+    # its 4 s stopped grace, or a short --step-timeout plus a 2 s diagnosis); the margin
+    # lets clients read its 503s before the launcher takes it down.
+    stopped_allowed: int = 10
     busy_limit: float = 180.0  # seconds a busy (CPU-consuming) shard may go without answering
     busy_share: float = 0.25  # share of one core a silent shard must use to count as busy
 

@@ -164,3 +164,12 @@ def test_a_stopped_shard_is_named_rather_than_the_router_it_makes_unhealthy():
                     pids={"shard 0": 42}, process_probe=lambda pid: next(samples), clock=clock)
     assert [w.probe_round() for _ in range(3)] == [None] * 3
     assert w.probe_round().startswith("shard 0 has not answered Health: it is stopped")
+
+
+def test_the_limits_docs_processes_states_are_the_defaults():
+    text = " ".join((Path(__file__).parents[2] / "docs" / "processes.md").read_text().split())
+    default = WatchTimings()
+    assert f"misses {default.failures_allowed} `Health` probes in a row" in text
+    assert f"given up to {default.busy_limit:.0f} s" in text
+    assert f"stays stopped (SIGSTOP) for {default.stopped_allowed * default.interval:.0f} s" in text
+    assert f"`/health` fails {default.failures_allowed} probes in a row" in text

@@ -192,7 +192,7 @@ def test_a_stopped_shard_is_named_within_seconds(tmp_path, model_dir):
     code, stderr = launcher.finish(timeout=60)
     assert code == 1, stderr
     assert "shard 0 has not answered Health: it is stopped" in stderr
-    assert time.monotonic() - started < 15, stderr
+    assert time.monotonic() - started < 20, stderr  # 10 rounds stopped, then the stop
     assert "ignored SIGTERM" not in stderr  # it got SIGCONT with its SIGTERM
 
 
