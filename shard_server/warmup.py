@@ -35,9 +35,12 @@ from .pb import generate_pb2 as pb
 from .runner import ModelRunner
 
 CUDA_WIGGLE_ROOM = 0.95  # share of the measured budget handed to the KV pool
-# Sampling rows of the CPU's warmup step: 2,048 (the default 1,024 requests x best_of 2) took
-# 37 s against 13 s for 256 with the demo model on 2 cores, for nothing measured.
-CPU_WARMUP_SEQUENCES = 256
+# The CPU's warmup step measures nothing (the pool is --kv-cache-tokens), so it is kept to a
+# size that runs every code path: prompts of several tokens, sampling with every processor.
+# At the default budget (4,096 tokens over 256 sequences) it took 40-100 s on one AVX2 core
+# with the demo model, for every start.
+CPU_WARMUP_SEQUENCES = 16
+CPU_WARMUP_TOKENS = 128
 WARMUP_SEED = 1234
 DRAFT_WARMUP_TOKENS = 4  # drafts of the warmup's one drafting decode
 
@@ -97,10 +100,10 @@ def warmup(runner: ModelRunner, max_tokens: int, max_batch_size: int, sizing: Po
     cfg = runner.config
     shape = (runner.block_size, cfg.vocab_size, cfg.max_position_embeddings)
     request, blocks_needed = worst_case_step(max_tokens, max_batch_size, *shape)
-    if runner.device.type != "cuda" and max_batch_size > CPU_WARMUP_SEQUENCES:
-        # Nothing is measured on the CPU (the pool is --kv-cache-tokens): the pool must still
-        # hold the worst case, but a step of fewer sampling rows exercises the same code.
-        request, _ = worst_case_step(max_tokens, CPU_WARMUP_SEQUENCES, *shape)
+    if runner.device.type != "cuda":
+        # The pool must still hold the worst case (checked below); the step itself is smaller.
+        request, _ = worst_case_step(min(max_tokens, CPU_WARMUP_TOKENS),
+                                     min(max_batch_size, CPU_WARMUP_SEQUENCES), *shape)
     runner.clear()
     if runner.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(runner.device)
