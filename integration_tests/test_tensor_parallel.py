@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import time
@@ -121,7 +122,8 @@ def test_a_hung_shard_times_out_the_step_and_turns_health_503(tiny_model):
         victim = shard_pid(srv.process.pid, 1)
         seen, error = stream_until_failure(srv.url, lambda n: n == 3 and os.kill(victim, signal.SIGSTOP))
         assert error is not None, f"the stream ended without an error after {seen} tokens"
-        assert "did not answer Step within 3s" in error["error"]
+        # 3 s plus the step's token at warmup's rate, four times over: a few ms.
+        assert re.search(r"did not answer Step within 3(\.\d+)?s", error["error"]), error
         assert "[1] do not answer Health" in error["error"]  # the stopped rank is named
         health = httpx.get(srv.url + "/health", timeout=30)
         assert health.status_code == 503

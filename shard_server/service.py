@@ -145,7 +145,7 @@ class ShardService(pb_grpc.TextGenerationShardServicer):
                 grpc.StatusCode.INVALID_ARGUMENT,
                 "Warmup: max_batch_prefill_tokens and max_batch_size must be >= 1",
             )
-        num_blocks, warmup_ms = await self._run(
+        report = await self._run(
             context,
             "Warmup",
             warmup,
@@ -155,11 +155,13 @@ class ShardService(pb_grpc.TextGenerationShardServicer):
             self.sizing,
         )
         log.info(
-            "warmup done: %d blocks of %d tokens in %d ms", num_blocks, self.runner.block_size, warmup_ms
-        )
+            "warmup done: %d blocks of %d tokens in %d ms (its step: %d tokens in %d ms)",
+            report.num_blocks, self.runner.block_size, report.warmup_ms, report.step_tokens, report.step_us // 1000,
+        )  # fmt: skip
         return pb.WarmupResponse(
-            num_blocks=num_blocks, block_size=self.runner.block_size, warmup_ms=warmup_ms
-        )
+            num_blocks=report.num_blocks, block_size=self.runner.block_size, warmup_ms=report.warmup_ms,
+            step_us=report.step_us, step_tokens=report.step_tokens,
+        )  # fmt: skip
 
     async def ClearCache(self, request, context):
         await self._run(context, "ClearCache", self.runner.clear)

@@ -94,8 +94,15 @@ def worst_case_step(
     return request, next_block
 
 
-def warmup(runner: ModelRunner, max_tokens: int, max_batch_size: int, sizing: PoolSizing) -> tuple[int, int]:
-    """Returns (num_blocks, warmup_ms)."""
+@dataclass(frozen=True)
+class WarmupReport:
+    num_blocks: int
+    warmup_ms: int  # all of warmup
+    step_us: int  # the worst-case step alone (its first run: kernel builds included)
+    step_tokens: int  # the tokens that step ran
+
+
+def warmup(runner: ModelRunner, max_tokens: int, max_batch_size: int, sizing: PoolSizing) -> WarmupReport:
     started = time.perf_counter()
     cfg = runner.config
     shape = (runner.block_size, cfg.vocab_size, cfg.max_position_embeddings)
@@ -113,7 +120,9 @@ def warmup(runner: ModelRunner, max_tokens: int, max_batch_size: int, sizing: Po
         draft_prompt = min(max_tokens, CATCH_UP_TOKENS, cfg.max_position_embeddings - DRAFT_WARMUP_TOKENS - 2)
         draft_blocks = list(range(-(-(draft_prompt + 1 + DRAFT_WARMUP_TOKENS) // runner.block_size)))
     runner.allocate_kv_cache(max(blocks_needed, len(draft_blocks)))
-    runner.step(request)
+    step_started = time.perf_counter()
+    runner.step(request)  # returns the sampled tokens on the host: the device is done
+    step_us = int((time.perf_counter() - step_started) * 1e6)
     if warm_drafter:
         runner.clear()
         _warm_draft_model(runner, draft_prompt, draft_blocks)
@@ -148,7 +157,8 @@ def warmup(runner: ModelRunner, max_tokens: int, max_batch_size: int, sizing: Po
             sizes, buckets, mixed.max_seqs if mixed else 0, graph_reserve >> 20,
         )  # fmt: skip
     _freeze_long_lived_objects()
-    return num_blocks, int((time.perf_counter() - started) * 1000)
+    step_tokens = sum(sequence.num_tokens for sequence in request.sequences)
+    return WarmupReport(num_blocks, int((time.perf_counter() - started) * 1000), step_us, step_tokens)
 
 
 def _warm_draft_model(runner: ModelRunner, prompt_len: int, blocks: list[int]) -> None:

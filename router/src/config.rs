@@ -163,7 +163,9 @@ pub struct Args {
     #[arg(long, env = "WATERMARK_DELTA", default_value_t = 2.0)]
     pub watermark_delta: f32,
     /// Seconds a step may take on the shards before the router counts a shard as hung: it
-    /// fails the in-flight requests and reports unhealthy on `/health`.
+    /// fails the in-flight requests and reports unhealthy on `/health`. Each step also gets
+    /// four times what its tokens cost at the rate warmup measured, so a long prefill on a
+    /// slow device is not taken for a hang.
     #[arg(long, env = "STEP_TIMEOUT", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
     pub step_timeout: u64,
     /// Log filter (tracing-subscriber syntax), e.g. `info` or `textgen_router=debug`.

@@ -12,6 +12,7 @@
 //! (SIGSTOP) for [`STOPPED_GRACE`] fails the step it holds at once, without waiting out the
 //! step timeout, and `/health` answers 503 for it at once; a rank that misses `Health` while
 //! its CPU time grows is busy, and counts as healthy.
+mod deadline;
 mod fanout;
 mod pipe;
 mod process;
@@ -25,6 +26,7 @@ use futures::future::join_all;
 use tokio::sync::oneshot;
 use tonic::transport::{Channel, Endpoint};
 
+use deadline::{step_tokens, StepDeadline};
 use fanout::{on_every_rank, FanOutError};
 use pipe::{StepAnswer, StepPipe};
 use timings::ShardTimings;
@@ -102,7 +104,7 @@ pub struct ShardSet {
     clients: Vec<TextGenerationShardClient<Channel>>,
     /// Each rank's step stream, in rank order.
     pipes: Arc<Vec<StepPipe>>,
-    step_timeout: Duration,
+    deadline: StepDeadline,
     /// The first step failure; once set, the set is unusable.
     failure: Arc<OnceLock<String>>,
     timings: ShardTimings,
@@ -164,16 +166,29 @@ impl ShardSet {
         Ok(Self {
             clients,
             pipes: Arc::new(pipes),
-            step_timeout: DEFAULT_STEP_TIMEOUT,
+            deadline: StepDeadline::new(DEFAULT_STEP_TIMEOUT),
             failure: Arc::default(),
             timings: ShardTimings::new(num_shard),
             pids: Arc::new(pids),
         })
     }
 
-    /// Longest a step may take before the set counts it as hung.
+    /// Longest a step may take before the set counts it as hung, plus an allowance per token
+    /// once `with_warmup_rate` has one (`deadline.rs`).
     pub fn with_step_timeout(mut self, step_timeout: Duration) -> Self {
-        self.step_timeout = step_timeout;
+        self.deadline.timeout = step_timeout;
+        self
+    }
+
+    /// Lets each step's tokens take a multiple of warmup's measured rate on top of the step
+    /// timeout.
+    pub fn with_warmup_rate(mut self, warmups: &[pb::WarmupResponse]) -> Self {
+        self.deadline = self.deadline.with_warmup_rate(warmups);
+        tracing::info!(
+            timeout = ?self.deadline.timeout,
+            per_token = ?self.deadline.per_token * deadline::RATE_MARGIN,
+            "step deadline: the step timeout plus this per token"
+        );
         self
     }
 
@@ -391,7 +406,7 @@ impl ShardSet {
     async fn finish_step(
         &self,
         step_id: u64,
-        computes: bool,
+        tokens: u64,
         answers: Vec<oneshot::Receiver<StepAnswer>>,
     ) -> Result<pb::StepResponse, ShardError> {
         let waits = answers
@@ -403,14 +418,15 @@ impl ShardSet {
             })
             .collect();
         let answered = tokio::select! {
-            answered = on_every_rank(waits, Some(self.step_timeout)) => answered,
+            answered = on_every_rank(waits, Some(self.deadline.for_tokens(tokens))) => answered,
             ranks = self.stopped_for_grace() => {
                 return Err(self.latch(step_id, ShardError::Stopped { call: "Step", ranks }));
             }
         };
         let error = match answered {
             Ok(answers) => {
-                if computes {
+                if tokens > 0 {
+                    // Only steps that compute (not bare releases) say how the shards spend time.
                     self.timings.record(&answers);
                 }
                 // A step any rank ran out of memory on is void on every rank.
@@ -456,12 +472,12 @@ impl StepExecutor for ShardSet {
     ) -> impl std::future::Future<Output = Result<pb::StepResponse, StepError>> + Send {
         let sent = self.send_step(&request);
         let set = self.clone();
-        let (step_id, computes) = (request.step_id, !request.sequences.is_empty());
+        let (step_id, tokens) = (request.step_id, step_tokens(&request));
         // The log gets the whole error (`latch`, the step loop); the failed requests get
         // only its public message.
         async move {
             let answers = sent.map_err(|err| err.failure())?;
-            set.finish_step(step_id, computes, answers)
+            set.finish_step(step_id, tokens, answers)
                 .await
                 .map_err(|err| err.failure())
         }

@@ -33,6 +33,7 @@ impl HealthProbe for ShardSet {
 struct ShardReport {
     info: pb::InfoResponse,
     capacity: ShardCapacity,
+    warmups: Vec<pb::WarmupResponse>,
 }
 
 async fn prepare_shards(args: &Args, shards: &ShardSet) -> anyhow::Result<ShardReport> {
@@ -69,7 +70,11 @@ async fn prepare_shards(args: &Args, shards: &ShardSet) -> anyhow::Result<ShardR
         num_blocks,
         max_position_embeddings: info.max_position_embeddings,
     };
-    Ok(ShardReport { info, capacity })
+    Ok(ShardReport {
+        info,
+        capacity,
+        warmups,
+    })
 }
 
 fn model_info(args: &Args, limits: &Limits, shard: &pb::InfoResponse) -> Info {
@@ -213,6 +218,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     .await?
     .with_step_timeout(Duration::from_secs(args.step_timeout));
     let report = prepare_shards(&args, &shards).await?;
+    let shards = shards.with_warmup_rate(&report.warmups);
     let limits = args.derive_limits(report.capacity)?;
     tracing::info!(?limits, "limits");
 

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0egenerate.proto\x12\x10textgen.shard.v1\"\r\n\x0bInfoRequest\"\xcc\x01\n\x0cInfoResponse\x12\x12\n\nmodel_type\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\x13\n\x0b\x64\x65vice_type\x18\x03 \x01(\t\x12\x12\n\nblock_size\x18\x04 \x01(\r\x12\x12\n\nvocab_size\x18\x05 \x01(\r\x12\x1f\n\x17max_position_embeddings\x18\x06 \x01(\r\x12\x0c\n\x04rank\x18\x07 \x01(\r\x12\x12\n\nworld_size\x18\x08 \x01(\r\x12\x19\n\x11\x61ttention_backend\x18\t \x01(\t\"\x0f\n\rHealthRequest\"\x10\n\x0eHealthResponse\"I\n\rWarmupRequest\x12 \n\x18max_batch_prefill_tokens\x18\x01 \x01(\r\x12\x16\n\x0emax_batch_size\x18\x02 \x01(\r\"K\n\x0eWarmupResponse\x12\x12\n\nnum_blocks\x18\x01 \x01(\r\x12\x12\n\nblock_size\x18\x02 \x01(\r\x12\x11\n\twarmup_ms\x18\x03 \x01(\x04\"\x13\n\x11\x43learCacheRequest\"\x14\n\x12\x43learCacheResponse\"\xd4\x03\n\x12SamplingParameters\x12\x11\n\tdo_sample\x18\x01 \x01(\x08\x12\x18\n\x0btemperature\x18\x02 \x01(\x02H\x00\x88\x01\x01\x12\r\n\x05top_k\x18\x03 \x01(\r\x12\x12\n\x05top_p\x18\x04 \x01(\x02H\x01\x88\x01\x01\x12\x16\n\ttypical_p\x18\x05 \x01(\x02H\x02\x88\x01\x01\x12\x1f\n\x12repetition_penalty\x18\x06 \x01(\x02H\x03\x88\x01\x01\x12\x19\n\x11\x66requency_penalty\x18\x07 \x01(\x02\x12\x18\n\x10presence_penalty\x18\x08 \x01(\x02\x12\x0c\n\x04seed\x18\t \x01(\x04\x12/\n\nlogit_bias\x18\n \x03(\x0b\x32\x1b.textgen.shard.v1.LogitBias\x12\x11\n\twatermark\x18\x0b \x01(\x08\x12\x17\n\x0fwatermark_gamma\x18\x0c \x01(\x02\x12\x17\n\x0fwatermark_delta\x18\r \x01(\x02\x12\x16\n\x0emin_new_tokens\x18\x0e \x01(\r\x12\x16\n\x0estop_token_ids\x18\x0f \x03(\r\x12\r\n\x05min_p\x18\x10 \x01(\x02\x42\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x0c\n\n_typical_pB\x15\n\x13_repetition_penalty\"+\n\tLogitBias\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0c\n\x04\x62ias\x18\x02 \x01(\x02\"\xfb\x01\n\x0bNewSequence\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x11\n\tinput_ids\x18\x02 \x03(\r\x12\x12\n\nprompt_len\x18\x03 \x01(\r\x12\x36\n\x08sampling\x18\x04 \x01(\x0b\x32$.textgen.shard.v1.SamplingParameters\x12\x12\n\ncached_len\x18\x05 \x01(\r\x12\x11\n\tblock_ids\x18\x06 \x03(\r\x12\x18\n\x10prefill_logprobs\x18\x07 \x01(\x08\x12\x14\n\x0ctop_n_tokens\x18\x08 \x01(\r\x12*\n\x07grammar\x18\t \x01(\x0b\x32\x19.textgen.shard.v1.Grammar\"5\n\x07Grammar\x12\x12\n\nllguidance\x18\x01 \x01(\t\x12\x16\n\x0estop_token_ids\x18\x02 \x03(\r\"t\n\x11ScheduledSequence\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x12\n\nnum_tokens\x18\x02 \x01(\r\x12\x15\n\rnew_block_ids\x18\x03 \x03(\r\x12\x0e\n\x06sample\x18\x04 \x01(\x08\x12\x18\n\x10max_draft_tokens\x18\x05 \x01(\r\"\x9f\x02\n\x0bStepRequest\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12\x34\n\rnew_sequences\x18\x02 \x03(\x0b\x32\x1d.textgen.shard.v1.NewSequence\x12\x36\n\tsequences\x18\x03 \x03(\x0b\x32#.textgen.shard.v1.ScheduledSequence\x12\x14\n\x0creleased_ids\x18\x04 \x03(\x04\x12\x46\n\rtrace_context\x18\x05 \x03(\x0b\x32/.textgen.shard.v1.StepRequest.TraceContextEntry\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"K\n\x05Token\x12\n\n\x02id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12\x0f\n\x07top_ids\x18\x03 \x03(\r\x12\x14\n\x0ctop_logprobs\x18\x04 \x03(\x02\"\xac\x01\n\x0eSequenceOutput\x12\n\n\x02id\x18\x01 \x01(\x04\x12&\n\x05token\x18\x02 \x01(\x0b\x32\x17.textgen.shard.v1.Token\x12\x18\n\x10prefill_logprobs\x18\x03 \x03(\x02\x12\r\n\x05\x65rror\x18\x04 \x01(\t\x12,\n\x0bnext_tokens\x18\x05 \x03(\x0b\x32\x17.textgen.shard.v1.Token\x12\x0f\n\x07\x64rafted\x18\x06 \x01(\r\"\xdd\x01\n\x0cStepResponse\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12\x31\n\x07outputs\x18\x02 \x03(\x0b\x32 .textgen.shard.v1.SequenceOutput\x12\x12\n\nforward_ns\x18\x03 \x01(\x04\x12\x11\n\tsample_ns\x18\x04 \x01(\x04\x12\x11\n\tdevice_ns\x18\x05 \x01(\x04\x12\x0f\n\x07mask_ns\x18\x06 \x01(\x04\x12\x15\n\rinput_wait_ns\x18\x07 \x01(\x04\x12\x15\n\rout_of_memory\x18\x08 \x01(\x08\x12\x10\n\x08\x64raft_ns\x18\t \x01(\x04\x32\xe7\x03\n\x13TextGenerationShard\x12\x45\n\x04Info\x12\x1d.textgen.shard.v1.InfoRequest\x1a\x1e.textgen.shard.v1.InfoResponse\x12K\n\x06Health\x12\x1f.textgen.shard.v1.HealthRequest\x1a .textgen.shard.v1.HealthResponse\x12K\n\x06Warmup\x12\x1f.textgen.shard.v1.WarmupRequest\x1a .textgen.shard.v1.WarmupResponse\x12W\n\nClearCache\x12#.textgen.shard.v1.ClearCacheRequest\x1a$.textgen.shard.v1.ClearCacheResponse\x12\x45\n\x04Step\x12\x1d.textgen.shard.v1.StepRequest\x1a\x1e.textgen.shard.v1.StepResponse\x12O\n\nStepStream\x12\x1d.textgen.shard.v1.StepRequest\x1a\x1e.textgen.shard.v1.StepResponse(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0egenerate.proto\x12\x10textgen.shard.v1\"\r\n\x0bInfoRequest\"\xcc\x01\n\x0cInfoResponse\x12\x12\n\nmodel_type\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\x13\n\x0b\x64\x65vice_type\x18\x03 \x01(\t\x12\x12\n\nblock_size\x18\x04 \x01(\r\x12\x12\n\nvocab_size\x18\x05 \x01(\r\x12\x1f\n\x17max_position_embeddings\x18\x06 \x01(\r\x12\x0c\n\x04rank\x18\x07 \x01(\r\x12\x12\n\nworld_size\x18\x08 \x01(\r\x12\x19\n\x11\x61ttention_backend\x18\t \x01(\t\"\x0f\n\rHealthRequest\"\x10\n\x0eHealthResponse\"I\n\rWarmupRequest\x12 \n\x18max_batch_prefill_tokens\x18\x01 \x01(\r\x12\x16\n\x0emax_batch_size\x18\x02 \x01(\r\"q\n\x0eWarmupResponse\x12\x12\n\nnum_blocks\x18\x01 \x01(\r\x12\x12\n\nblock_size\x18\x02 \x01(\r\x12\x11\n\twarmup_ms\x18\x03 \x01(\x04\x12\x0f\n\x07step_us\x18\x04 \x01(\x04\x12\x13\n\x0bstep_tokens\x18\x05 \x01(\r\"\x13\n\x11\x43learCacheRequest\"\x14\n\x12\x43learCacheResponse\"\xd4\x03\n\x12SamplingParameters\x12\x11\n\tdo_sample\x18\x01 \x01(\x08\x12\x18\n\x0btemperature\x18\x02 \x01(\x02H\x00\x88\x01\x01\x12\r\n\x05top_k\x18\x03 \x01(\r\x12\x12\n\x05top_p\x18\x04 \x01(\x02H\x01\x88\x01\x01\x12\x16\n\ttypical_p\x18\x05 \x01(\x02H\x02\x88\x01\x01\x12\x1f\n\x12repetition_penalty\x18\x06 \x01(\x02H\x03\x88\x01\x01\x12\x19\n\x11\x66requency_penalty\x18\x07 \x01(\x02\x12\x18\n\x10presence_penalty\x18\x08 \x01(\x02\x12\x0c\n\x04seed\x18\t \x01(\x04\x12/\n\nlogit_bias\x18\n \x03(\x0b\x32\x1b.textgen.shard.v1.LogitBias\x12\x11\n\twatermark\x18\x0b \x01(\x08\x12\x17\n\x0fwatermark_gamma\x18\x0c \x01(\x02\x12\x17\n\x0fwatermark_delta\x18\r \x01(\x02\x12\x16\n\x0emin_new_tokens\x18\x0e \x01(\r\x12\x16\n\x0estop_token_ids\x18\x0f \x03(\r\x12\r\n\x05min_p\x18\x10 \x01(\x02\x42\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x0c\n\n_typical_pB\x15\n\x13_repetition_penalty\"+\n\tLogitBias\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0c\n\x04\x62ias\x18\x02 \x01(\x02\"\xfb\x01\n\x0bNewSequence\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x11\n\tinput_ids\x18\x02 \x03(\r\x12\x12\n\nprompt_len\x18\x03 \x01(\r\x12\x36\n\x08sampling\x18\x04 \x01(\x0b\x32$.textgen.shard.v1.SamplingParameters\x12\x12\n\ncached_len\x18\x05 \x01(\r\x12\x11\n\tblock_ids\x18\x06 \x03(\r\x12\x18\n\x10prefill_logprobs\x18\x07 \x01(\x08\x12\x14\n\x0ctop_n_tokens\x18\x08 \x01(\r\x12*\n\x07grammar\x18\t \x01(\x0b\x32\x19.textgen.shard.v1.Grammar\"5\n\x07Grammar\x12\x12\n\nllguidance\x18\x01 \x01(\t\x12\x16\n\x0estop_token_ids\x18\x02 \x03(\r\"t\n\x11ScheduledSequence\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x12\n\nnum_tokens\x18\x02 \x01(\r\x12\x15\n\rnew_block_ids\x18\x03 \x03(\r\x12\x0e\n\x06sample\x18\x04 \x01(\x08\x12\x18\n\x10max_draft_tokens\x18\x05 \x01(\r\"\x9f\x02\n\x0bStepRequest\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12\x34\n\rnew_sequences\x18\x02 \x03(\x0b\x32\x1d.textgen.shard.v1.NewSequence\x12\x36\n\tsequences\x18\x03 \x03(\x0b\x32#.textgen.shard.v1.ScheduledSequence\x12\x14\n\x0creleased_ids\x18\x04 \x03(\x04\x12\x46\n\rtrace_context\x18\x05 \x03(\x0b\x32/.textgen.shard.v1.StepRequest.TraceContextEntry\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"K\n\x05Token\x12\n\n\x02id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12\x0f\n\x07top_ids\x18\x03 \x03(\r\x12\x14\n\x0ctop_logprobs\x18\x04 \x03(\x02\"\xac\x01\n\x0eSequenceOutput\x12\n\n\x02id\x18\x01 \x01(\x04\x12&\n\x05token\x18\x02 \x01(\x0b\x32\x17.textgen.shard.v1.Token\x12\x18\n\x10prefill_logprobs\x18\x03 \x03(\x02\x12\r\n\x05\x65rror\x18\x04 \x01(\t\x12,\n\x0bnext_tokens\x18\x05 \x03(\x0b\x32\x17.textgen.shard.v1.Token\x12\x0f\n\x07\x64rafted\x18\x06 \x01(\r\"\xdd\x01\n\x0cStepResponse\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12\x31\n\x07outputs\x18\x02 \x03(\x0b\x32 .textgen.shard.v1.SequenceOutput\x12\x12\n\nforward_ns\x18\x03 \x01(\x04\x12\x11\n\tsample_ns\x18\x04 \x01(\x04\x12\x11\n\tdevice_ns\x18\x05 \x01(\x04\x12\x0f\n\x07mask_ns\x18\x06 \x01(\x04\x12\x15\n\rinput_wait_ns\x18\x07 \x01(\x04\x12\x15\n\rout_of_memory\x18\x08 \x01(\x08\x12\x10\n\x08\x64raft_ns\x18\t \x01(\x04\x32\xe7\x03\n\x13TextGenerationShard\x12\x45\n\x04Info\x12\x1d.textgen.shard.v1.InfoRequest\x1a\x1e.textgen.shard.v1.InfoResponse\x12K\n\x06Health\x12\x1f.textgen.shard.v1.HealthRequest\x1a .textgen.shard.v1.HealthResponse\x12K\n\x06Warmup\x12\x1f.textgen.shard.v1.WarmupRequest\x1a .textgen.shard.v1.WarmupResponse\x12W\n\nClearCache\x12#.textgen.shard.v1.ClearCacheRequest\x1a$.textgen.shard.v1.ClearCacheResponse\x12\x45\n\x04Step\x12\x1d.textgen.shard.v1.StepRequest\x1a\x1e.textgen.shard.v1.StepResponse\x12O\n\nStepStream\x12\x1d.textgen.shard.v1.StepRequest\x1a\x1e.textgen.shard.v1.StepResponse(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -44,31 +44,31 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_WARMUPREQUEST']._serialized_start=293
   _globals['_WARMUPREQUEST']._serialized_end=366
   _globals['_WARMUPRESPONSE']._serialized_start=368
-  _globals['_WARMUPRESPONSE']._serialized_end=443
-  _globals['_CLEARCACHEREQUEST']._serialized_start=445
-  _globals['_CLEARCACHEREQUEST']._serialized_end=464
-  _globals['_CLEARCACHERESPONSE']._serialized_start=466
-  _globals['_CLEARCACHERESPONSE']._serialized_end=486
-  _globals['_SAMPLINGPARAMETERS']._serialized_start=489
-  _globals['_SAMPLINGPARAMETERS']._serialized_end=957
-  _globals['_LOGITBIAS']._serialized_start=959
-  _globals['_LOGITBIAS']._serialized_end=1002
-  _globals['_NEWSEQUENCE']._serialized_start=1005
-  _globals['_NEWSEQUENCE']._serialized_end=1256
-  _globals['_GRAMMAR']._serialized_start=1258
-  _globals['_GRAMMAR']._serialized_end=1311
-  _globals['_SCHEDULEDSEQUENCE']._serialized_start=1313
-  _globals['_SCHEDULEDSEQUENCE']._serialized_end=1429
-  _globals['_STEPREQUEST']._serialized_start=1432
-  _globals['_STEPREQUEST']._serialized_end=1719
-  _globals['_STEPREQUEST_TRACECONTEXTENTRY']._serialized_start=1668
-  _globals['_STEPREQUEST_TRACECONTEXTENTRY']._serialized_end=1719
-  _globals['_TOKEN']._serialized_start=1721
-  _globals['_TOKEN']._serialized_end=1796
-  _globals['_SEQUENCEOUTPUT']._serialized_start=1799
-  _globals['_SEQUENCEOUTPUT']._serialized_end=1971
-  _globals['_STEPRESPONSE']._serialized_start=1974
-  _globals['_STEPRESPONSE']._serialized_end=2195
-  _globals['_TEXTGENERATIONSHARD']._serialized_start=2198
-  _globals['_TEXTGENERATIONSHARD']._serialized_end=2685
+  _globals['_WARMUPRESPONSE']._serialized_end=481
+  _globals['_CLEARCACHEREQUEST']._serialized_start=483
+  _globals['_CLEARCACHEREQUEST']._serialized_end=502
+  _globals['_CLEARCACHERESPONSE']._serialized_start=504
+  _globals['_CLEARCACHERESPONSE']._serialized_end=524
+  _globals['_SAMPLINGPARAMETERS']._serialized_start=527
+  _globals['_SAMPLINGPARAMETERS']._serialized_end=995
+  _globals['_LOGITBIAS']._serialized_start=997
+  _globals['_LOGITBIAS']._serialized_end=1040
+  _globals['_NEWSEQUENCE']._serialized_start=1043
+  _globals['_NEWSEQUENCE']._serialized_end=1294
+  _globals['_GRAMMAR']._serialized_start=1296
+  _globals['_GRAMMAR']._serialized_end=1349
+  _globals['_SCHEDULEDSEQUENCE']._serialized_start=1351
+  _globals['_SCHEDULEDSEQUENCE']._serialized_end=1467
+  _globals['_STEPREQUEST']._serialized_start=1470
+  _globals['_STEPREQUEST']._serialized_end=1757
+  _globals['_STEPREQUEST_TRACECONTEXTENTRY']._serialized_start=1706
+  _globals['_STEPREQUEST_TRACECONTEXTENTRY']._serialized_end=1757
+  _globals['_TOKEN']._serialized_start=1759
+  _globals['_TOKEN']._serialized_end=1834
+  _globals['_SEQUENCEOUTPUT']._serialized_start=1837
+  _globals['_SEQUENCEOUTPUT']._serialized_end=2009
+  _globals['_STEPRESPONSE']._serialized_start=2012
+  _globals['_STEPRESPONSE']._serialized_end=2233
+  _globals['_TEXTGENERATIONSHARD']._serialized_start=2236
+  _globals['_TEXTGENERATIONSHARD']._serialized_end=2723
 # @@protoc_insertion_point(module_scope)

@@ -137,7 +137,7 @@ def test_warmup_runs_the_draft_model(tiny_model_dirs, monkeypatch):
     drafted = []
     original = runner.drafter.draft
     monkeypatch.setattr(runner.drafter, "draft", lambda items: drafted.append(len(items)) or original(items))
-    num_blocks, _ = warmup(runner, 64, 4, PoolSizing(kv_cache_tokens=256, cuda_memory_fraction=1.0))
+    num_blocks = warmup(runner, 64, 4, PoolSizing(kv_cache_tokens=256, cuda_memory_fraction=1.0)).num_blocks
     assert drafted == [1] and num_blocks == 64
     assert len(runner.table) == 0 and runner.drafter.kv_cache.num_blocks == 64
 

@@ -16,6 +16,7 @@ import transformers
 from shard_server.pb import generate_pb2 as pb
 from shard_server.pb import generate_pb2_grpc as pb_grpc
 from shard_server.service import ShardService
+from shard_server.warmup import CPU_WARMUP_TOKENS
 
 REPO = Path(__file__).resolve().parents[2]
 BLOCK = 4
@@ -146,6 +147,7 @@ def test_info_health_and_warmup(stub):
     assert error.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     warm = stub.Warmup(pb.WarmupRequest(max_batch_prefill_tokens=300, max_batch_size=8))
     assert (warm.num_blocks, warm.block_size) == (KV_TOKENS // BLOCK, BLOCK)
+    assert warm.step_tokens == CPU_WARMUP_TOKENS and warm.step_us > 0  # 300 asked
     stub.ClearCache(pb.ClearCacheRequest())
 
 

@@ -20,8 +20,10 @@ def test_the_cpu_step_is_smaller_but_the_pool_must_hold_the_worst_case(tiny_mode
     monkeypatch.setattr(runner, "step", record)
     tokens, sequences = CPU_WARMUP_TOKENS + 344, CPU_WARMUP_SEQUENCES + 200
     _, needed = worst_case_step(tokens, sequences, runner.block_size, 256, 4096)
-    num_blocks, _ = warmup(runner, tokens, sequences, PoolSizing(needed * runner.block_size, 1.0))
-    assert seen == [(CPU_WARMUP_SEQUENCES, CPU_WARMUP_TOKENS)] and num_blocks == needed
+    report = warmup(runner, tokens, sequences, PoolSizing(needed * runner.block_size, 1.0))
+    assert seen == [(CPU_WARMUP_SEQUENCES, CPU_WARMUP_TOKENS)] and report.num_blocks == needed
+    # The step's rate is reported for the router's step deadlines: the step it ran, not the asked one.
+    assert report.step_tokens == CPU_WARMUP_TOKENS and 0 < report.step_us <= report.warmup_ms * 1000
     with pytest.raises(RuntimeError, match="worst-case step needs"):
         warmup(runner, tokens, sequences, PoolSizing((needed - 1) * runner.block_size, 1.0))
 
