@@ -2,7 +2,8 @@
 
 The worst case is `max_batch_prefill_tokens` tokens spread over up to `max_batch_size`
 sequences, all sampling with every processor active, against a temporary pool just big
-enough for it. Afterwards the real pool is sized: on CPU from `--kv-cache-tokens`, on CUDA
+enough for it. It runs twice; the second run's time per token is reported, and the router
+lets each step take a multiple of it on top of the step timeout. Afterwards the real pool is sized: on CPU from `--kv-cache-tokens`, on CUDA
 from the memory left after the step's peak and the CUDA graphs (measured by one trial capture
 of the largest decode size and every mixed-step bucket, in their shared pool), times
 `--cuda-memory-fraction`. The graphs are then captured
@@ -98,7 +99,7 @@ def worst_case_step(
 class WarmupReport:
     num_blocks: int
     warmup_ms: int  # all of warmup
-    step_us: int  # the worst-case step alone (its first run: kernel builds included)
+    step_us: int  # the worst-case step alone, run a second time (kernels built)
     step_tokens: int  # the tokens that step ran
 
 
@@ -120,6 +121,10 @@ def warmup(runner: ModelRunner, max_tokens: int, max_batch_size: int, sizing: Po
         draft_prompt = min(max_tokens, CATCH_UP_TOKENS, cfg.max_position_embeddings - DRAFT_WARMUP_TOKENS - 2)
         draft_blocks = list(range(-(-(draft_prompt + 1 + DRAFT_WARMUP_TOKENS) // runner.block_size)))
     runner.allocate_kv_cache(max(blocks_needed, len(draft_blocks)))
+    runner.step(request)
+    # Again, timed: the router's step deadlines scale with this rate, and the first run's
+    # kernel builds (Triton, cuBLAS heuristics) would inflate it many times on a GPU.
+    runner.clear()
     step_started = time.perf_counter()
     runner.step(request)  # returns the sampled tokens on the host: the device is done
     step_us = int((time.perf_counter() - step_started) * 1e6)
