@@ -11,8 +11,8 @@ build) keeps its event loop from answering for as long as it runs, while the sha
 exactly what it was asked. So each round also reads the shard's process state from /proc:
 - stopped (SIGSTOP, state T): failed after `stopped_allowed` rounds, without waiting on Health;
 - it used at least `busy_share` of a core since the last sample: busy, not hung; a miss does
-  not count, up to `busy_limit` seconds without an answer (the router's step timeout bounds a
-  step far sooner). A share, not "any CPU": a hung process's idle threads (gRPC's pollers,
+  not count, up to `busy_limit` seconds without an answer (the router's step deadline
+  usually bounds a step sooner). A share, not "any CPU": a hung process's idle threads (gRPC's pollers,
   timed waits) still wake and cost a few ticks a second, and on a loaded machine that alone
   kept a hung shard "busy" until the busy limit;
 - otherwise (no answer, next to no CPU): a miss; `failures_allowed` in a row fail it.

@@ -143,8 +143,9 @@ OPTIONS: tuple[Option, ...] = (
     _router("--max-batch-total-tokens", "Cap on the KV pool used, in tokens.",
             default="the whole pool measured at warmup"),
     _router("--max-batch-size", "Most sequences in one step.", default="unlimited"),
-    _router("--step-timeout", "Seconds a step may take before the router counts a shard as "
-            "hung, fails the in-flight requests and turns /health to 503 (textgen only).",
+    _router("--step-timeout", "Seconds a step may take, plus 4x its tokens at warmup's measured "
+            "rate, before the router counts a shard as hung, fails the in-flight requests and turns "
+            "/health to 503 (textgen only).",
             default="60"),
     Option(("--prefix-caching",), "Reuse the KV of cached prompt and generated prefixes "
            "(radix prefix cache), true/false.", parse_bool, forward=(ROUTER,),
