@@ -129,7 +129,7 @@ def test_a_hung_shard_times_out_the_step_and_turns_health_503(tiny_model):
         assert health.status_code == 503
         assert health.json()["error_type"] == "healthcheck"
         # New requests fail at once instead of waiting on the broken shards. On a loaded host
-        # the launcher may already have counted the stopped rank out (six rounds) and taken the
+        # the launcher may already have counted the stopped rank out (ten rounds) and taken the
         # router down; a refused connection fails at once too.
         try:
             late = httpx.post(srv.url + "/generate", json={"inputs": "Hi", "parameters": {"max_new_tokens": 2}},

@@ -12,9 +12,9 @@ exactly what it was asked. So each round also reads the shard's process state fr
 - stopped (SIGSTOP, state T): failed after `stopped_allowed` rounds, without waiting on Health;
 - it used at least `busy_share` of a core since the last sample: busy, not hung; a miss does
   not count, up to `busy_limit` seconds without an answer (the router's step deadline
-  usually bounds a step sooner). A share, not "any CPU": a hung process's idle threads (gRPC's pollers,
-  timed waits) still wake and cost a few ticks a second, and on a loaded machine that alone
-  kept a hung shard "busy" until the busy limit;
+  usually bounds a step sooner). A share, not "any CPU": a hung process's idle threads
+  (gRPC's pollers, timed waits) still wake and cost a few ticks a second, and on a loaded
+  machine that alone kept a hung shard "busy" until the busy limit;
 - otherwise (no answer, next to no CPU): a miss; `failures_allowed` in a row fail it.
 """
 

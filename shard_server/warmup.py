@@ -3,11 +3,11 @@
 The worst case is `max_batch_prefill_tokens` tokens spread over up to `max_batch_size`
 sequences, all sampling with every processor active, against a temporary pool just big
 enough for it. It runs twice; the second run's time per token is reported, and the router
-lets each step take a multiple of it on top of the step timeout. Afterwards the real pool is sized: on CPU from `--kv-cache-tokens`, on CUDA
-from the memory left after the step's peak and the CUDA graphs (measured by one trial capture
-of the largest decode size and every mixed-step bucket, in their shared pool), times
-`--cuda-memory-fraction`. The graphs are then captured
-against the real pool, and the objects alive by then are frozen out of the garbage
+lets each step take a multiple of it on top of the step timeout. Afterwards the real pool is
+sized: on CPU from `--kv-cache-tokens`, on CUDA from the memory left after the step's peak
+and the CUDA graphs (measured by one trial capture of the largest decode size and every
+mixed-step bucket, in their shared pool), times `--cuda-memory-fraction`. The graphs are then
+captured against the real pool, and the objects alive by then are frozen out of the garbage
 collector's full passes. In between, the attention backend prepares what a prefill of up to
 `max_batch_prefill_tokens` would otherwise build on first use (the triton backend's dense
 prefill plans, one per length bucket).
