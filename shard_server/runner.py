@@ -25,6 +25,7 @@ from .grammar import GrammarEngine
 from .kernels.dispatch import use_fused
 from .kernels.greedy import fused_greedy
 from .kv_cache import KVCache, KVSpec
+from .layers.rotary import rotary_row_offset
 from .mixed_graphs import MixedGraphs
 from .models.causal_lm import CausalLM
 from .pb import generate_pb2 as pb
@@ -327,7 +328,9 @@ class ModelRunner:
                 on_device.append((len(ids) + len(known), state.pending[item.end - 1 - len(state.token_ids)]))
                 known = [*known, 0]
             ids.extend(known)
-            positions.extend(range(item.start, item.end))
+            # The model's positions index its rotary table: LongRoPE keeps a long prompt's rows apart.
+            offset = rotary_row_offset(self.config.rope_scaling, self.config.max_position_embeddings, state.prompt_len)
+            positions.extend(range(item.start + offset, item.end + offset))
         layout = StepLayout(
             query_lens=[item.num_tokens for item in work],
             context_lens=[item.end for item in work],

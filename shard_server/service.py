@@ -21,6 +21,7 @@ import grpc
 import torch
 
 from .distributed import ParallelContext
+from .layers.rotary import long_rope_prompt_tokens
 from .pb import generate_pb2 as pb
 from .pb import generate_pb2_grpc as pb_grpc
 from .requests import InvalidStepError
@@ -110,6 +111,7 @@ class ShardService(pb_grpc.TextGenerationShardServicer):
             rank=self.identity.parallel.rank,
             world_size=self.identity.parallel.world_size,
             attention_backend=self.identity.attention_backend,
+            long_rope_prompt_tokens=long_rope_prompt_tokens(cfg.rope_scaling),
         )
 
     async def Health(self, request, context):

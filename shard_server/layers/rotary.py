@@ -6,10 +6,17 @@ its positions up once and every layer reuses them.
 Scaling types, as transformers computes them (modeling_rope_utils): `linear`, `llama3`, `yarn`
 (blended frequencies, cos/sin times the attention factor), `dynamic` (NTK: transformers keeps the
 base frequencies up to max_position_embeddings, and no position here goes beyond it) and
-`longrope` (Phi-3's `su`: short factors below original_max_position_embeddings, long ones from
-there, cos/sin times the attention factor). transformers picks longrope's factors once per forward
-pass by its longest position; here each position takes its own, which is the same whenever a
-sequence stays on one side of the boundary.
+`longrope` (Phi-3's `su`, cos/sin times the attention factor). transformers (and Phi-3's own
+code) picks longrope's factors once per forward by its longest position: a prompt longer than
+original_max_position_embeddings is rotated with the long factors at every position, a shorter one
+with the short factors, and each later token with the factors of its own position. A sequence's
+choice here is fixed by its prompt's length (`rotary_row_offset`) so that its cached KV never
+changes: the table holds `max_positions` rows of short factors below the boundary and long ones
+from it, then `max_positions` rows of long factors everywhere, which a long prompt's positions
+index (position + max_positions). The router keeps such prompts out of the prefix cache, since
+their KV is not that of a shorter prompt with the same tokens (InfoResponse.long_rope_prompt_tokens).
+transformers' generate() differs only where a short prompt's answer crosses the boundary: it
+then recomputes every earlier position with the long factors; no server recomputes a cache.
 
 Partial rotary (`rotary_dim` < head_dim, Phi-4-mini's partial_rotary_factor 0.75): the tables
 are rotary_dim wide, built with rotary_dim as the rotation's dimension (as transformers does);
@@ -44,6 +51,19 @@ def inverse_frequencies(head_dim: int, theta: float, scaling: RopeScaling) -> to
     if scaling.kind == "longrope":
         return inv_freq / _longrope_factors(scaling.short_factor, head_dim)
     return inv_freq  # "default", and "dynamic" within max_position_embeddings
+
+
+def long_rope_prompt_tokens(scaling: RopeScaling) -> int:
+    """The prompt length past which LongRoPE rotates every position with its long factors; 0 for
+    any other scaling."""
+    return scaling.original_max_position_embeddings if scaling.kind == "longrope" else 0
+
+
+def rotary_row_offset(scaling: RopeScaling, max_positions: int, prompt_len: int) -> int:
+    """What a sequence adds to its positions to find its rows of `RotaryEmbedding`'s table:
+    max_positions for a prompt longer than `long_rope_prompt_tokens`, else 0."""
+    limit = long_rope_prompt_tokens(scaling)
+    return max_positions if limit and prompt_len > limit else 0
 
 
 def long_inverse_frequencies(head_dim: int, theta: float, scaling: RopeScaling) -> torch.Tensor:
@@ -104,10 +124,10 @@ class RotaryEmbedding:
         inv_freq = inverse_frequencies(head_dim, theta, scaling)
         positions = torch.arange(max_positions, dtype=torch.float32)
         freqs = torch.outer(positions, inv_freq)
-        if scaling.kind == "longrope":
+        if scaling.kind == "longrope":  # [short below the boundary, long from it; long everywhere]
             long_freqs = torch.outer(positions, long_inverse_frequencies(head_dim, theta, scaling))
             is_long = (positions >= scaling.original_max_position_embeddings).unsqueeze(1)
-            freqs = torch.where(is_long, long_freqs, freqs)
+            freqs = torch.cat((torch.where(is_long, long_freqs, freqs), long_freqs))
         table = torch.cat((freqs, freqs), dim=-1)
         cos, sin = table.cos(), table.sin()
         if scaling.attention_factor != 1.0:

@@ -120,6 +120,30 @@ def test_greedy_tokens_match_transformers(family, dense_dirs):
         assert got[i] == expected[i], f"prompt {i}"
 
 
+@pytest.mark.parametrize("family", ["phi3", "phi3_partial"])
+def test_a_prompt_past_the_longrope_boundary_matches_transformers(family, dense_dirs):
+    """A 70-token prompt (past original_max_position_embeddings, 64) beside a 40-token one whose
+    answer stays below it: transformers rotates the long prompt's every position with the long
+    factors, the short one with the short factors, and so does the runner, through chunked
+    prefills and batched decodes."""
+    directory, reference = dense_dirs[family]
+    generator = torch.Generator().manual_seed(12)
+    prompts = [torch.randint(0, 160, (n,), generator=generator).tolist() for n in (70, 40)]
+    wanted = [_transformers_greedy(reference, [prompt])[0][:16] for prompt in prompts]
+    got = generate_together(StepDriver(load_runner(directory)), prompts, 16, chunk=24)
+    assert got == wanted
+
+
+def test_longrope_tells_the_router_which_prompts_it_rotates_apart(dense_dirs):
+    from shard_server.layers.rotary import long_rope_prompt_tokens, rotary_row_offset
+
+    scaling = load_model(dense_dirs["phi3"][0]).config.rope_scaling
+    assert long_rope_prompt_tokens(scaling) == 64
+    assert [rotary_row_offset(scaling, 512, n) for n in (1, 64, 65)] == [0, 0, 512]
+    gemma = load_model(dense_dirs["gemma2"][0]).config.rope_scaling
+    assert long_rope_prompt_tokens(gemma) == 0 and rotary_row_offset(gemma, 512, 500) == 0
+
+
 def test_longrope_past_the_boundary_matches_a_cached_transformers_step(dense_dirs):
     """Positions from original_max_position_embeddings (64) on rotate with the long factors, the
     earlier ones keep what they were cached with: transformers' forward with a cache computes the

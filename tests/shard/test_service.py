@@ -141,6 +141,7 @@ def test_info_health_and_warmup(stub):
     assert (info.model_type, info.dtype, info.device_type) == ("llama", "float32", "cpu")
     assert (info.block_size, info.vocab_size, info.max_position_embeddings) == (BLOCK, 160, 512)
     assert (info.rank, info.world_size, info.attention_backend) == (0, 1, "reference")
+    assert info.long_rope_prompt_tokens == 0, "no LongRoPE: every prompt may share the prefix cache"
     stub.Health(pb.HealthRequest())
     with pytest.raises(grpc.RpcError) as error:
         stub.Step(pb.StepRequest(step_id=1, sequences=[pb.ScheduledSequence(id=1, num_tokens=1)]))

@@ -97,13 +97,14 @@ MOE_FAMILIES = {
 }
 
 
-def make_tiny_moe_model(family: str, directory: Path, seed: int = 0):
+def make_tiny_moe_model(family: str, directory: Path, seed: int = 0, **config_fields):
     """Writes a random checkpoint of MoE `family` into directory and returns the HF model. The
-    config.json names the expert count `num_experts` where the Hub's Qwen3-MoE files do."""
+    config.json names the expert count `num_experts` where the Hub's Qwen3-MoE files do.
+    `config_fields` override the family's (a real tokenizer's `vocab_size`, say)."""
     import json
 
     config_cls, model_cls, extra = MOE_FAMILIES[family]
-    config = config_cls(**{**COMMON, **extra})
+    config = config_cls(**{**COMMON, **extra, **config_fields})
     torch.manual_seed(seed)
     model = model_cls(config)
     with torch.no_grad():
@@ -193,11 +194,12 @@ DENSE_FAMILIES = {
 }
 
 
-def make_tiny_dense_model(family: str, directory: Path, seed: int = 0):
+def make_tiny_dense_model(family: str, directory: Path, seed: int = 0, **config_fields):
     """Writes a random checkpoint of dense `family` (DENSE_FAMILIES) into directory and returns
-    the HF model. Gemma's norms hold w of (1 + w): drawn around 0, so 1 + w spans 0.5 .. 1.5."""
+    the HF model. Gemma's norms hold w of (1 + w): drawn around 0, so 1 + w spans 0.5 .. 1.5.
+    `config_fields` override the family's text fields (a real tokenizer's `vocab_size`, say)."""
     config_cls, model_cls, extra = DENSE_FAMILIES[family]
-    config = config_cls(**{**COMMON, **extra})
+    config = config_cls(**{**COMMON, **extra, **config_fields})
     torch.manual_seed(seed)
     model = model_cls(config)
     gemma = family.startswith("gemma")

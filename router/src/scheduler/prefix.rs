@@ -14,8 +14,15 @@ use crate::metrics::names;
 /// Whether a sequence may start from cached KV. Prompt logprobs need every prompt
 /// position computed, so `decoder_input_details` bypasses the cache (until its first
 /// token is out: a preempted one may then reuse its own prefix).
-fn may_use_cache(sequence: &Sequence) -> bool {
-    !sequence.wants_prefill_logprobs()
+fn may_use_cache(sequence: &Sequence, max_prompt: Option<u32>) -> bool {
+    !sequence.wants_prefill_logprobs() && kv_is_shareable(sequence, max_prompt)
+}
+
+/// Whether a sequence's KV is what any other sequence computes for the same tokens. Under
+/// LongRoPE a prompt longer than `max_prompt` (the shards' `long_rope_prompt_tokens`) is
+/// rotated with other frequencies at every position, so it neither reads nor writes the cache.
+fn kv_is_shareable(sequence: &Sequence, max_prompt: Option<u32>) -> bool {
+    max_prompt.is_none_or(|limit| sequence.prompt_len() <= limit)
 }
 
 /// The tokens a lookup may match: all but the last known one, which is always computed
@@ -25,16 +32,23 @@ fn lookup_tokens(tokens: &[u32]) -> &[u32] {
 }
 
 /// The cached prefix of `sequence`, with references taken (None: cache off or bypassed).
-pub(super) fn lookup(cache: Option<&mut RadixCache>, sequence: &Sequence) -> Option<PrefixMatch> {
+pub(super) fn lookup(
+    cache: Option<&mut RadixCache>,
+    sequence: &Sequence,
+    max_prompt: Option<u32>,
+) -> Option<PrefixMatch> {
     let cache = cache?;
-    if !may_use_cache(sequence) {
+    if !may_use_cache(sequence, max_prompt) {
         return None;
     }
     let tokens = sequence.known_tokens();
     Some(cache.match_prefix(lookup_tokens(&tokens)))
 }
 
-fn insert_computed(cache: &mut RadixCache, sequence: &Sequence) {
+fn insert_computed(cache: &mut RadixCache, sequence: &Sequence, max_prompt: Option<u32>) {
+    if !kv_is_shareable(sequence, max_prompt) {
+        return;
+    }
     let tokens = sequence.known_tokens();
     let computed = (sequence.computed as usize).min(tokens.len());
     cache.insert(
@@ -64,12 +78,13 @@ impl SchedulerState {
     /// What the admission policy needs to know about each waiting sequence.
     pub(super) fn admission_candidates(&self, now: std::time::Instant) -> Vec<Candidate> {
         let window = super::admission::RANKED_WINDOW;
+        let max_prompt = self.config.prefix_cache_max_prompt;
         self.waiting
             .iter()
             .enumerate()
             .map(|(position, sequence)| {
                 let cached_tokens = match &self.prefix_cache {
-                    Some(cache) if position < window && may_use_cache(sequence) => {
+                    Some(cache) if position < window && may_use_cache(sequence, max_prompt) => {
                         cache.match_len(lookup_tokens(&sequence.known_tokens()))
                     }
                     _ => 0,
@@ -87,14 +102,14 @@ impl SchedulerState {
     /// Caches the whole blocks `sequence` has computed (prompt and generated tokens).
     pub(super) fn cache_computed(&mut self, sequence: &Sequence) {
         if let Some(cache) = self.prefix_cache.as_mut() {
-            insert_computed(cache, sequence);
+            insert_computed(cache, sequence, self.config.prefix_cache_max_prompt);
         }
     }
 
     /// Caches the progress of a running sequence (after a step computed a chunk of it).
     pub(super) fn cache_running(&mut self, id: u64) {
         if let (Some(cache), Some(sequence)) = (self.prefix_cache.as_mut(), self.running.get(&id)) {
-            insert_computed(cache, sequence);
+            insert_computed(cache, sequence, self.config.prefix_cache_max_prompt);
         }
     }
 

@@ -253,3 +253,45 @@ fn kv_usage_splits_the_pool_into_sequence_held_cache_only_and_free() {
         total
     );
 }
+
+#[test]
+fn under_long_rope_a_long_prompt_neither_reads_nor_writes_the_cache() {
+    // LongRoPE rotates a prompt of more than 12 tokens with other frequencies at every
+    // position: its KV is not a shorter prompt's over the same tokens, nor the reverse.
+    let config = super::api::SchedulerConfig {
+        prefix_cache_max_prompt: Some(12),
+        ..cached_config(4, 64, 64)
+    };
+    let mut h = Harness::new(config);
+    let short: Vec<u32> = (100..112).collect();
+    h.submit(prompt(short.clone(), 2));
+    h.run_to_idle(10);
+    let mut long = short.clone();
+    long.extend([7, 8, 9, 10]);
+    let a = h.submit(prompt(long.clone(), 2));
+    let step = h.step().unwrap();
+    assert_eq!(
+        announced(&step, a).unwrap().cached_len,
+        0,
+        "a short prompt's KV"
+    );
+    h.run_to_idle(10);
+    let b = h.submit(prompt(long, 2));
+    let step = h.step().unwrap();
+    assert_eq!(
+        announced(&step, b).unwrap().cached_len,
+        0,
+        "another long prompt's KV"
+    );
+    h.run_to_idle(10);
+    let c = h.submit(prompt(short, 2));
+    let step = h.step().unwrap();
+    assert_eq!(
+        announced(&step, c).unwrap().cached_len,
+        8,
+        "short prompts still share"
+    );
+    h.run_to_idle(10);
+    assert_eq!(h.tokens(b), expected_tokens(b, 16, 2));
+    assert_eq!(h.tokens(c), expected_tokens(c, 12, 2));
+}
