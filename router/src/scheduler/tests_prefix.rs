@@ -254,6 +254,15 @@ fn kv_usage_splits_the_pool_into_sequence_held_cache_only_and_free() {
     );
 }
 
+/// Submits a greedy request over `tokens` and runs it to the end; its id and the cached
+/// prefix its admission started from.
+fn admit_and_finish(h: &mut Harness, tokens: &[u32]) -> (u64, u32) {
+    let id = h.submit(prompt(tokens.to_vec(), 2));
+    let cached = announced(&h.step().unwrap(), id).unwrap().cached_len;
+    h.run_to_idle(10);
+    (id, cached)
+}
+
 #[test]
 fn under_long_rope_a_long_prompt_neither_reads_nor_writes_the_cache() {
     // LongRoPE rotates a prompt of more than 12 tokens with other frequencies at every
@@ -264,34 +273,13 @@ fn under_long_rope_a_long_prompt_neither_reads_nor_writes_the_cache() {
     };
     let mut h = Harness::new(config);
     let short: Vec<u32> = (100..112).collect();
-    h.submit(prompt(short.clone(), 2));
-    h.run_to_idle(10);
-    let mut long = short.clone();
-    long.extend([7, 8, 9, 10]);
-    let a = h.submit(prompt(long.clone(), 2));
-    let step = h.step().unwrap();
-    assert_eq!(
-        announced(&step, a).unwrap().cached_len,
-        0,
-        "a short prompt's KV"
-    );
-    h.run_to_idle(10);
-    let b = h.submit(prompt(long, 2));
-    let step = h.step().unwrap();
-    assert_eq!(
-        announced(&step, b).unwrap().cached_len,
-        0,
-        "another long prompt's KV"
-    );
-    h.run_to_idle(10);
-    let c = h.submit(prompt(short, 2));
-    let step = h.step().unwrap();
-    assert_eq!(
-        announced(&step, c).unwrap().cached_len,
-        8,
-        "short prompts still share"
-    );
-    h.run_to_idle(10);
+    let long: Vec<u32> = short.iter().copied().chain([7, 8, 9, 10]).collect();
+    admit_and_finish(&mut h, &short);
+    assert_eq!(admit_and_finish(&mut h, &long).1, 0, "a short prompt's KV");
+    let (b, cached) = admit_and_finish(&mut h, &long);
+    assert_eq!(cached, 0, "another long prompt's KV");
+    let (c, cached) = admit_and_finish(&mut h, &short);
+    assert_eq!(cached, 8, "short prompts still share");
     assert_eq!(h.tokens(b), expected_tokens(b, 16, 2));
     assert_eq!(h.tokens(c), expected_tokens(c, 12, 2));
 }
