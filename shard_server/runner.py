@@ -25,7 +25,7 @@ from .grammar import GrammarEngine
 from .kernels.dispatch import use_fused
 from .kernels.greedy import fused_greedy
 from .kv_cache import KVCache, KVSpec
-from .layers.rotary import rotary_row_offset
+from .layers.rotary import long_rope_prompt_tokens, rotary_row_offset
 from .mixed_graphs import MixedGraphs
 from .models.causal_lm import CausalLM
 from .pb import generate_pb2 as pb
@@ -319,6 +319,9 @@ class ModelRunner:
         positions: list[int] = []
         starts: list[int] = []
         on_device: list[tuple[int, PendingToken]] = []
+        # The model's positions index its rotary table: LongRoPE keeps a long prompt's rows apart.
+        scaling, table_rows = self.config.rope_scaling, self.config.max_position_embeddings
+        long_rope = long_rope_prompt_tokens(scaling) > 0
         for item in work:
             starts.append(len(ids))
             state = item.state
@@ -328,8 +331,7 @@ class ModelRunner:
                 on_device.append((len(ids) + len(known), state.pending[item.end - 1 - len(state.token_ids)]))
                 known = [*known, 0]
             ids.extend(known)
-            # The model's positions index its rotary table: LongRoPE keeps a long prompt's rows apart.
-            offset = rotary_row_offset(self.config.rope_scaling, self.config.max_position_embeddings, state.prompt_len)
+            offset = rotary_row_offset(scaling, table_rows, state.prompt_len) if long_rope else 0
             positions.extend(range(item.start + offset, item.end + offset))
         layout = StepLayout(
             query_lens=[item.num_tokens for item in work],
