@@ -8,6 +8,8 @@ multimodal `text_config`, Phi-3's LongRoPE, the MoE fields), the router's tokeni
 template over it, and the step loop. For each family:
 - /generate greedy equals transformers' fp32 greedy token for token, for a short prompt and for
   one past Phi-3's `original_max_position_embeddings` (64), where LongRoPE's long factors apply;
+- a long prompt that starts from another long prompt's cached KV (under LongRoPE, KV rotated
+  with the long factors) still equals transformers;
 - /v1/chat/completions renders the template as transformers does and answers;
 - /info names the checkpoint, and the router learned LongRoPE's prompt limit where there is one.
 """
@@ -20,7 +22,7 @@ import httpx
 import pytest
 import torch
 
-from server import Server
+from server import Server, metric, scrape_metrics
 from test_kv_cache_dtype import greedy_tokens
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -72,6 +74,18 @@ def test_greedy_generate_equals_transformers(family, prompt):
     assert len(got) == NEW_TOKENS or got[-1] == tokenizer.eos_token_id, got
 
 
+def test_a_long_prompt_from_a_cached_prefix_equals_transformers(family):
+    server, model, tokenizer, _ = family
+    greedy_tokens(server.url, LONG_PROMPT + " and first", new_tokens=1)
+    hits = metric(scrape_metrics(server.url), "textgen_prefix_cache_hits_tokens_total")
+    prompt = LONG_PROMPT + " and second"
+    got = greedy_tokens(server.url, prompt, new_tokens=NEW_TOKENS)
+    shared = metric(scrape_metrics(server.url), "textgen_prefix_cache_hits_tokens_total") - hits
+    assert shared >= 64, "the shared long prefix came from the cache"
+    want = reference_greedy(model, tokenizer, prompt, NEW_TOKENS)
+    assert got == want[: len(got)], (got, want)
+
+
 def test_chat_renders_the_template_and_answers(family):
     server, _, tokenizer, _ = family
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a colour."}]
@@ -91,7 +105,7 @@ def test_info_and_health_describe_the_served_checkpoint(family):
     assert info["model_id"] == str(directory), info
     assert info["max_total_tokens"] <= 512, info  # the checkpoint's max_position_embeddings
     assert httpx.get(server.url + "/health", timeout=10).status_code == 200
-    # LongRoPE rotates a prompt past 64 tokens apart from shorter ones: the router keeps it out
-    # of the prefix cache (tests/shard/test_dense_families.py checks the rotation itself).
+    # LongRoPE rotates a prompt past 64 tokens apart from shorter ones: the router's prefix cache
+    # keys it apart (tests/shard/test_dense_families.py checks the rotation itself).
     limit = "Some(64)" if directory.name.startswith("phi3") else "None"
-    assert f"prefix_cache_max_prompt={limit}" in server.log()
+    assert f"long_rope_prompt_tokens={limit}" in server.log()

@@ -228,8 +228,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         max_batch_prefill_tokens: args.max_batch_prefill_tokens,
         max_batch_size: args.max_batch_size,
         prefix_caching: args.prefix_caching,
-        // LongRoPE's long prompts are rotated unlike shorter ones with the same tokens.
-        prefix_cache_max_prompt: (report.info.long_rope_prompt_tokens > 0)
+        long_rope_prompt_tokens: (report.info.long_rope_prompt_tokens > 0)
             .then_some(report.info.long_rope_prompt_tokens),
         admission_policy: args.scheduling_policy,
         admission_age_cap: Duration::from_millis(args.scheduling_age_cap_ms),
@@ -238,7 +237,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     };
     tracing::info!(
         prefix_caching = args.prefix_caching,
-        prefix_cache_max_prompt = ?scheduler_config.prefix_cache_max_prompt,
+        long_rope_prompt_tokens = ?scheduler_config.long_rope_prompt_tokens,
         policy = %args.scheduling_policy,
         "scheduler"
     );

@@ -84,9 +84,9 @@ pub struct SchedulerConfig {
     pub max_batch_size: Option<u32>,
     /// Reuse the KV of cached prefixes (the radix cache).
     pub prefix_caching: bool,
-    /// Prompts longer than this neither read nor write the prefix cache: the shards'
-    /// `long_rope_prompt_tokens` (LongRoPE rotates them differently). None: no limit.
-    pub prefix_cache_max_prompt: Option<u32>,
+    /// The shards' `long_rope_prompt_tokens`: LongRoPE rotates a longer prompt with other
+    /// frequencies, so the prefix cache keys its KV apart. None: the model has no LongRoPE.
+    pub long_rope_prompt_tokens: Option<u32>,
     /// Order in which waiting sequences are admitted.
     pub admission_policy: AdmissionPolicy,
     /// Under `LongestPrefix`, a sequence waiting this long goes ahead of cached ones.

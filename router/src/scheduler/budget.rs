@@ -125,7 +125,7 @@ mod tests {
             max_batch_prefill_tokens: max_tokens,
             max_batch_size: max_batch,
             prefix_caching: false,
-            prefix_cache_max_prompt: None,
+            long_rope_prompt_tokens: None,
             admission_policy: Default::default(),
             admission_age_cap: std::time::Duration::ZERO,
             max_stream_backlog: 1,

@@ -286,7 +286,7 @@ impl SchedulerState {
         let block_size = self.config.block_size;
         let sequence = self.waiting.iter().find(|s| s.id == id)?;
         let known_len = sequence.known_len();
-        let max_prompt = self.config.prefix_cache_max_prompt;
+        let max_prompt = self.config.long_rope_prompt_tokens;
         let hit = prefix::lookup(self.prefix_cache.as_mut(), sequence, max_prompt);
         let (mut table, cached_len, hit) = match hit {
             Some(hit) => {

@@ -5,6 +5,8 @@
 //! the order they were sent, so any step that reads it comes later. Only known tokens
 //! are cached (a pipelined decode computes a position whose token the router has not
 //! seen yet), and a failed step clears the whole cache.
+use std::borrow::Cow;
+
 use super::admission::Candidate;
 use super::sequence::Sequence;
 use super::state::SchedulerState;
@@ -14,15 +16,25 @@ use crate::metrics::names;
 /// Whether a sequence may start from cached KV. Prompt logprobs need every prompt
 /// position computed, so `decoder_input_details` bypasses the cache (until its first
 /// token is out: a preempted one may then reuse its own prefix).
-fn may_use_cache(sequence: &Sequence, max_prompt: Option<u32>) -> bool {
-    !sequence.wants_prefill_logprobs() && kv_is_shareable(sequence, max_prompt)
+fn may_use_cache(sequence: &Sequence) -> bool {
+    !sequence.wants_prefill_logprobs()
 }
 
-/// Whether a sequence's KV is what any other sequence computes for the same tokens. Under
-/// LongRoPE a prompt longer than `max_prompt` (the shards' `long_rope_prompt_tokens`) is
-/// rotated with other frequencies at every position, so it neither reads nor writes the cache.
-fn kv_is_shareable(sequence: &Sequence, max_prompt: Option<u32>) -> bool {
-    max_prompt.is_none_or(|limit| sequence.prompt_len() <= limit)
+/// A cache key's tag for KV rotated with LongRoPE's long factors, in a bit no token id
+/// reaches (validation bounds prompt ids by the vocabulary; the shards sample inside it).
+const LONG_ROTATION: u32 = 1 << 31;
+
+/// The cache key of a sequence's known tokens: the tokens themselves, unless LongRoPE rotates
+/// the sequence with its long factors at every position (a prompt longer than `max_prompt`, the
+/// shards' `long_rope_prompt_tokens`). Then each token is tagged, so such prompts share KV
+/// with one another and never with a shorter prompt's over the same tokens.
+fn cache_key(sequence: &Sequence, max_prompt: Option<u32>) -> Cow<'_, [u32]> {
+    let tokens = sequence.known_tokens();
+    if !max_prompt.is_some_and(|limit| sequence.prompt_len() > limit) {
+        return tokens;
+    }
+    debug_assert!(tokens.iter().all(|&token| token < LONG_ROTATION));
+    Cow::Owned(tokens.iter().map(|&token| token | LONG_ROTATION).collect())
 }
 
 /// The tokens a lookup may match: all but the last known one, which is always computed
@@ -38,21 +50,17 @@ pub(super) fn lookup(
     max_prompt: Option<u32>,
 ) -> Option<PrefixMatch> {
     let cache = cache?;
-    if !may_use_cache(sequence, max_prompt) {
+    if !may_use_cache(sequence) {
         return None;
     }
-    let tokens = sequence.known_tokens();
-    Some(cache.match_prefix(lookup_tokens(&tokens)))
+    Some(cache.match_prefix(lookup_tokens(&cache_key(sequence, max_prompt))))
 }
 
 fn insert_computed(cache: &mut RadixCache, sequence: &Sequence, max_prompt: Option<u32>) {
-    if !kv_is_shareable(sequence, max_prompt) {
-        return;
-    }
-    let tokens = sequence.known_tokens();
-    let computed = (sequence.computed as usize).min(tokens.len());
+    let key = cache_key(sequence, max_prompt);
+    let computed = (sequence.computed as usize).min(key.len());
     cache.insert(
-        &tokens[..computed],
+        &key[..computed],
         &sequence.blocks,
         sequence.prompt_len() as usize,
     );
@@ -78,14 +86,14 @@ impl SchedulerState {
     /// What the admission policy needs to know about each waiting sequence.
     pub(super) fn admission_candidates(&self, now: std::time::Instant) -> Vec<Candidate> {
         let window = super::admission::RANKED_WINDOW;
-        let max_prompt = self.config.prefix_cache_max_prompt;
+        let max_prompt = self.config.long_rope_prompt_tokens;
         self.waiting
             .iter()
             .enumerate()
             .map(|(position, sequence)| {
                 let cached_tokens = match &self.prefix_cache {
-                    Some(cache) if position < window && may_use_cache(sequence, max_prompt) => {
-                        cache.match_len(lookup_tokens(&sequence.known_tokens()))
+                    Some(cache) if position < window && may_use_cache(sequence) => {
+                        cache.match_len(lookup_tokens(&cache_key(sequence, max_prompt)))
                     }
                     _ => 0,
                 };
@@ -102,14 +110,14 @@ impl SchedulerState {
     /// Caches the whole blocks `sequence` has computed (prompt and generated tokens).
     pub(super) fn cache_computed(&mut self, sequence: &Sequence) {
         if let Some(cache) = self.prefix_cache.as_mut() {
-            insert_computed(cache, sequence, self.config.prefix_cache_max_prompt);
+            insert_computed(cache, sequence, self.config.long_rope_prompt_tokens);
         }
     }
 
     /// Caches the progress of a running sequence (after a step computed a chunk of it).
     pub(super) fn cache_running(&mut self, id: u64) {
         if let (Some(cache), Some(sequence)) = (self.prefix_cache.as_mut(), self.running.get(&id)) {
-            insert_computed(cache, sequence, self.config.prefix_cache_max_prompt);
+            insert_computed(cache, sequence, self.config.long_rope_prompt_tokens);
         }
     }
 

@@ -13,7 +13,7 @@ pub fn config(block_size: u32, num_blocks: u32, max_tokens: u32) -> SchedulerCon
         max_batch_prefill_tokens: max_tokens,
         max_batch_size: None,
         prefix_caching: false,
-        prefix_cache_max_prompt: None,
+        long_rope_prompt_tokens: None,
         admission_policy: AdmissionPolicy::Fifo,
         admission_age_cap: std::time::Duration::from_secs(5),
         max_stream_backlog: 1 << 20,

@@ -264,11 +264,12 @@ fn admit_and_finish(h: &mut Harness, tokens: &[u32]) -> (u64, u32) {
 }
 
 #[test]
-fn under_long_rope_a_long_prompt_neither_reads_nor_writes_the_cache() {
+fn under_long_rope_long_prompts_share_kv_only_with_one_another() {
     // LongRoPE rotates a prompt of more than 12 tokens with other frequencies at every
-    // position: its KV is not a shorter prompt's over the same tokens, nor the reverse.
+    // position: its KV is not a shorter prompt's over the same tokens, nor the reverse,
+    // but it is every other long prompt's.
     let config = super::api::SchedulerConfig {
-        prefix_cache_max_prompt: Some(12),
+        long_rope_prompt_tokens: Some(12),
         ..cached_config(4, 64, 64)
     };
     let mut h = Harness::new(config);
@@ -277,7 +278,10 @@ fn under_long_rope_a_long_prompt_neither_reads_nor_writes_the_cache() {
     admit_and_finish(&mut h, &short);
     assert_eq!(admit_and_finish(&mut h, &long).1, 0, "a short prompt's KV");
     let (b, cached) = admit_and_finish(&mut h, &long);
-    assert_eq!(cached, 0, "another long prompt's KV");
+    assert_eq!(
+        cached, 12,
+        "another long prompt's KV, all but the last token's block"
+    );
     let (c, cached) = admit_and_finish(&mut h, &short);
     assert_eq!(cached, 8, "short prompts still share");
     assert_eq!(h.tokens(b), expected_tokens(b, 16, 2));
