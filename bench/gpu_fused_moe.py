@@ -9,9 +9,12 @@ and its TFLOP/s (prefill is compute-bound). The shipped tile's error against `re
 is checked once per case. `--fp8`: the experts in e4m3 with a scale a row (`--quantize fp8`),
 half the bytes a decode reads; `--block-fp8`: e4m3 with a scale per 128x128 block, as
 Qwen3-30B-A3B-FP8 stores them (the kernel dequantizes each tile inside the K loop). The routing
-kernel (`moe_routing.py`) is timed beside, as a decode layer runs it.
+kernel (`moe_routing.py`) is timed beside, as a decode layer runs it. Where a batch has no more
+(token, expert) pairs than experts, the pair-by-pair path (`moe_pairs.py`) is timed beside the
+tiles, over its own candidate tiles, with whether the shipped dispatch takes it.
 
-    python3 bench/gpu_fused_moe.py OUT_JSON [--shapes qwen3-30b-a3b,mixtral,olmoe] [--fp8 | --block-fp8]
+    python3 bench/gpu_fused_moe.py OUT_JSON [--shapes qwen3-30b-a3b,mixtral,olmoe] [--tokens 1,4,16]
+        [--fp8 | --block-fp8]
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.gpu_skinny_matmul import graph_us  # noqa: E402
 from shard_server.kernels.fp8_matmul import FP8, FP8_MAX, quantize_rows_reference  # noqa: E402
 from shard_server.kernels.fused_moe import ExpertScales, MoeTile, fused_experts, tile_for  # noqa: E402
+from shard_server.kernels.moe_pairs import GATE_UP_TILE, DOWN_TILE, PairsTile, pair_experts, pairs_apply  # noqa: E402
 from shard_server.models.moe import reference_experts, route  # noqa: E402
 
 # (experts, hidden, intermediate, top_k) of one layer, as the Hub configs give them.
@@ -42,6 +46,10 @@ CANDIDATES = [MoeTile(m, n, k, g, w, s) for m, n, k, g, w, s in [
     (16, 64, 128, 1, 4, 5), (32, 64, 128, 4, 4, 3), (32, 128, 64, 8, 4, 4), (64, 64, 64, 8, 4, 4),
     (64, 128, 64, 8, 4, 4), (64, 128, 64, 8, 8, 3), (128, 128, 64, 8, 8, 3), (128, 256, 64, 8, 8, 3),
     (64, 256, 64, 8, 8, 3)]]  # fmt: skip
+# The pair-by-pair decode path's tiles (gate_up's, down's), where a batch has fewer pairs than experts.
+PAIRS_CANDIDATES = [(PairsTile(n, k, w), PairsTile(dn, dk, dw)) for (n, k, w), (dn, dk, dw) in [
+    ((16, 256, 4), (16, 256, 4)), ((8, 256, 4), (8, 256, 4)), ((32, 128, 4), (32, 128, 4)),
+    ((16, 512, 4), (16, 256, 4)), ((16, 256, 8), (8, 512, 4)), ((4, 512, 4), (4, 512, 4))]]  # fmt: skip
 COPIES = 4
 
 
@@ -103,6 +111,7 @@ def case(shape: tuple[int, int, int, int], tokens: int, generator: torch.Generat
             tiles[str(tile)] = {"error": f"{type(exc).__name__}: {str(exc)[:120]}"}
             continue
         tiles[str(tile)] = {"us": us}
+    pairs = pairs_case(x, copies, topk_weights, topk_ids, want) if tokens * top_k <= experts else None
     timed = {k: v for k, v in tiles.items() if "us" in v}
     best = min(timed, key=lambda k: timed[k]["us"])
     moved = hit_bytes(topk_ids, hidden, inter, 2 if experts_kind == "bf16" else 1)
@@ -116,7 +125,25 @@ def case(shape: tuple[int, int, int, int], tokens: int, generator: torch.Generat
     return {"tokens": tokens, "rel_err_shipped": rel_err, "hit_bytes": moved, "route_us": route_us,
             "shipped": {"tile": str(shipped), **figures(tiles[str(shipped)]["us"])},
             "best": {"tile": best, **figures(timed[best]["us"])},
-            "shipped_over_best": tiles[str(shipped)]["us"] / timed[best]["us"], "tiles": tiles}  # fmt: skip
+            "shipped_over_best": tiles[str(shipped)]["us"] / timed[best]["us"], "tiles": tiles,
+            "pairs": pairs}  # fmt: skip
+
+
+def pairs_case(x, copies, topk_weights, topk_ids, want) -> dict:
+    """The pair-by-pair path at this batch: µs per call for each tile pair, whether the shipped
+    dispatch takes it, and the shipped tiles' error."""
+    w13, w2, scales = copies[0]
+    got = pair_experts(x, w13, w2, topk_weights, topk_ids, scales).float()
+    timed = {}
+    for gate_up, down in dict.fromkeys([(GATE_UP_TILE, DOWN_TILE), *PAIRS_CANDIDATES]):
+        key = f"{gate_up} / {down}"
+        try:
+            timed[key] = graph_us(lambda w, g=gate_up, d=down: pair_experts(x, w[0], w[1], topk_weights, topk_ids,
+                                                                            w[2], g, d), copies)  # fmt: skip
+        except Exception as exc:
+            timed[key] = f"{type(exc).__name__}: {str(exc)[:120]}"
+    return {"shipped_takes_it": pairs_apply(x, w13, w2, topk_ids, scales),
+            "rel_err": float((got - want).norm() / want.norm().clamp_min(1e-12)), "us": timed}
 
 
 def main() -> None:
@@ -138,6 +165,8 @@ def main() -> None:
             print(f"{name} T={tokens}: shipped {r['shipped']['us']:.1f} us ({r['shipped']['tb_s']:.2f} TB/s, "
                   f"{r['shipped']['tflop_s']:.0f} TFLOP/s), best {r['best']['us']:.1f} us {r['best']['tile']}, "
                   f"err {r['rel_err_shipped']:.1e}, routing {r['route_us']:.1f} us", flush=True)  # fmt: skip
+            if r["pairs"]:
+                print("   pairs:", r["pairs"], flush=True)
             args.out.write_text(json.dumps(results, indent=1))
 
 

@@ -13,9 +13,10 @@ routes alike; each rank's output is a partial sum, and the block does one all-re
 
 The routed experts' weights are stacked the way a grouped-GEMM kernel wants them:
 `w13` [experts, 2 * local intermediate, hidden] (gate rows, then up rows) and `w2`
-[experts, hidden, local intermediate]. `experts_forward` runs them: on the fused Triton path
-(`kernels/fused_moe.py`: pairs sorted by expert, two grouped GEMMs; CUDA-graph capturable) where
-`use_fused` says so and it takes the weights (float, or fp8 with their scales); else
+[experts, hidden, local intermediate]. `experts_forward` runs them on the fused Triton paths
+(CUDA-graph capturable) where `use_fused` says so and they take the weights (float, or fp8 with
+their scales): `kernels/moe_pairs.py` pair by pair for a decode batch with few (token, expert)
+pairs, else `kernels/fused_moe.py` (pairs sorted by expert, two grouped GEMMs). Else
 `reference_experts`, the plain-torch oracle (an eager loop over the experts that were hit, with
 data-dependent shapes), or under CUDA-graph capture `dense_experts`, its static-shape twin
 (correct but experts/top_k times the work).
@@ -42,6 +43,7 @@ from ..kernels.dispatch import use_fused
 from ..kernels.fp8_matmul import FP8
 from ..kernels.expert_scales import dequantize_experts, scale_shapes
 from ..kernels.fused_moe import ExpertScales, fused_experts, fused_moe_applies
+from ..kernels.moe_pairs import pair_experts, pairs_apply
 from ..kernels.moe_routing import fused_route, routes_in_one_launch
 from ..layers.linear import weight_rows
 from ..layers.quantized import block_fp8_part, block_fp8_slice
@@ -131,8 +133,11 @@ def experts_forward(
     topk_ids: torch.Tensor,
     scales: ExpertScales | None = None,
 ) -> torch.Tensor:
-    """The routed experts' output [T, hidden]: the fused kernel where it applies; else the
-    reference loop, or its static-shape twin under CUDA-graph capture (the loop syncs with the host)."""
+    """The routed experts' output [T, hidden]: pair by pair for a decode batch with fewer pairs
+    than experts, else the grouped kernel, where they apply; else the reference loop, or its
+    static-shape twin under CUDA-graph capture (the loop syncs with the host)."""
+    if use_fused(x) and pairs_apply(x, w13, w2, topk_ids, scales):
+        return pair_experts(x, w13, w2, topk_weights, topk_ids, scales)
     if use_fused(x) and fused_moe_applies(x, w13, w2, scales):
         return fused_experts(x, w13, w2, topk_weights, topk_ids, scales=scales)
     if x.is_cuda and torch.cuda.is_current_stream_capturing():
