@@ -111,3 +111,49 @@ def fused_rmsnorm(
             num_warps=_warps(block), **launch_args(x),
         )  # fmt: skip
     return (Fp8Rows(out, scale, weight.dtype) if quantize else out), summed
+
+
+@triton.jit
+def _norm_heads(ptr, weight_ptr, token, row_stride, heads, eps, HEAD_DIM: tl.constexpr, HEADS_P: tl.constexpr,
+                DIM_P: tl.constexpr):  # fmt: skip
+    """One token's `heads` heads of HEAD_DIM values at ptr + token * row_stride, normed in place."""
+    head = tl.arange(0, HEADS_P)[:, None]
+    dim = tl.arange(0, DIM_P)[None, :]
+    mask = (head < heads) & (dim < HEAD_DIM)
+    at = ptr + token * row_stride + head * HEAD_DIM + dim
+    xf = tl.load(at, mask=mask, other=0.0).to(tl.float32)
+    rstd = tl.rsqrt(tl.sum(xf * xf, axis=1) / HEAD_DIM + eps)[:, None]
+    normed = (xf * rstd).to(ptr.dtype.element_ty).to(tl.float32)  # as _rmsnorm_row rounds
+    w = tl.load(weight_ptr + dim, mask=dim < HEAD_DIM, other=0.0)
+    tl.store(at, (normed * w.to(tl.float32)).to(ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _heads_rmsnorm_kernel(q_ptr, k_ptr, q_weight_ptr, k_weight_ptr, q_stride, k_stride, q_eps, k_eps, Q_HEADS,
+                          KV_HEADS, HEAD_DIM: tl.constexpr, HEADS_P: tl.constexpr, DIM_P: tl.constexpr,
+                          PDL: tl.constexpr):  # fmt: skip
+    # Program (token, 0) norms the token's query heads, (token, 1) its key heads.
+    wait_for_previous_kernel(PDL)
+    token = tl.program_id(0).to(tl.int64)
+    if tl.program_id(1) == 0:
+        _norm_heads(q_ptr, q_weight_ptr, token, q_stride, Q_HEADS, q_eps, HEAD_DIM, HEADS_P, DIM_P)
+    else:
+        _norm_heads(k_ptr, k_weight_ptr, token, k_stride, KV_HEADS, k_eps, HEAD_DIM, HEADS_P, DIM_P)
+
+
+def heads_fusable(x: torch.Tensor) -> bool:
+    """[T, heads, head_dim] with each token's heads packed (a view into a fused qkv output)."""
+    return x.dim() == 3 and x.stride(2) == 1 and x.stride(1) == x.shape[2]
+
+
+def fused_heads_rmsnorm(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
+                        q_eps: float, k_eps: float) -> None:  # fmt: skip
+    """Per-head RMSNorm of q [T, H, d] and k [T, KV, d] (`heads_fusable`), in place, in one launch:
+    each head as `fused_rmsnorm` norms a row (Qwen3's and Gemma 3's q_norm / k_norm)."""
+    tokens, heads, dim = q.shape
+    if tokens:
+        _heads_rmsnorm_kernel[(tokens, 2)](
+            q, k, q_weight, k_weight, q.stride(0), k.stride(0), q_eps, k_eps, heads, k.shape[1],
+            HEAD_DIM=dim, HEADS_P=triton.next_power_of_2(max(heads, k.shape[1])), DIM_P=triton.next_power_of_2(dim),
+            num_warps=4, **launch_args(q),
+        )  # fmt: skip

@@ -7,7 +7,7 @@ from torch import nn
 
 from ..kernels.dispatch import use_fused
 from ..kernels.fp8_matmul import Fp8Rows
-from ..kernels.norm import fused_rmsnorm
+from ..kernels.norm import fused_heads_rmsnorm, fused_rmsnorm, heads_fusable
 from ..weights import WeightStore
 
 
@@ -42,6 +42,15 @@ class RMSNorm(nn.Module):
             x = before(x)
         residual = x + residual
         return self.forward(residual), residual
+
+
+def norm_heads(q: torch.Tensor, k: torch.Tensor, q_norm: RMSNorm, k_norm: RMSNorm) -> tuple[torch.Tensor, torch.Tensor]:
+    """q [T, H, d] and k [T, KV, d] each normed per head (Qwen3's and Gemma 3's q_norm / k_norm):
+    in place, in one launch, where the fused kernels apply (a norm's torch path is ~7 launches)."""
+    if use_fused(q) and heads_fusable(q) and heads_fusable(k) and q.shape[2] == k.shape[2]:
+        fused_heads_rmsnorm(q, k, q_norm.weight, k_norm.weight, q_norm.eps, k_norm.eps)
+        return q, k
+    return q_norm(q), k_norm(k)
 
 
 def _fusable(x: torch.Tensor) -> bool:

@@ -16,7 +16,7 @@ from ..kernels.dispatch import use_fused
 from ..kv_cache import KVCache
 from ..layers.embedding import LMHead, VocabParallelEmbedding
 from ..layers.linear import ColumnParallelLinear, RowParallelLinear
-from ..layers.norm import RMSNorm
+from ..layers.norm import RMSNorm, norm_heads
 from ..layers.rotary import RotaryEmbedding, RotaryStep
 from ..weights import WeightStore
 from .config import ModelConfig
@@ -64,7 +64,7 @@ class LlamaAttention(nn.Module):
         k = k.view(tokens, self.num_kv_heads, self.head_dim)
         v = v.view(tokens, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
+            q, k = norm_heads(q, k, self.q_norm, self.k_norm)
         out = self.backend.forward(q, k, v, k_cache, v_cache, metadata, rotary)
         return self.o_proj(out.reshape(tokens, -1))
 

@@ -12,7 +12,7 @@ import torch
 pytest.importorskip("triton")
 
 from shard_server.kernels.dispatch import fused_kernels, use_fused  # noqa: E402
-from shard_server.layers.norm import RMSNorm  # noqa: E402
+from shard_server.layers.norm import RMSNorm, norm_heads  # noqa: E402
 from shard_server.layers.rotary import RotaryEmbedding, apply_rotary  # noqa: E402
 from shard_server.models.config import RopeScaling  # noqa: E402
 
@@ -85,6 +85,35 @@ def test_post_norm_add_rmsnorm_matches_torch(dtype):
     ulps = 0.0 if DEVICE == "cpu" else 2 * torch.finfo(dtype).eps
     for got, want in ((got_sum, two_launches[1]), (got_out, two_launches[0])):
         torch.testing.assert_close(got, want, atol=ulps * want.abs().max().item(), rtol=ulps)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("heads, kv_heads, dim", [(4, 2, 64), (6, 2, 96), (3, 3, 16)])  # 96: masked dims
+def test_per_head_norms_of_q_and_k_in_one_launch_match_torch(dtype, heads, kv_heads, dim):
+    """Qwen3's q_norm / k_norm over the views of a fused qkv output, normed in place; v untouched."""
+    device, tokens = torch.device(DEVICE), 5
+    q_norm, k_norm = RMSNorm(dim, 1e-6, dtype, device), RMSNorm(dim, 1e-5, dtype, device)
+    q_norm.weight.copy_(_randn(dim, dtype=dtype, seed=8) + 1.0)
+    k_norm.weight.copy_(_randn(dim, dtype=dtype, seed=9))
+    qkv = _randn(tokens, (heads + 2 * kv_heads) * dim, dtype=dtype, seed=10) * 4
+
+    def views(t):
+        q, k, v = t.split([heads * dim, kv_heads * dim, kv_heads * dim], dim=-1)
+        return q.view(tokens, heads, dim), k.view(tokens, kv_heads, dim), v
+
+    q, k, _ = views(qkv.clone())
+    with fused_kernels(False):
+        want_q, want_k = norm_heads(q, k, q_norm, k_norm)
+    fused = qkv.clone()
+    q, k, v = views(fused)
+    with fused_kernels(True, on_cpu=True):
+        got_q, got_k = norm_heads(q, k, q_norm, k_norm)
+    assert got_q.data_ptr() == q.data_ptr(), "normed in place"
+    atol = TOLERANCE[dtype]
+    torch.testing.assert_close(got_q, want_q, atol=atol, rtol=atol)
+    torch.testing.assert_close(got_k, want_k, atol=atol, rtol=atol)
+    assert torch.equal(v, views(qkv)[2]), "v is not touched"
+    assert not torch.allclose(want_k.float(), views(qkv)[1].float(), atol=0.1), "the norm changed k"
 
 
 def test_post_norm_needs_a_residual():
@@ -161,8 +190,9 @@ def test_greedy_tail_matches_torch(dtype, vocab):
     torch.testing.assert_close(logprobs, want, atol=1e-5, rtol=1e-5)
 
 
-def test_model_logits_with_fused_kernels_match_torch(tmp_path):
-    make_tiny_model("llama", tmp_path)
+@pytest.mark.parametrize("family", ["llama", "qwen3"])  # qwen3: per-head q/k norms
+def test_model_logits_with_fused_kernels_match_torch(tmp_path, family):
+    make_tiny_model(family, tmp_path)
     device = torch.device(DEVICE)
     config = ModelConfig.from_dict(read_config(tmp_path))
     with WeightStore(tmp_path) as store:
