@@ -12,7 +12,7 @@ the products do. Here two launches do it all:
   sums their weighted outputs in float32, in k order (the grouped path's order), rounded once.
 
 A pair whose expert another pair of the batch also hit reads that expert's weights again, so
-this path is for batches with fewer pairs than experts (`pairs_apply`); past that the sorted
+this path is for batches with few pairs an expert (`pairs_apply`); past that the sorted
 grouped GEMMs read each hit expert once.
 
 Numerics are the grouped path's: products in float32, rounded to the model dtype after gate_up,
@@ -37,21 +37,23 @@ from .pdl import launch_args, wait_for_previous_kernel
 @dataclass(frozen=True)
 class PairsTile:
     block_n: int  # output features a program
-    block_k: int  # reduction step
+    block_k: int  # reduction step (down: the largest; an expert's row is read in few unrolled tiles)
     num_warps: int
 
 
 # A decode layer's two products at the Qwen3-30B-A3B shape want many programs (384 for gate_up
 # at one token) each streaming a short slice; timed with bench/gpu_fused_moe.py.
 GATE_UP_TILE = PairsTile(block_n=16, block_k=256, num_warps=4)
-DOWN_TILE = PairsTile(block_n=16, block_k=256, num_warps=4)
-# Pairs a batch may have per expert: past it the same expert's weights would be read many times.
-MAX_PAIRS_PER_EXPERT = 0.5
+DOWN_TILE = PairsTile(block_n=8, block_k=1024, num_warps=4)
+# Pairs a batch may have per expert. At a quarter, uniform routing re-reads about 12 % of the
+# hit experts' bytes (pairs that land on an expert already hit); the grouped path reads each once
+# but costs three launches more. Not yet timed against it on a GPU (bench/gpu_fused_moe.py).
+MAX_PAIRS_PER_EXPERT = 0.25
 
 
 def pairs_apply(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Tensor,
                 scales: ExpertScales | None) -> bool:  # fmt: skip
-    """A batch with fewer pairs than half the experts, weights of x's dtype or fp8 with row scales."""
+    """A batch with no more pairs than a quarter of the experts, weights of x's dtype or fp8 with row scales."""
     few = 0 < topk_ids.numel() <= MAX_PAIRS_PER_EXPERT * w13.shape[0]
     weights_ok = w13.dtype in (x.dtype, FP8) and w2.dtype == w13.dtype and (w13.dtype == FP8) == (scales is not None)
     return few and x.dim() == 2 and x.dtype in DTYPES and weights_ok and (scales is None or scales.block is None)
@@ -96,9 +98,10 @@ def _gate_up_kernel(x_ptr, w_ptr, scale_ptr, ids_ptr, act_ptr, INTER, K, TOP_K, 
 @triton.jit
 def _down_kernel(act_ptr, w_ptr, scale_ptr, ids_ptr, weights_ptr, out_ptr, HIDDEN, INTER, TOP_K, w_stride_e,
                  scale_stride_e, out_stride, SCALED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 PDL: tl.constexpr):  # fmt: skip
+                 K_TILES: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
     # out[t, n] = sum_j weight_j * (down_{e_j} . act[t * TOP_K + j]) over this program's BLOCK_N
-    # hidden features n; w [E, HIDDEN, INTER].
+    # hidden features n; w [E, HIDDEN, INTER]. The K tiles of an expert are unrolled (K_TILES),
+    # so the loop over the k experts is the innermost one and the compiler pipelines its loads.
     token = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < HIDDEN
@@ -110,8 +113,8 @@ def _down_kernel(act_ptr, w_ptr, scale_ptr, ids_ptr, weights_ptr, out_ptr, HIDDE
         expert = tl.load(ids_ptr + pair).to(tl.int64)
         rows = w_ptr + expert * w_stride_e + cols.to(tl.int64)[:, None] * INTER
         acc = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
-        for k0 in range(0, INTER, BLOCK_K):
-            ks = k0 + tl.arange(0, BLOCK_K)
+        for tile in tl.static_range(K_TILES):
+            ks = tile * BLOCK_K + tl.arange(0, BLOCK_K)
             k_ok = ks < INTER
             a = tl.load(act_ptr + pair * INTER + ks, mask=k_ok, other=0.0).to(tl.float32)[None, :]
             acc += tl.load(rows + ks[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32) * a
@@ -143,9 +146,10 @@ def pair_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weig
         num_warps=gate_up_tile.num_warps, **launch_args(x),
     )  # fmt: skip
     out = torch.empty(tokens, hidden, dtype=x.dtype, device=x.device)
+    block_k = min(triton.next_power_of_2(inter), down_tile.block_k)
     _down_kernel[(tokens, triton.cdiv(hidden, down_tile.block_n))](
         act, w2, s2, ids, weights, out, hidden, inter, top_k, w2.stride(0), s2.stride(0), out.stride(0),
-        SCALED=scales is not None, BLOCK_N=down_tile.block_n, BLOCK_K=down_tile.block_k,
+        SCALED=scales is not None, BLOCK_N=down_tile.block_n, BLOCK_K=block_k, K_TILES=triton.cdiv(inter, block_k),
         num_warps=down_tile.num_warps, **launch_args(x),
     )  # fmt: skip
     return out

@@ -133,9 +133,9 @@ def experts_forward(
     topk_ids: torch.Tensor,
     scales: ExpertScales | None = None,
 ) -> torch.Tensor:
-    """The routed experts' output [T, hidden]: pair by pair for a decode batch with fewer pairs
-    than experts, else the grouped kernel, where they apply; else the reference loop, or its
-    static-shape twin under CUDA-graph capture (the loop syncs with the host)."""
+    """The routed experts' output [T, hidden]: pair by pair for a decode batch with few pairs an
+    expert (`pairs_apply`), else the grouped kernel, where they apply; else the reference loop, or
+    its static-shape twin under CUDA-graph capture (the loop syncs with the host)."""
     if use_fused(x) and pairs_apply(x, w13, w2, topk_ids, scales):
         return pair_experts(x, w13, w2, topk_weights, topk_ids, scales)
     if use_fused(x) and fused_moe_applies(x, w13, w2, scales):

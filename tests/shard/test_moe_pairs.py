@@ -20,7 +20,7 @@ from shard_server.models.moe import experts_forward, reference_experts  # noqa: 
 from .fp8_checkpoints import block_fp8_experts, fp8_experts  # noqa: E402
 from .test_fused_moe import TOLERANCE, make_case  # noqa: E402
 
-SMALL = PairsTile(block_n=8, block_k=16, num_warps=4)  # edges masked in both dimensions
+SMALL = PairsTile(block_n=8, block_k=16, num_warps=4)  # edges masked in both dimensions, two K tiles in down
 
 
 @pytest.mark.parametrize("tokens, experts, top_k, skew", [
@@ -55,10 +55,10 @@ def test_fp8_pair_experts_match_the_dequantizing_reference(tokens, experts, top_
 
 
 def test_which_batches_and_weights_take_the_pairs_path():
-    x, w13, w2, _, ids = make_case(4, 16, 2, hidden=16, inter=16)
-    assert pairs_apply(x, w13, w2, ids, None), "8 pairs over 16 experts"
-    _, _, _, _, more = make_case(5, 16, 2, hidden=16, inter=16)
-    assert not pairs_apply(x, w13, w2, more, None), "10 pairs over 16 experts: the grouped GEMMs"
+    x, w13, w2, _, ids = make_case(2, 16, 2, hidden=16, inter=16)
+    assert pairs_apply(x, w13, w2, ids, None), "4 pairs over 16 experts"
+    _, _, _, _, more = make_case(5, 16, 1, hidden=16, inter=16)
+    assert not pairs_apply(x, w13, w2, more, None), "5 pairs over 16 experts: the grouped GEMMs"
     assert not pairs_apply(x, w13, w2, ids[:0], None), "no pairs"
     q13, q2, row_scales = fp8_experts(w13, w2)
     assert pairs_apply(x, q13, q2, ids, row_scales)
@@ -70,7 +70,7 @@ def test_which_batches_and_weights_take_the_pairs_path():
 
 
 def test_experts_forward_takes_the_pairs_path_for_a_decode_batch(monkeypatch):
-    x, w13, w2, weights, ids = make_case(2, 16, 4, hidden=48, inter=40, seed=5)
+    x, w13, w2, weights, ids = make_case(1, 16, 4, hidden=48, inter=40, seed=5)
     want = reference_experts(x, w13, w2, weights, ids)
     calls = []
     real = moe_pairs.pair_experts
