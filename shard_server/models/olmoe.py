@@ -4,7 +4,7 @@ Unlike Qwen3's per-head norms, OLMoE's `q_norm` is one RMSNorm over the whole q 
 (num_heads * head_dim features) and `k_norm` over the whole k projection; `clip_qkv` then clamps
 q, k and v. Under tensor parallelism a rank holds only its heads' features, so the sum of squares
 is all-reduced before normalising (a KV head replicated over r ranks is counted r times, and
-divided by r again).
+divided by r again). On one rank each norm is one launch of the fused row norm.
 """
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ from __future__ import annotations
 import torch
 
 from ..distributed import ParallelContext
+from ..kernels.dispatch import use_fused
+from ..kernels.norm import fused_rmsnorm
 from ..layers.linear import RowParallelLinear
 from ..weights import WeightStore
 from .config import ModelConfig
@@ -44,6 +46,8 @@ class OlmoeAttention(LlamaAttention):
         self.k_norm_weight.copy_(store.get_rows(f"{prefix}.k_norm.weight", self.kv_rows.start, self.kv_rows.end))
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor, features: int) -> torch.Tensor:
+        if self.ctx.world_size == 1 and use_fused(x) and x.stride(1) == 1:  # its torch path is ~7 launches
+            return fused_rmsnorm(x, weight, self.eps)[0]
         x32 = x.float()
         squares = self.ctx.all_reduce(x32.pow(2).sum(-1, keepdim=True))
         return weight * (x32 * torch.rsqrt(squares / features + self.eps)).to(x.dtype)

@@ -23,7 +23,7 @@ from shard_server.models.config import ModelConfig  # noqa: E402
 from shard_server.models.registry import build_model  # noqa: E402
 from shard_server.weights import WeightStore, read_config  # noqa: E402
 
-from .tiny_models import make_tiny_model  # noqa: E402
+from .tiny_models import make_tiny_model, make_tiny_moe_model  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 2e-3}
@@ -190,9 +190,9 @@ def test_greedy_tail_matches_torch(dtype, vocab):
     torch.testing.assert_close(logprobs, want, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3"])  # qwen3: per-head q/k norms
+@pytest.mark.parametrize("family", ["llama", "qwen3", "olmoe"])  # q/k norms: qwen3's per head, olmoe's whole
 def test_model_logits_with_fused_kernels_match_torch(tmp_path, family):
-    make_tiny_model(family, tmp_path)
+    (make_tiny_moe_model if family == "olmoe" else make_tiny_model)(family, tmp_path)
     device = torch.device(DEVICE)
     config = ModelConfig.from_dict(read_config(tmp_path))
     with WeightStore(tmp_path) as store:
