@@ -234,15 +234,23 @@ def _moe_gemm_kernel(a_ptr, w_ptr, w_scale_ptr, out_ptr, topk_weights_ptr, sorte
         if GATE_UP:
             acc_up *= tl.load(scales + N * scale_stride_n, mask=col_ok, other=0.0)[None, :]
     dtype = a_ptr.dtype.element_ty
-    if GATE_UP:  # rounded where torch rounds: F.linear's outputs, F.silu's, the product
-        gate = acc.to(dtype).to(tl.float32)
-        silu = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
-        result = (silu * acc_up.to(dtype).to(tl.float32)).to(dtype)
+    if GATE_UP:
+        result = silu_times_up(acc, acc_up, a_ptr)
     else:
         weight = tl.load(topk_weights_ptr + pair, mask=pair_ok, other=0.0)
         result = acc.to(dtype).to(tl.float32) * weight[:, None]
     out = out_ptr + pair.to(tl.int64)[:, None] * out_stride + cols[None, :]
     tl.store(out, result.to(out_ptr.dtype.element_ty), mask=pair_ok[:, None] & col_ok[None, :])
+
+
+@triton.jit
+def silu_times_up(gate, up, like_ptr):
+    """silu(gate) * up from their float32 sums, in like_ptr's element type, rounded where torch
+    rounds: F.linear's outputs, F.silu's, the product (shared by `moe_pairs.py`)."""
+    dtype = like_ptr.dtype.element_ty
+    gate = gate.to(dtype).to(tl.float32)
+    silu = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
+    return (silu * up.to(dtype).to(tl.float32)).to(dtype)
 
 
 @triton.jit

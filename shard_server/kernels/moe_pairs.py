@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 
 from .expert_scales import ExpertScales
-from .fused_moe import DTYPES, FP8
+from .fused_moe import DTYPES, FP8, silu_times_up
 from .pdl import launch_args, wait_for_previous_kernel
 
 
@@ -88,11 +88,8 @@ def _gate_up_kernel(x_ptr, w_ptr, scale_ptr, ids_ptr, act_ptr, INTER, K, TOP_K, 
         scales = scale_ptr + expert * scale_stride_e + cols
         gate *= tl.load(scales, mask=col_ok, other=0.0)
         up *= tl.load(scales + INTER, mask=col_ok, other=0.0)
-    dtype = act_ptr.dtype.element_ty  # rounded where torch rounds: the linears, SiLU, the product
-    gate = gate.to(dtype).to(tl.float32)
-    silu = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
-    result = silu * up.to(dtype).to(tl.float32)
-    tl.store(act_ptr + pair.to(tl.int64) * INTER + cols, result.to(dtype), mask=col_ok)
+    result = silu_times_up(gate, up, act_ptr)
+    tl.store(act_ptr + pair.to(tl.int64) * INTER + cols, result, mask=col_ok)
 
 
 @triton.jit

@@ -286,8 +286,8 @@ impl SchedulerState {
         let block_size = self.config.block_size;
         let sequence = self.waiting.iter().find(|s| s.id == id)?;
         let known_len = sequence.known_len();
-        let max_prompt = self.config.long_rope_prompt_tokens;
-        let hit = prefix::lookup(self.prefix_cache.as_mut(), sequence, max_prompt);
+        let long_rope = self.config.long_rope_prompt_tokens;
+        let hit = prefix::lookup(self.prefix_cache.as_mut(), sequence, long_rope);
         let (mut table, cached_len, hit) = match hit {
             Some(hit) => {
                 let stats = CacheHit {

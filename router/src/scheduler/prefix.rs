@@ -25,12 +25,12 @@ fn may_use_cache(sequence: &Sequence) -> bool {
 const LONG_ROTATION: u32 = 1 << 31;
 
 /// The cache key of a sequence's known tokens: the tokens themselves, unless LongRoPE rotates
-/// the sequence with its long factors at every position (a prompt longer than `max_prompt`, the
-/// shards' `long_rope_prompt_tokens`). Then each token is tagged, so such prompts share KV
+/// the sequence with its long factors at every position (a prompt longer than `long_rope`, the
+/// shards' `long_rope_prompt_tokens`; None: no LongRoPE). Then each token is tagged, so such prompts share KV
 /// with one another and never with a shorter prompt's over the same tokens.
-fn cache_key(sequence: &Sequence, max_prompt: Option<u32>) -> Cow<'_, [u32]> {
+fn cache_key(sequence: &Sequence, long_rope: Option<u32>) -> Cow<'_, [u32]> {
     let tokens = sequence.known_tokens();
-    if !max_prompt.is_some_and(|limit| sequence.prompt_len() > limit) {
+    if long_rope.is_none_or(|limit| sequence.prompt_len() <= limit) {
         return tokens;
     }
     debug_assert!(tokens.iter().all(|&token| token < LONG_ROTATION));
@@ -47,17 +47,17 @@ fn lookup_tokens(tokens: &[u32]) -> &[u32] {
 pub(super) fn lookup(
     cache: Option<&mut RadixCache>,
     sequence: &Sequence,
-    max_prompt: Option<u32>,
+    long_rope: Option<u32>,
 ) -> Option<PrefixMatch> {
     let cache = cache?;
     if !may_use_cache(sequence) {
         return None;
     }
-    Some(cache.match_prefix(lookup_tokens(&cache_key(sequence, max_prompt))))
+    Some(cache.match_prefix(lookup_tokens(&cache_key(sequence, long_rope))))
 }
 
-fn insert_computed(cache: &mut RadixCache, sequence: &Sequence, max_prompt: Option<u32>) {
-    let key = cache_key(sequence, max_prompt);
+fn insert_computed(cache: &mut RadixCache, sequence: &Sequence, long_rope: Option<u32>) {
+    let key = cache_key(sequence, long_rope);
     let computed = (sequence.computed as usize).min(key.len());
     cache.insert(
         &key[..computed],
@@ -86,14 +86,14 @@ impl SchedulerState {
     /// What the admission policy needs to know about each waiting sequence.
     pub(super) fn admission_candidates(&self, now: std::time::Instant) -> Vec<Candidate> {
         let window = super::admission::RANKED_WINDOW;
-        let max_prompt = self.config.long_rope_prompt_tokens;
+        let long_rope = self.config.long_rope_prompt_tokens;
         self.waiting
             .iter()
             .enumerate()
             .map(|(position, sequence)| {
                 let cached_tokens = match &self.prefix_cache {
                     Some(cache) if position < window && may_use_cache(sequence) => {
-                        cache.match_len(lookup_tokens(&cache_key(sequence, max_prompt)))
+                        cache.match_len(lookup_tokens(&cache_key(sequence, long_rope)))
                     }
                     _ => 0,
                 };
