@@ -402,7 +402,7 @@ class ModelRunner:
             previous_tokens=[s.token_ids[-1] for s in states] if any(p.watermark for p in params) else [],
             token_mask=mask,
         )
-        return self.sampler(decoded.logits.float(), rows)
+        return self.sampler(decoded.logits, rows)
 
     def _finish(self, launched: LaunchedStep) -> None:
         """Moves each sampled token to its sequence on the host and writes the outputs."""

@@ -203,6 +203,14 @@ def uniform_from_bits(bits: torch.Tensor) -> torch.Tensor:
 
 
 # -- the sampler -----------------------------------------------------------------------
+# Logits entries (rows x vocab) that one pass of the processors works on. Their temporaries
+# (sorts with int64 indices, the int64 hash noise) take ~40 bytes an entry, so an unchunked
+# pass over warmup's worst case (2,048 sampling rows of Qwen's 151,936 tokens) peaked at
+# ~12 GB, taken from the KV pool; a 61 GB MoE then did not start on an 80 GB card.
+# 2**25 entries (~1.3 GB) is 220 rows of that vocabulary, 1,024 of a 32k one.
+SAMPLE_CHUNK_ENTRIES = 1 << 25
+
+
 @dataclass
 class SamplingRows:
     """What the sampler needs per row; token lists only when a penalty asks for them."""
@@ -216,6 +224,13 @@ class SamplingRows:
     token_mask: TokenMask | None = None  # constrained rows' allowed tokens
     generated_counts: list[int] = field(default_factory=list)  # tokens generated before this one
 
+    def slice(self, start: int, stop: int) -> SamplingRows:
+        """Rows [start, stop), for logits whose grammar mask is already applied. A list left
+        empty (no row needs it) stays empty."""
+        lists = ("params", "positions", "all_tokens", "generated_tokens", "top_n", "previous_tokens",
+                 "generated_counts")  # fmt: skip
+        return replace(self, token_mask=None, **{name: getattr(self, name)[start:stop] for name in lists})
+
 
 @dataclass
 class SampledTokens:
@@ -223,6 +238,17 @@ class SampledTokens:
     logprobs: torch.Tensor  # [N]
     top_ids: torch.Tensor | None  # [N, max top_n]
     top_logprobs: torch.Tensor | None
+
+    @staticmethod
+    def concat(parts: list[SampledTokens]) -> SampledTokens:
+        """The chunks' results, in row order (every chunk has the same top-n width)."""
+        tops = parts[0].top_ids is not None
+        return SampledTokens(
+            torch.cat([p.ids for p in parts]),
+            torch.cat([p.logprobs for p in parts]),
+            torch.cat([p.top_ids for p in parts]) if tops else None,
+            torch.cat([p.top_logprobs for p in parts]) if tops else None,
+        )
 
 
 def _pad(rows: list[list[int]], pad_of_row, device) -> torch.Tensor:
@@ -279,9 +305,19 @@ class Sampler:
         return logits
 
     def __call__(self, logits: torch.Tensor, rows: SamplingRows) -> SampledTokens:
-        """logits: [N, V] float32, one row per sequence that samples this step."""
+        """logits: [N, V], one row per sequence that samples this step; float32 from here on.
+        Rows go through the processors a chunk at a time (`SAMPLE_CHUNK_ENTRIES`)."""
         if rows.token_mask is not None:
             logits = apply_token_mask(logits, rows.token_mask)
+        top_n = min(max(rows.top_n, default=0), logits.shape[1])
+        chunk = max(1, SAMPLE_CHUNK_ENTRIES // max(1, logits.shape[1]))
+        if logits.shape[0] <= chunk:
+            return self._sample(logits.float(), rows, top_n)
+        parts = [self._sample(logits[start : start + chunk].float(), rows.slice(start, start + chunk), top_n)
+                 for start in range(0, logits.shape[0], chunk)]  # fmt: skip
+        return SampledTokens.concat(parts)
+
+    def _sample(self, logits: torch.Tensor, rows: SamplingRows, top_n: int) -> SampledTokens:
         logits = self.penalize(logits, rows)
         sample_rows = [i for i, p in enumerate(rows.params) if p.do_sample]
         if not sample_rows:
@@ -291,9 +327,8 @@ class Sampler:
             logprobs, ids = self._draw(logits, rows, sample_rows)
         chosen = logprobs.gather(1, ids.unsqueeze(1)).squeeze(1)
         top_ids = top_logprobs = None
-        max_top_n = max(rows.top_n, default=0)
-        if max_top_n > 0:
-            top_logprobs, top_ids = torch.topk(logprobs, min(max_top_n, logprobs.shape[1]), dim=1)
+        if top_n > 0:
+            top_logprobs, top_ids = torch.topk(logprobs, top_n, dim=1)
         return SampledTokens(ids, chosen, top_ids, top_logprobs)
 
     def _draw(self, logits, rows: SamplingRows, sample_rows: list[int]):

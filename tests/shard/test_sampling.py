@@ -369,3 +369,50 @@ def test_min_p_one_is_greedy_and_zero_changes_nothing():
     keep = [0, 1, 3, 4, 5]
     assert torch.equal(out.ids[keep], before.ids[keep])
     assert SamplingParams.from_proto(pb.SamplingParameters(do_sample=True, min_p=0.25)).min_p == 0.25
+
+
+def test_rows_sampled_a_chunk_at_a_time_match_one_pass(monkeypatch):
+    """Above SAMPLE_CHUNK_ENTRIES the rows go through the processors in chunks (the sampler's
+    memory stays bounded at any batch): every output equals the one-pass result, with a
+    grammar mask on some rows, every processor on others, and top-n widths that differ."""
+    import shard_server.sampling as sampling
+    from shard_server.sampling import TokenMask
+
+    n = 11
+    logits = random_logits(n, seed=21).to(torch.bfloat16)
+    kinds = [
+        SamplingParams(do_sample=True, temperature=0.8, top_k=7, top_p=0.9, typical_p=0.95, min_p=0.01, seed=5),
+        SamplingParams(repetition_penalty=1.3, frequency_penalty=0.5, presence_penalty=0.2),
+        SamplingParams(),
+        SamplingParams(do_sample=True, seed=9, logit_bias=((3, 5.0),), watermark=True),
+    ]
+    params = [replace(kinds[i % len(kinds)], seed=100 + i) for i in range(n)]
+    rows = SamplingRows(
+        params=params,
+        positions=list(range(20, 20 + n)),
+        all_tokens=[[i, i + 1, 2] for i in range(n)],
+        generated_tokens=[[i % 4, 7] for i in range(n)],
+        top_n=[i % 4 for i in range(n)],
+        previous_tokens=list(range(n)),
+        generated_counts=[2] * n,
+    )
+    constrained = torch.tensor([1, 4, 9])
+    bits = torch.randint(0, 2**31 - 1, (3, -(-VOCAB // 32)), generator=torch.Generator().manual_seed(3),
+                         dtype=torch.int32)  # fmt: skip
+    rows.token_mask = TokenMask(bits, constrained)
+    sampler = Sampler(VOCAB, torch.device("cpu"))
+    whole = sampler(logits, rows)
+    monkeypatch.setattr(sampling, "SAMPLE_CHUNK_ENTRIES", 3 * VOCAB)  # chunks of 3, 3, 3, 2 rows
+    passes = []
+    one_pass = Sampler._sample
+    monkeypatch.setattr(Sampler, "_sample", lambda self, lg, r, k: passes.append(lg.shape[0]) or one_pass(self, lg, r, k))
+    chunked = sampler(logits, rows)
+    assert passes == [3, 3, 3, 2]
+    assert torch.equal(chunked.ids, whole.ids)
+    assert torch.equal(chunked.logprobs, whole.logprobs)
+    assert chunked.top_ids.shape == (n, 3)
+    assert torch.equal(chunked.top_ids, whole.top_ids) and torch.equal(chunked.top_logprobs, whole.top_logprobs)
+    # The mask held in every chunk: a constrained row never draws a forbidden token.
+    for k, row in enumerate(constrained.tolist()):
+        token = chunked.ids[row].item()
+        assert (bits[k, token // 32].item() >> (token % 32)) & 1
