@@ -233,4 +233,7 @@ def _pool_blocks(runner: ModelRunner, sizing: PoolSizing, reserve: int) -> int:
     torch.cuda.empty_cache()
     free, total = torch.cuda.mem_get_info(device)
     budget = min(free, total * sizing.cuda_memory_fraction - resident) - workspace - reserve
+    log.info("KV pool from device memory (GiB): %.2f total, %.2f free, %.2f resident, %.2f worst-step peak, "
+             "%.2f graphs; %.2f to the pool", total / 2**30, free / 2**30, resident / 2**30, workspace / 2**30,
+             reserve / 2**30, max(0, budget) * CUDA_WIGGLE_ROOM / 2**30)  # fmt: skip
     return max(0, int(budget * CUDA_WIGGLE_ROOM) // per_block)
