@@ -135,7 +135,7 @@ def align_pairs(topk_ids: torch.Tensor, experts: int, block_m: int) -> tuple[tor
     return sorted_pairs, block_expert
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["PAIRS", "BLOCKS"])  # counts that vary step to step: one build
 def _align_kernel(ids_ptr, sorted_ptr, block_expert_ptr, next_slot_ptr, PAIRS, EXPERTS, BLOCKS,
                   BLOCK_M: tl.constexpr, EXPERTS_POW2: tl.constexpr, CHUNK: tl.constexpr):  # fmt: skip
     # A counting sort in one program: count each expert's pairs, lay the padded groups out, then
@@ -173,7 +173,9 @@ def _align_kernel(ids_ptr, sorted_ptr, block_expert_ptr, next_slot_ptr, PAIRS, E
         tl.debug_barrier()  # the gathers are done before the next chunk's slots overwrite them
 
 
-@triton.jit
+# PAIRS and NUM_BLOCKS_M change with every step's token count and routing; specialized (on
+# divisibility by 16) they built a new variant mid-serving, a 0.5-1.3 s stall each.
+@triton.jit(do_not_specialize=["PAIRS", "NUM_BLOCKS_M"])
 def _moe_gemm_kernel(a_ptr, w_ptr, w_scale_ptr, out_ptr, topk_weights_ptr, sorted_pairs_ptr, block_expert_ptr,
                      N, K, PAIRS, TOP_K, NUM_BLOCKS_M, a_stride, w_stride_e, w_stride_n, w_stride_k, scale_stride_e,
                      scale_stride_n, scale_stride_k, SCALE_BN, SCALE_BK, SCALE_N_OFFSET, SCALE_UP_ROW, K_OFFSET,

@@ -2,6 +2,8 @@
 step itself runs at most CPU_WARMUP_TOKENS tokens over CPU_WARMUP_SEQUENCES sequences (nothing
 is measured there)."""
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from shard_server.warmup import CPU_WARMUP_SEQUENCES, CPU_WARMUP_TOKENS, PoolSizing, warmup, worst_case_step
 
@@ -35,3 +37,23 @@ def test_a_small_batch_runs_whole(tiny_model_dirs, monkeypatch):
     monkeypatch.setattr(runner, "step", lambda request: seen.append(len(request.new_sequences)) or step(request))
     warmup(runner, 64, 8, PoolSizing(1024, 1.0))
     assert seen == [8, 8]  # 64 tokens, 8 each; run twice
+
+
+def test_eager_warmup_sizes_halve_down_to_the_graphed_steps_with_an_odd_count_each():
+    from shard_server.warmup import eager_step_sizes
+
+    assert eager_step_sizes(4096, 1024) == [4095, 2048, 2047]
+    assert eager_step_sizes(8192, 1024) == [8191, 4096, 4095, 2048, 2047]
+    assert eager_step_sizes(1000, 1024) == []  # every step is graphed
+    assert eager_step_sizes(16, 0) == [15, 8, 7, 4, 3, 2]  # no graphs: down to two tokens
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(2, 9000), st.integers(1, 600), st.sampled_from([0, 64, 512, 1024]))
+def test_every_eager_warmup_step_fits_the_worst_cases_pool(max_tokens, max_batch_size, graphed):
+    from shard_server.warmup import eager_step_sizes
+
+    _, pool = worst_case_step(max_tokens, max_batch_size, 16, 256, 32768)
+    for tokens in eager_step_sizes(max_tokens, graphed):
+        assert graphed < tokens < max_tokens
+        assert worst_case_step(tokens, max_batch_size, 16, 256, 32768)[1] <= pool
