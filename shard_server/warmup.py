@@ -152,9 +152,12 @@ def warmup(runner: ModelRunner, max_tokens: int, max_batch_size: int, sizing: Po
     runner.kv_cache = None
     num_blocks = _pool_blocks(runner, sizing, graph_reserve)
     if num_blocks < blocks_needed:
+        sequences = len(request.sequences) if runner.device.type == "cuda" else min(max_batch_size, max_tokens)
         raise RuntimeError(
-            f"the KV pool holds {num_blocks} blocks but one worst-case step needs {blocks_needed}; "
-            "raise the KV budget or lower max_batch_prefill_tokens"
+            f"the KV pool holds {num_blocks} blocks but one worst-case step ({max_tokens} tokens over "
+            f"{sequences} sequences) needs {blocks_needed}; lower --max-batch-prefill-tokens, or "
+            "--max-batch-size (default: max_concurrent_requests x max_best_of), or give the KV pool more "
+            "memory (--kv-cache-tokens on CPU; on CUDA a larger GPU or a smaller model)"
         )
     runner.allocate_kv_cache(num_blocks)
     if graphs is not None:

@@ -26,7 +26,9 @@ def test_the_cpu_step_is_smaller_but_the_pool_must_hold_the_worst_case(tiny_mode
     assert seen == [(CPU_WARMUP_SEQUENCES, CPU_WARMUP_TOKENS)] * 2 and report.num_blocks == needed  # the rate's run
     # The step's rate is reported for the router's step deadlines: the step it ran, not the asked one.
     assert report.step_tokens == CPU_WARMUP_TOKENS and 0 < report.step_us <= report.warmup_ms * 1000
-    with pytest.raises(RuntimeError, match="worst-case step needs"):
+    # The refusal names the step and the flags that shrink it.
+    refusal = rf"worst-case step \({tokens} tokens over {sequences} sequences\) needs {needed};"
+    with pytest.raises(RuntimeError, match=refusal + r".*--max-batch-prefill-tokens.*--max-batch-size"):
         warmup(runner, tokens, sequences, PoolSizing((needed - 1) * runner.block_size, 1.0))
 
 
