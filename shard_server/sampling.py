@@ -204,10 +204,10 @@ def uniform_from_bits(bits: torch.Tensor) -> torch.Tensor:
 
 # -- the sampler -----------------------------------------------------------------------
 # Logits entries (rows x vocab) that one pass of the processors works on. Their temporaries
-# (sorts with int64 indices, the int64 hash noise) take ~40 bytes an entry, so an unchunked
-# pass over warmup's worst case (2,048 sampling rows of Qwen's 151,936 tokens) peaked at
-# ~12 GB, taken from the KV pool; a 61 GB MoE then did not start on an 80 GB card.
-# 2**25 entries (~1.3 GB) is 220 rows of that vocabulary, 1,024 of a 32k one.
+# (sorts with int64 indices, the int64 hash noise) grow with it: unchunked, warmup's worst case
+# (2,048 sampling rows of Qwen's 151,936 tokens) peaked at ~17.7 GiB on an H100, against 5.3
+# chunked, and a 61 GB MoE did not start on the 80 GB card (the peak is taken from the KV pool).
+# 2**25 entries is 220 rows of that vocabulary, 1,024 of a 32k one.
 SAMPLE_CHUNK_ENTRIES = 1 << 25
 
 
