@@ -403,9 +403,13 @@ def test_rows_sampled_a_chunk_at_a_time_match_one_pass(monkeypatch):
     sampler = Sampler(VOCAB, torch.device("cpu"))
     whole = sampler(logits, rows)
     monkeypatch.setattr(sampling, "SAMPLE_CHUNK_ENTRIES", 3 * VOCAB)  # chunks of 3, 3, 3, 2 rows
-    passes = []
-    one_pass = Sampler._sample
-    monkeypatch.setattr(Sampler, "_sample", lambda self, lg, r, k: passes.append(lg.shape[0]) or one_pass(self, lg, r, k))
+    passes, one_pass = [], Sampler._sample
+
+    def counted(self, chunk, chunk_rows, top_n):
+        passes.append(chunk.shape[0])
+        return one_pass(self, chunk, chunk_rows, top_n)
+
+    monkeypatch.setattr(Sampler, "_sample", counted)
     chunked = sampler(logits, rows)
     assert passes == [3, 3, 3, 2]
     assert torch.equal(chunked.ids, whole.ids)
