@@ -181,7 +181,7 @@ def eager_step_sizes(max_tokens: int, graphed_up_to: int) -> list[int]:
     Triton builds a kernel variant per constexpr set and per specialized integer argument (== 1,
     divisible by 16); the MoE kernels pick their tiles by tokens per expert. Built here, the
     variants an eager step can need no longer stall the first serving step of a new size
-    (0.5-1.3 s each on Qwen3-30B-A3B, seven times in a two-minute benchmark)."""
+    (0.77-1.31 s each on Qwen3-30B-A3B, six times in a two-minute benchmark)."""
     floor = max(graphed_up_to, 1)
     sizes, tokens = [], max_tokens
     while tokens > floor:
