@@ -152,7 +152,7 @@ def warmup(runner: ModelRunner, max_tokens: int, max_batch_size: int, sizing: Po
     runner.kv_cache = None
     num_blocks = _pool_blocks(runner, sizing, graph_reserve)
     if num_blocks < blocks_needed:
-        sequences = len(request.sequences) if runner.device.type == "cuda" else min(max_batch_size, max_tokens)
+        sequences = max(1, min(max_batch_size, max_tokens))  # worst_case_step's count
         raise RuntimeError(
             f"the KV pool holds {num_blocks} blocks but one worst-case step ({max_tokens} tokens over "
             f"{sequences} sequences) needs {blocks_needed}; lower --max-batch-prefill-tokens, or "

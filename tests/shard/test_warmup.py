@@ -5,7 +5,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shard_server.warmup import CPU_WARMUP_SEQUENCES, CPU_WARMUP_TOKENS, PoolSizing, warmup, worst_case_step
+from shard_server.warmup import (
+    CPU_WARMUP_SEQUENCES,
+    CPU_WARMUP_TOKENS,
+    PoolSizing,
+    eager_step_sizes,
+    warmup,
+    worst_case_step,
+)
 
 from .helpers import load_runner
 
@@ -42,8 +49,6 @@ def test_a_small_batch_runs_whole(tiny_model_dirs, monkeypatch):
 
 
 def test_eager_warmup_sizes_halve_down_to_the_graphed_steps_with_an_odd_count_each():
-    from shard_server.warmup import eager_step_sizes
-
     assert eager_step_sizes(4096, 1024) == [4095, 2048, 2047]
     assert eager_step_sizes(8192, 1024) == [8191, 4096, 4095, 2048, 2047]
     assert eager_step_sizes(1000, 1024) == []  # every step is graphed
@@ -53,8 +58,6 @@ def test_eager_warmup_sizes_halve_down_to_the_graphed_steps_with_an_odd_count_ea
 @settings(max_examples=40, deadline=None)
 @given(st.integers(2, 9000), st.integers(1, 600), st.sampled_from([0, 64, 512, 1024]))
 def test_every_eager_warmup_step_fits_the_worst_cases_pool(max_tokens, max_batch_size, graphed):
-    from shard_server.warmup import eager_step_sizes
-
     _, pool = worst_case_step(max_tokens, max_batch_size, 16, 256, 32768)
     for tokens in eager_step_sizes(max_tokens, graphed):
         assert graphed < tokens < max_tokens

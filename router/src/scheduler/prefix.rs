@@ -26,8 +26,8 @@ const LONG_ROTATION: u32 = 1 << 31;
 
 /// The cache key of a sequence's known tokens: the tokens themselves, unless LongRoPE rotates
 /// the sequence with its long factors at every position (a prompt longer than `long_rope`, the
-/// shards' `long_rope_prompt_tokens`; None: no LongRoPE). Then each token is tagged, so such prompts share KV
-/// with one another and never with a shorter prompt's over the same tokens.
+/// shards' `long_rope_prompt_tokens`; None: no LongRoPE). Then each token is tagged, so such
+/// prompts share KV with one another and never with a shorter prompt's over the same tokens.
 fn cache_key(sequence: &Sequence, long_rope: Option<u32>) -> Cow<'_, [u32]> {
     let tokens = sequence.known_tokens();
     if long_rope.is_none_or(|limit| sequence.prompt_len() <= limit) {
