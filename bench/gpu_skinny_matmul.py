@@ -4,7 +4,11 @@ Every candidate config runs on several copies of the weight in turn, so no run f
 weight in L2 (o_proj's 33.5 MB would fit), replayed from a CUDA graph as decode steps are. Reported: µs per call, the weight bytes over that
 time, and the error against cuBLAS (both round one float32 sum to bf16).
 
-    python3 bench/gpu_skinny_matmul.py OUT_JSON [--fp8-weights] [--shape NAME]
+    python3 bench/gpu_skinny_matmul.py OUT_JSON [--fp8-weights] [--shape NAME] [--rows 1,4,16]
+
+`--rows`: the row counts (default 1, 4, 16). Past the kernel's 16 (where the shard takes cuBLAS)
+the configs run with a row tile of 32 or 64 (`launch_rows_product`): whether the kernel should
+take the Poisson loads' decode batches of 17-64 too.
 
 `--shape`: the projections of one of bench/gpu_model.py's SHAPES (default 8b, Llama-3-8B); each
 result also names the config `config_for` ships for it, so a shape it serves badly shows.
@@ -26,7 +30,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from shard_server.kernels.skinny_matmul import SkinnyConfig, skinny_matmul  # noqa: E402
+from shard_server.kernels.skinny_matmul import MAX_ROWS, SkinnyConfig, launch_rows_product, skinny_matmul  # noqa: E402
 
 from bench.gpu_model import SHAPES as MODEL_SHAPES, head_dim  # noqa: E402
 
@@ -84,9 +88,19 @@ def graph_us(call, weights, repeats: int = 10) -> float:
     return sorted(times)[len(times) // 2]
 
 
+def rows_matmul(x: torch.Tensor, weight: torch.Tensor, config: SkinnyConfig) -> torch.Tensor:
+    """The skinny kernel over any rows: its 16-row tile up to 16, else a tile of 32 or 64 rows."""
+    if x.shape[0] <= MAX_ROWS:
+        return skinny_matmul(x, weight, config)
+    out = torch.empty((x.shape[0], weight.shape[0]), dtype=x.dtype, device=x.device)
+    launch_rows_product(x, None, weight, None, out, config, 32 if x.shape[0] <= 32 else 64)
+    return out
+
+
 def main() -> None:
     out = Path(sys.argv[1])
     shape = sys.argv[sys.argv.index("--shape") + 1] if "--shape" in sys.argv else "8b"
+    rows_list = [int(r) for r in sys.argv[sys.argv.index("--rows") + 1].split(",")] if "--rows" in sys.argv else ROWS
     if "--fp8-weights" in sys.argv[2:]:
         return fp8_main(out, projection_shapes(shape))
     from shard_server.kernels.skinny_matmul import config_for
@@ -96,15 +110,15 @@ def main() -> None:
     for name, (n, k) in projection_shapes(shape).items():
         weights = [torch.randn((n, k), device=device, dtype=torch.bfloat16) * 0.02 for _ in range(COPIES)]
         nbytes = n * k * 2
-        for rows in ROWS:
+        for rows in rows_list:
             x = torch.randn((rows, k), device=device, dtype=torch.bfloat16)
             cublas = graph_us(lambda w: F.linear(x, w), weights)
             want = F.linear(x, weights[0]).float()
             entries = []
             for config in CONFIGS:
                 try:
-                    got = skinny_matmul(x, weights[0], config).float()
-                    us = graph_us(lambda w: skinny_matmul(x, w, config), weights)
+                    got = rows_matmul(x, weights[0], config).float()
+                    us = graph_us(lambda w: rows_matmul(x, w, config), weights)
                 except Exception as exc:  # a config the compiler refuses
                     entries.append({"config": config.__dict__, "error": f"{type(exc).__name__}: {str(exc)[:160]}"})
                     continue
@@ -112,7 +126,7 @@ def main() -> None:
                 entries.append({"config": config.__dict__, "us": us, "tb_s": nbytes / us / 1e6, "rel_err": error})
             best = min((e for e in entries if "us" in e and e["rel_err"] < 2e-2), key=lambda e: e["us"])
             key = f"{name}_m{rows}"
-            shipped = config_for(rows, n, k)  # None: cuBLAS
+            shipped = config_for(rows, n, k) if rows <= MAX_ROWS else None  # None: cuBLAS
             results[key] = {"shape": [n, k], "cublas_us": cublas, "cublas_tb_s": nbytes / cublas / 1e6, "best": best,
                             "shipped": shipped.__dict__ if shipped else "cublas", "all": entries}  # fmt: skip
             print(f"{key} {n}x{k}: cublas {cublas:.1f} us ({nbytes / cublas / 1e6:.2f} TB/s), best {best['us']:.1f} us "

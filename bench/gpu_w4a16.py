@@ -6,7 +6,8 @@ from a CUDA graph as a step runs it (`graph_us`) over enough copies of the weigh
 stays in L2:
 - shipped: `w4a16_matmul` given no tile (its TILES entry, or from `DEQUANTIZE_FROM_ROWS` rows
   the weight dequantized in one pass, `dequantize_packed`, and cuBLAS);
-- every candidate tile of the row class, unpacked both ways (`unpack_by_row`), and what
+- every candidate tile of the row class, unpacked both ways (`unpack_by_row`), with and without
+  folding the zero point and scale into the tile's sums (`fold_zero`), and what
   `tile_for` would cut its split count to at this shape, so a suggested entry is timed as it ships;
 - cuBLAS bf16 `F.linear` on the dequantized weight: the bf16 model's speed, the bar;
 - `dequantize_packed` alone, and followed by cuBLAS (to place DEQUANTIZE_FROM_ROWS).
@@ -68,10 +69,11 @@ COMPILE_THREADS = 12
 DEVICE = "cuda"
 
 
-def _tiles(specs, splits=(1,), by_row=(False, True)) -> list[W4A16Tile]:
-    """Each (block_m, block_n, block_k, warps, stages) at each split count, unpacked each way."""
-    return [W4A16Tile(m, n, k, w, s, split, unpack) for m, n, k, w, s in specs for split in splits
-            for unpack in by_row]  # fmt: skip
+def _tiles(specs, splits=(1,), by_row=(False, True), folds=(False, True)) -> list[W4A16Tile]:
+    """Each (block_m, block_n, block_k, warps, stages) at each split count, unpacked each way, with
+    the reference weight and folding the zero and scale into the sums (`folds_zero`)."""
+    return [W4A16Tile(m, n, k, w, s, split, unpack, fold) for m, n, k, w, s in specs for split in splits
+            for unpack in by_row for fold in folds]  # fmt: skip
 
 
 # (most rows, candidates), as TILES is keyed. Decode rows stream the weight (memory-bound: deep
@@ -116,7 +118,7 @@ def case_tiles(rows: int, n: int, k: int, limit: int | None = None) -> tuple[W4A
 
 def label(tile: W4A16Tile) -> str:
     name = f"{tile.block_m}x{tile.block_n}x{tile.block_k} w{tile.num_warps} s{tile.num_stages} split{tile.split_k}"
-    return name + (" by-row" if tile.unpack_by_row else "")
+    return name + (" by-row" if tile.unpack_by_row else "") + (" fold" if tile.fold_zero else "")
 
 
 def packed_weight(n: int, k: int, generator: torch.Generator, device) -> tuple[torch.Tensor, ...]:

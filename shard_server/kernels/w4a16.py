@@ -61,6 +61,10 @@ class W4A16Tile:
     # the word holding it (the pack rows sharing a word hit L1, not HBM) and shifts its value
     # out: no reshape. Which is faster is for bench/gpu_w4a16.py to tell.
     unpack_by_row: bool = False
+    # How values meet the rows (see `folds_zero`): True, the dot takes OFFSET + q, built from q's
+    # bits by integer ops, and each tile's [M, N] sums take the zero point and scale; False, each
+    # weight is (q - zero) * scale rounded to the rows' dtype first (the reference's weight).
+    fold_zero: bool = False
 
 
 # (most rows, tile), first match wins. Untuned defaults (see the module docstring): decode tiles
@@ -126,11 +130,34 @@ def _tile_in_one_group(tile: W4A16Tile, depth: int, group_rows: int | None) -> b
     return group_rows is not None and (group_rows >= depth or group_rows % tile.block_k == 0)
 
 
+# Half-precision words that hold OFFSET + q exactly for every q of the width, by the bits alone:
+# bf16 0x4300 is 128.0 with a unit step up to 256 (4-bit q only), fp16 0x6400 is 1024.0 with a
+# unit step up to 2048 (4- and 8-bit q). float32 0x4B000000 is 2^23, unit step up to 2^24.
+FOLD_BITS = {torch.bfloat16: (4,), torch.float16: (4, 8)}
+
+
+def folds_zero(tile: W4A16Tile, dtype: torch.dtype, bits: int, one_group: bool) -> bool:
+    """Whether a tile folds the zero point and scale into its sums. An int-to-float conversion runs
+    at a quarter of the integer rate on Hopper and the reference weight takes two a value, more
+    than the memory time of a decode; folding takes none. It needs a tile in one group (one zero
+    and scale a column) and half-precision rows wide enough for OFFSET + q. The result is the
+    exact quantized weight's product, not the rounded reference weight's (within its tolerance)."""
+    return tile.fold_zero and one_group and bits in FOLD_BITS.get(dtype, ())
+
+
+@triton.jit
+def _exact_difference(q, zero):
+    """q - zero in float32, exact, without an int-to-float conversion (a quarter-rate instruction
+    on Hopper): each as the float32 word 2^23 + v, built by an OR. Both must lie in [0, 2^23):
+    values are unsigned fields and zeros are too, plus the format's offset (`PackedWeight` checks)."""
+    return (q | 0x4B000000).to(tl.float32, bitcast=True) - (zero | 0x4B000000).to(tl.float32, bitcast=True)
+
+
 @triton.jit
 def _w4a16_kernel(x_ptr, qweight_ptr, zeros_ptr, scales_ptr, g_idx_ptr, out_ptr, M, N, K, group_rows, x_stride,
                   out_stride, split_stride, BITS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, TILE_GROUP: tl.constexpr, IEEE: tl.constexpr,
-                  UNPACK_BY_ROW: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
+                  UNPACK_BY_ROW: tl.constexpr, FOLD: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
     # Row tiles are the grid's first axis: programs reading one weight slice run together and
     # all but the first find its words in L2. With SPLIT_K > 1 program (.., .., s) reduces the
     # s-th range of K and writes its float32 partial at s * split_stride into out_ptr.
@@ -175,11 +202,19 @@ def _w4a16_kernel(x_ptr, qweight_ptr, zeros_ptr, scales_ptr, g_idx_ptr, out_ptr,
             both_ok = k_ok[:, None] & col_ok[None, :]
             zero = tl.load(zeros_ptr + at, mask=both_ok, other=0).to(tl.int32)
             scale = tl.load(scales_ptr + at, mask=both_ok, other=0.0).to(tl.float32)
-        w = ((q - zero).to(tl.float32) * scale).to(x.dtype)  # the reference's weight, rounded once
-        if IEEE:  # float32 activations: exact float32 products, not tf32
-            acc += tl.dot(x, w, input_precision="ieee")
+        if FOLD:  # sum x * (OFFSET + q), then s * (that - (OFFSET + zero) * sum x): no conversion a value
+            offset: tl.constexpr = 128.0 if x.dtype == tl.bfloat16 else 1024.0
+            magic: tl.constexpr = 0x4300 if x.dtype == tl.bfloat16 else 0x6400
+            w = (q | magic).to(tl.int16).to(x.dtype, bitcast=True)
+            x_sum = tl.sum(x.to(tl.float32), axis=1)[:, None]
+            acc += (tl.dot(x, w) - x_sum * (zero.to(tl.float32) + offset)) * scale
         else:
-            acc += tl.dot(x, w)
+            # q - zero exactly, times the scale, rounded once: the reference's weight.
+            w = (_exact_difference(q, zero) * scale).to(x.dtype)
+            if IEEE:  # float32 activations: exact float32 products, not tf32
+                acc += tl.dot(x, w, input_precision="ieee")
+            else:
+                acc += tl.dot(x, w)
     out = out_ptr + rows.to(tl.int64)[:, None] * out_stride + cols[None, :]
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
 
@@ -198,7 +233,7 @@ def _dequantize_kernel(qweight_ptr, zeros_ptr, scales_ptr, g_idx_ptr, out_ptr, N
     at = tl.load(g_idx_ptr + ks, mask=ks < K, other=0).to(tl.int64)[:, None] * N + cols[None, :]
     zero = tl.load(zeros_ptr + at, mask=ok, other=0).to(tl.int32)
     scale = tl.load(scales_ptr + at, mask=ok, other=0.0).to(tl.float32)
-    w = (q - zero).to(tl.float32) * scale
+    w = _exact_difference(q, zero) * scale
     tl.store(out_ptr + ks.to(tl.int64)[:, None] * N + cols[None, :], w.to(out_ptr.dtype.element_ty), mask=ok)
 
 
@@ -273,7 +308,7 @@ def w4a16_matmul(x: torch.Tensor, qweight: torch.Tensor, zeros: torch.Tensor, sc
         x, qweight, zeros, scales, g_idx, target, rows, features, depth, max(step, 1), x.stride(0), features,
         rows * features, BITS=bits, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k,
         SPLIT_K=splits, TILE_GROUP=one_group, IEEE=x.dtype == torch.float32, UNPACK_BY_ROW=tile.unpack_by_row,
-        num_warps=tile.num_warps, num_stages=tile.num_stages, **launch_args(x),
+        FOLD=folds_zero(tile, x.dtype, bits, one_group), num_warps=tile.num_warps, num_stages=tile.num_stages, **launch_args(x),
     )  # fmt: skip
     if splits > 1:
         numel = rows * features

@@ -37,6 +37,7 @@ from shard_server.kernels.w4a16 import (  # noqa: E402
     DEQUANTIZE_FROM_ROWS,
     dequantize_packed,
     FILL_PROGRAMS,
+    folds_zero,
     TILES,
     W4A16Tile,
     tile_for,
@@ -46,6 +47,7 @@ from shard_server.kernels.w4a16 import (  # noqa: E402
 from shard_server.layers import int4 as int4_module  # noqa: E402
 from shard_server.layers.int4 import PackedWeight, contiguous_group_rows  # noqa: E402
 from shard_server.models.quantization import PackedScheme  # noqa: E402
+from shard_server.weights import WeightsError  # noqa: E402
 
 from .helpers import StepDriver, generate_greedy  # noqa: E402
 from .int4_checkpoints import write_packed_checkpoint  # noqa: E402
@@ -212,6 +214,39 @@ def test_small_tiles_cover_masked_edges_many_tiles_and_split_k(layout, split_k, 
     x = activations(17, 200, torch.float16)
     tile = W4A16Tile(**{**SMALL.__dict__, "split_k": split_k, "unpack_by_row": unpack_by_row})
     assert_matches(kernel(weight, x, tile), reference(weight, x), torch.float16, layout)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("split_k", [1, 3])
+@pytest.mark.parametrize("layout", ["4bit-g32", "4bit-g128-sym", "4bit-channel", "8bit-g128"])
+def test_tiles_that_fold_the_zero_and_scale_into_their_sums_match_the_reference(layout, split_k, dtype):
+    """Folding sums x * (OFFSET + q) and takes (OFFSET + zero) * sum x off each tile's sums, in
+    float32: the same product within the tolerance, over masked edges and split K. bf16 rows
+    with 8-bit values cannot fold (256 + q is not exact in bf16) and take the reference weight."""
+    bits, group_size, act_order, sym = LAYOUTS[layout]
+    weight = make_weight(bits, group_size, act_order, sym, seed=split_k)
+    x = activations(17, 200, dtype) * 4  # offsets of 128 / 1024 times rows of this size: a cancellation
+    tile = W4A16Tile(**{**SMALL.__dict__, "split_k": split_k, "fold_zero": True})
+    one_group = weight.group_rows is not None
+    assert folds_zero(tile, dtype, bits, one_group) == (bits == 4 or dtype == torch.float16)
+    assert_matches(kernel(weight, x, tile), reference(weight, x), dtype, layout)
+
+
+def test_folding_needs_one_group_a_tile_and_half_precision_rows():
+    tile = W4A16Tile(**{**SMALL.__dict__, "fold_zero": True})
+    assert folds_zero(tile, torch.bfloat16, 4, True) and folds_zero(tile, torch.float16, 8, True)
+    assert not folds_zero(tile, torch.bfloat16, 4, False)  # act-order: a zero per row, gathered
+    assert not folds_zero(tile, torch.float32, 4, True)  # 2^23 + q in float32 dots would lose the sums
+    assert not folds_zero(tile, torch.bfloat16, 8, True)
+    assert not folds_zero(SMALL, torch.bfloat16, 4, True)  # asked for by the tile only
+
+
+def test_zero_points_outside_the_kernels_range_are_refused_at_load():
+    weight = make_weight(4, 64)
+    piece = int4_module._Slice(int4_module.unpack_rows(weight.qweight, 4), weight.zeros.int() - 9,
+                               weight.scales, weight.g_idx)  # fmt: skip
+    with pytest.raises(WeightsError, match=r"zero points outside \[0, 2\^15\)"):
+        weight._set(piece, "model.layers.0.mlp.down_proj")
 
 
 def test_strided_activations_and_leading_dims_and_bias():
