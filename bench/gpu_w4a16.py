@@ -6,8 +6,7 @@ from a CUDA graph as a step runs it (`graph_us`) over enough copies of the weigh
 stays in L2:
 - shipped: `w4a16_matmul` given no tile (its TILES entry, or from `DEQUANTIZE_FROM_ROWS` rows
   the weight dequantized in one pass, `dequantize_packed`, and cuBLAS);
-- every candidate tile of the row class, unpacked both ways (`unpack_by_row`), with and without
-  folding the zero point and scale into the tile's sums (`fold_zero`), and what
+- every candidate tile of the row class, unpacked both ways (`unpack_by_row`), and what
   `tile_for` would cut its split count to at this shape, so a suggested entry is timed as it ships;
 - cuBLAS bf16 `F.linear` on the dequantized weight: the bf16 model's speed, the bar;
 - `dequantize_packed` alone, and followed by cuBLAS (to place DEQUANTIZE_FROM_ROWS).
@@ -48,11 +47,13 @@ from bench.gpu_skinny_matmul import graph_us  # noqa: E402
 from shard_server.kernels import w4a16  # noqa: E402
 from shard_server.kernels.w4a16 import (  # noqa: E402
     DEQUANTIZE_FROM_ROWS,
+    ROW_TILE,
     W4A16Tile,
     dequantize_packed,
     tile_for,
     w4a16_matmul,
 )
+from shard_server.kernels.w4a16_row import W4A16Row  # noqa: E402
 
 # (output features N, inputs K) of each projection; qkv and gate_up fused as the server loads them.
 SHAPES = {
@@ -69,11 +70,10 @@ COMPILE_THREADS = 12
 DEVICE = "cuda"
 
 
-def _tiles(specs, splits=(1,), by_row=(False, True), folds=(False, True)) -> list[W4A16Tile]:
-    """Each (block_m, block_n, block_k, warps, stages) at each split count, unpacked each way, with
-    the reference weight and folding the zero and scale into the sums (`folds_zero`)."""
-    return [W4A16Tile(m, n, k, w, s, split, unpack, fold) for m, n, k, w, s in specs for split in splits
-            for unpack in by_row for fold in folds]  # fmt: skip
+def _tiles(specs, splits=(1,), by_row=(False, True)) -> list[W4A16Tile]:
+    """Each (block_m, block_n, block_k, warps, stages) at each split count, unpacked each way."""
+    return [W4A16Tile(m, n, k, w, s, split, unpack) for m, n, k, w, s in specs for split in splits
+            for unpack in by_row]  # fmt: skip
 
 
 # (most rows, candidates), as TILES is keyed. Decode rows stream the weight (memory-bound: deep
@@ -97,6 +97,15 @@ CANDIDATES = (
 )  # fmt: skip
 
 
+# One row: the CUDA-core kernel's tiles (kernels/w4a16_row.py), each split count as given.
+ROW_CANDIDATES = [W4A16Row(n, words, warps, stages, split) for n in (64, 128, 256) for words in (8, 16)
+                  for warps in (4, 8) for stages in (2, 4) for split in (1, 2, 4, 8)]  # fmt: skip
+
+
+def row_label(tile: W4A16Row) -> str:
+    return f"row n{tile.block_n} words{tile.words} w{tile.num_warps} s{tile.num_stages} split{tile.split_k}"
+
+
 def candidates(rows: int) -> list[W4A16Tile]:
     """The row class's candidates, less those whose row tile is taller than the rows (16 is tl.dot's least)."""
     tiles = next(tiles for bound, tiles in CANDIDATES if bound is None or rows <= bound)
@@ -118,7 +127,7 @@ def case_tiles(rows: int, n: int, k: int, limit: int | None = None) -> tuple[W4A
 
 def label(tile: W4A16Tile) -> str:
     name = f"{tile.block_m}x{tile.block_n}x{tile.block_k} w{tile.num_warps} s{tile.num_stages} split{tile.split_k}"
-    return name + (" by-row" if tile.unpack_by_row else "") + (" fold" if tile.fold_zero else "")
+    return name + (" by-row" if tile.unpack_by_row else "")
 
 
 def packed_weight(n: int, k: int, generator: torch.Generator, device) -> tuple[torch.Tensor, ...]:
@@ -151,7 +160,10 @@ def to_bf16(qweight, zeros, scales, g_idx) -> torch.Tensor:
 
 
 def shipped_path(rows: int, entry: W4A16Tile) -> str:
-    """What `w4a16_matmul` runs given no tile: the TILES entry, or from enough rows dequantize + cuBLAS."""
+    """What `w4a16_matmul` runs given no tile: one row the row kernel (contiguous groups here), the TILES
+    entry, or from enough rows dequantize + cuBLAS."""
+    if rows == 1:
+        return f"row kernel, {row_label(ROW_TILE)} fitted"
     return "dequantize_packed + cuBLAS" if rows >= DEQUANTIZE_FROM_ROWS else label(entry)
 
 
@@ -177,6 +189,7 @@ def precompile(plans: list[tuple[int, list[W4A16Tile]]], threads: int) -> None:
     generator = torch.Generator(DEVICE).manual_seed(1)
     weight = packed_weight(256, 256, generator, DEVICE)
     jobs = [(rows if rows == 1 or rows % 16 else 16, tile) for rows, tiles in plans for tile in tiles]
+    jobs += [(1, tile) for tile in ROW_CANDIDATES] if any(rows == 1 for rows, _ in plans) else []
     jobs = list(dict.fromkeys(jobs))
     xs = {rows: torch.randn(rows, 256, device=DEVICE, dtype=torch.bfloat16) for rows, _ in jobs}
 
@@ -220,6 +233,11 @@ def case(rows: int, n: int, k: int, packed: list, dense: list, limit: int | None
             lambda w, t=tile: w4a16_matmul(x, *w, BITS, GROUP, t), packed, want, figures)}  # fmt: skip
         if entries[label(tile)].get("rel_err", math.inf) < ERR_LIMIT:
             timings[tile] = entries[label(tile)]["us"]
+    for tile in ROW_CANDIDATES if rows == 1 else ():
+        entries[row_label(tile)] = {"tile": asdict(tile), **measure(
+            lambda w, t=tile: w4a16_matmul(x, *w, BITS, GROUP, t), packed, want, figures)}  # fmt: skip
+        if entries[row_label(tile)].get("rel_err", math.inf) < ERR_LIMIT:
+            timings[tile] = entries[row_label(tile)]["us"]
     good = {name: e for name, e in entries.items() if e.get("rel_err", math.inf) < ERR_LIMIT}
     best = min(good, key=lambda name: good[name]["us"]) if good else None
     shipped = measure(lambda w: w4a16_matmul(x, *w, BITS, GROUP), packed, want, figures)  # the server's path
@@ -255,6 +273,16 @@ def best_per_rows(timings: dict, shapes: list[str], limit: int | None = None) ->
     return best
 
 
+def best_row_tile(timings: dict, shapes: list[str]) -> str:
+    """The row candidate with the least total µs over `shapes` at one row, as a ROW_TILE line."""
+    def total(tile: W4A16Row) -> float:
+        times = [timings[shape].get(1, {}).get(tile) for shape in shapes]
+        return math.inf if None in times else sum(times)
+
+    tile = min(ROW_CANDIDATES, key=total)
+    return f"ROW_TILE = {tile!r}  # {total(tile):.1f} us over {', '.join(shapes)} (shipped {ROW_TILE!r})"
+
+
 def tiles_table(best: dict[int, tuple[W4A16Tile, float]]) -> str:
     """`TILES` as Python: (most rows, tile), neighbours with one tile merged, the last bound None."""
     entries: list[tuple[int | None, W4A16Tile]] = []
@@ -275,7 +303,8 @@ def summary(results: dict, timings: dict, shapes: list[str], limit: int | None) 
         cases = [results["cases"][shape][str(rows)] for shape in shapes]
         sums = [sum(c[key].get("us", math.nan) for c in cases) for key in ("shipped", "cublas", "dequantize_cublas")]
         lines.append(f"{rows:>5} {sums[0]:>10.1f} {total:>10.1f} {sums[1]:>10.1f} {sums[2]:>11.1f}")
-    return "\n".join(lines) + "\n" + tiles_table(best)
+    row = best_row_tile(timings, shapes) if all(1 in timings[shape] for shape in shapes) else ""
+    return "\n".join(lines) + "\n" + tiles_table(best) + "\n" + row
 
 
 def case_line(shape: str, r: dict) -> str:

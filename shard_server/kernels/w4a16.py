@@ -42,6 +42,7 @@ import triton.language as tl
 from .dispatch import use_fused
 from .pdl import launch_args, wait_for_previous_kernel
 from .skinny_matmul import SUM_BLOCK, _sum_splits_kernel
+from .w4a16_row import W4A16Row, row_tile_for, w4a16_row_matmul
 
 BITS = (4, 8)
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -61,22 +62,22 @@ class W4A16Tile:
     # the word holding it (the pack rows sharing a word hit L1, not HBM) and shifts its value
     # out: no reshape. Which is faster is for bench/gpu_w4a16.py to tell.
     unpack_by_row: bool = False
-    # How values meet the rows (see `folds_zero`): True, the dot takes OFFSET + q, built from q's
-    # bits by integer ops, and each tile's [M, N] sums take the zero point and scale; False, each
-    # weight is (q - zero) * scale rounded to the rows' dtype first (the reference's weight).
-    fold_zero: bool = False
 
 
-# (most rows, tile), first match wins. Untuned defaults (see the module docstring): decode tiles
-# are the smallest MMA row tile with deep K steps and split K; prefill tiles are square-ish and
-# compute-bound like a bf16 GEMM's.
+# (most rows, tile), first match wins: bench/gpu_w4a16.py's suggestion on an H100 (8B projections,
+# bench/results/w4a16_tiles_h100_untuned.json), µs over qkv, o, gate_up and down against the untuned tiles
+# before it: 16 rows 135.1 vs 158.9, 32 173.7 vs 181.8, 64 194.7 vs 250.5, 128 259.4 vs 447.6
+# (dequantize + cuBLAS), 256 438.4 vs 470.3. One row takes the row kernel below.
 TILES = (
-    (16, W4A16Tile(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=4, split_k=4)),
-    (32, W4A16Tile(block_m=32, block_n=64, block_k=128, num_warps=4, num_stages=4, split_k=4)),
-    (64, W4A16Tile(block_m=64, block_n=64, block_k=64, num_warps=4, num_stages=3, split_k=2)),
-    (256, W4A16Tile(block_m=64, block_n=128, block_k=64, num_warps=4, num_stages=3)),
-    (None, W4A16Tile(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=3)),
+    (16, W4A16Tile(block_m=16, block_n=128, block_k=128, num_warps=4, num_stages=3, split_k=8)),
+    (32, W4A16Tile(block_m=32, block_n=128, block_k=128, num_warps=4, num_stages=3, split_k=4)),
+    (64, W4A16Tile(block_m=64, block_n=128, block_k=128, num_warps=8, num_stages=3, split_k=4)),
+    (256, W4A16Tile(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=3, split_k=4)),
+    (None, W4A16Tile(block_m=128, block_n=128, block_k=64, num_warps=4, num_stages=4)),
 )
+
+# One row (a batch-1 decode) with contiguous groups takes the CUDA-core kernel (`w4a16_row.py`).
+ROW_TILE = W4A16Row(block_n=128, words=16, num_warps=4, num_stages=3, split_k=4)
 
 # From this many rows a product dequantizes the packed weight to the rows' dtype in one pass
 # (`dequantize_packed`) and lets cuBLAS multiply it. The step is then compute-bound, and on an
@@ -130,26 +131,11 @@ def _tile_in_one_group(tile: W4A16Tile, depth: int, group_rows: int | None) -> b
     return group_rows is not None and (group_rows >= depth or group_rows % tile.block_k == 0)
 
 
-# Half-precision words that hold OFFSET + q exactly for every q of the width, by the bits alone:
-# bf16 0x4300 is 128.0 with a unit step up to 256 (4-bit q only), fp16 0x6400 is 1024.0 with a
-# unit step up to 2048 (4- and 8-bit q). float32 0x4B000000 is 2^23, unit step up to 2^24.
-FOLD_BITS = {torch.bfloat16: (4,), torch.float16: (4, 8)}
-
-
-def folds_zero(tile: W4A16Tile, dtype: torch.dtype, bits: int, one_group: bool) -> bool:
-    """Whether a tile folds the zero point and scale into its sums. An int-to-float conversion runs
-    at a quarter of the integer rate on Hopper and the reference weight takes two a value, more
-    than the memory time of a decode; folding takes none. It needs a tile in one group (one zero
-    and scale a column) and half-precision rows wide enough for OFFSET + q. The result is the
-    exact quantized weight's product, not the rounded reference weight's (within its tolerance)."""
-    return tile.fold_zero and one_group and bits in FOLD_BITS.get(dtype, ())
-
-
 @triton.jit
 def _exact_difference(q, zero):
-    """q - zero in float32, exact, without an int-to-float conversion (a quarter-rate instruction
-    on Hopper): each as the float32 word 2^23 + v, built by an OR. Both must lie in [0, 2^23):
-    values are unsigned fields and zeros are too, plus the format's offset (`PackedWeight` checks)."""
+    """q - zero in float32, exact, with no int-to-float conversion: each as the float32 word
+    2^23 + v, built by an OR. Both must lie in [0, 2^23): values are unsigned fields, and so are
+    zeros plus the format's offset (`PackedWeight` checks at load)."""
     return (q | 0x4B000000).to(tl.float32, bitcast=True) - (zero | 0x4B000000).to(tl.float32, bitcast=True)
 
 
@@ -157,7 +143,7 @@ def _exact_difference(q, zero):
 def _w4a16_kernel(x_ptr, qweight_ptr, zeros_ptr, scales_ptr, g_idx_ptr, out_ptr, M, N, K, group_rows, x_stride,
                   out_stride, split_stride, BITS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, TILE_GROUP: tl.constexpr, IEEE: tl.constexpr,
-                  UNPACK_BY_ROW: tl.constexpr, FOLD: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
+                  UNPACK_BY_ROW: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
     # Row tiles are the grid's first axis: programs reading one weight slice run together and
     # all but the first find its words in L2. With SPLIT_K > 1 program (.., .., s) reduces the
     # s-th range of K and writes its float32 partial at s * split_stride into out_ptr.
@@ -202,19 +188,11 @@ def _w4a16_kernel(x_ptr, qweight_ptr, zeros_ptr, scales_ptr, g_idx_ptr, out_ptr,
             both_ok = k_ok[:, None] & col_ok[None, :]
             zero = tl.load(zeros_ptr + at, mask=both_ok, other=0).to(tl.int32)
             scale = tl.load(scales_ptr + at, mask=both_ok, other=0.0).to(tl.float32)
-        if FOLD:  # sum x * (OFFSET + q), then s * (that - (OFFSET + zero) * sum x): no conversion a value
-            offset: tl.constexpr = 128.0 if x.dtype == tl.bfloat16 else 1024.0
-            magic: tl.constexpr = 0x4300 if x.dtype == tl.bfloat16 else 0x6400
-            w = (q | magic).to(tl.int16).to(x.dtype, bitcast=True)
-            x_sum = tl.sum(x.to(tl.float32), axis=1)[:, None]
-            acc += (tl.dot(x, w) - x_sum * (zero.to(tl.float32) + offset)) * scale
+        w = (_exact_difference(q, zero) * scale).to(x.dtype)  # the reference's weight, rounded once
+        if IEEE:  # float32 activations: exact float32 products, not tf32
+            acc += tl.dot(x, w, input_precision="ieee")
         else:
-            # q - zero exactly, times the scale, rounded once: the reference's weight.
-            w = (_exact_difference(q, zero) * scale).to(x.dtype)
-            if IEEE:  # float32 activations: exact float32 products, not tf32
-                acc += tl.dot(x, w, input_precision="ieee")
-            else:
-                acc += tl.dot(x, w)
+            acc += tl.dot(x, w)
     out = out_ptr + rows.to(tl.int64)[:, None] * out_stride + cols[None, :]
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
 
@@ -280,11 +258,12 @@ def check_operands(x: torch.Tensor, qweight: torch.Tensor, zeros: torch.Tensor, 
 
 def w4a16_matmul(x: torch.Tensor, qweight: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor,
                  g_idx: torch.Tensor, bits: int, group_rows: int | None,
-                 tile: W4A16Tile | None = None) -> torch.Tensor:  # fmt: skip
+                 tile: W4A16Tile | W4A16Row | None = None) -> torch.Tensor:  # fmt: skip
     """x [M, K] @ the packed weight [K, N] -> [M, N] in x's dtype. `group_rows`: rows per group when
     the groups are contiguous from row 0 (g_idx[k] == k // group_rows), else None. `tile`: a
-    fixed tile (tests), else `TILES`' for M rows, or from `DEQUANTIZE_FROM_ROWS` rows the
-    dequantized weight through cuBLAS; a given tile's split_k is used as it is."""
+    fixed tile (tests), else for one row with contiguous groups `ROW_TILE`, from
+    `DEQUANTIZE_FROM_ROWS` rows the dequantized weight through cuBLAS, else `TILES`' for M rows;
+    a given tile's split_k is used as it is (a row tile is fitted to the groups)."""
     check_operands(x, qweight, zeros, scales, g_idx, bits)
     if tile is None and x.shape[0] >= DEQUANTIZE_FROM_ROWS:
         return x @ dequantize_packed(qweight, zeros, scales, g_idx, bits, x.dtype)
@@ -292,6 +271,9 @@ def w4a16_matmul(x: torch.Tensor, qweight: torch.Tensor, zeros: torch.Tensor, sc
         x = x.contiguous()
     rows, depth = x.shape
     features = qweight.shape[1]
+    row_tile = _row_tile(tile, rows, features, depth, bits, group_rows)
+    if row_tile is not None:
+        return w4a16_row_matmul(x, qweight, zeros, scales, bits, min(group_rows, depth), row_tile)
     if tile is None:
         tile, one_group = tile_for(rows, features, depth, group_rows)
     else:
@@ -308,13 +290,27 @@ def w4a16_matmul(x: torch.Tensor, qweight: torch.Tensor, zeros: torch.Tensor, sc
         x, qweight, zeros, scales, g_idx, target, rows, features, depth, max(step, 1), x.stride(0), features,
         rows * features, BITS=bits, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k,
         SPLIT_K=splits, TILE_GROUP=one_group, IEEE=x.dtype == torch.float32, UNPACK_BY_ROW=tile.unpack_by_row,
-        FOLD=folds_zero(tile, x.dtype, bits, one_group), num_warps=tile.num_warps, num_stages=tile.num_stages, **launch_args(x),
+        num_warps=tile.num_warps, num_stages=tile.num_stages, **launch_args(x),
     )  # fmt: skip
     if splits > 1:
         numel = rows * features
         _sum_splits_kernel[(triton.cdiv(numel, SUM_BLOCK),)](target, out, numel, SPLITS=splits, BLOCK=SUM_BLOCK,
                                                             **launch_args(out))  # fmt: skip
     return out
+
+
+def _row_tile(tile: W4A16Tile | W4A16Row | None, rows: int, features: int, depth: int, bits: int,
+              group_rows: int | None) -> W4A16Row | None:  # fmt: skip
+    """The row kernel's tile for this product, or None for the tensor-core tiles."""
+    if isinstance(tile, W4A16Row):
+        fitted = row_tile_for(tile, features, depth, bits, group_rows)
+        if rows != 1 or fitted is None:
+            raise ValueError(f"a W4A16Row tile takes one row with contiguous groups, not {rows} rows, "
+                             f"group_rows {group_rows}")  # fmt: skip
+        return replace(fitted, split_k=tile.split_k)
+    if tile is None and rows == 1:
+        return row_tile_for(ROW_TILE, features, depth, bits, group_rows)
+    return None
 
 
 def w4a16_linear(x: torch.Tensor, qweight: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor,

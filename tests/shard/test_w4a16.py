@@ -37,13 +37,13 @@ from shard_server.kernels.w4a16 import (  # noqa: E402
     DEQUANTIZE_FROM_ROWS,
     dequantize_packed,
     FILL_PROGRAMS,
-    folds_zero,
     TILES,
     W4A16Tile,
     tile_for,
     w4a16_kernel,
     w4a16_matmul,
 )
+from shard_server.kernels.w4a16_row import W4A16Row, row_tile_for  # noqa: E402
 from shard_server.layers import int4 as int4_module  # noqa: E402
 from shard_server.layers.int4 import PackedWeight, contiguous_group_rows  # noqa: E402
 from shard_server.models.quantization import PackedScheme  # noqa: E402
@@ -216,29 +216,57 @@ def test_small_tiles_cover_masked_edges_many_tiles_and_split_k(layout, split_k, 
     assert_matches(kernel(weight, x, tile), reference(weight, x), torch.float16, layout)
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
-@pytest.mark.parametrize("split_k", [1, 3])
-@pytest.mark.parametrize("layout", ["4bit-g32", "4bit-g128-sym", "4bit-channel", "8bit-g128"])
-def test_tiles_that_fold_the_zero_and_scale_into_their_sums_match_the_reference(layout, split_k, dtype):
-    """Folding sums x * (OFFSET + q) and takes (OFFSET + zero) * sum x off each tile's sums, in
-    float32: the same product within the tolerance, over masked edges and split K. bf16 rows
-    with 8-bit values cannot fold (256 + q is not exact in bf16) and take the reference weight."""
+# One row: the CUDA-core kernel (kernels/w4a16_row.py).
+
+ROW_LAYOUTS = ["4bit-g32", "4bit-g128-sym", "4bit-channel", "8bit-g128"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=["fp16", "bf16", "fp32"])
+@pytest.mark.parametrize("layout", ROW_LAYOUTS + ["4bit-g64-actorder"])
+def test_one_row_with_contiguous_groups_takes_the_row_kernel(layout, dtype, monkeypatch):
+    """A batch-1 decode: the row kernel where groups are contiguous, the tensor-core tile otherwise
+    (act-order), the same product either way."""
+    launched = []
+    real = w4a16_module.w4a16_row_matmul
+    monkeypatch.setattr(w4a16_module, "w4a16_row_matmul", lambda *args: launched.append(args[-1]) or real(*args))
     bits, group_size, act_order, sym = LAYOUTS[layout]
-    weight = make_weight(bits, group_size, act_order, sym, seed=split_k)
-    x = activations(17, 200, dtype) * 4  # offsets of 128 / 1024 times rows of this size: a cancellation
-    tile = W4A16Tile(**{**SMALL.__dict__, "split_k": split_k, "fold_zero": True})
-    one_group = weight.group_rows is not None
-    assert folds_zero(tile, dtype, bits, one_group) == (bits == 4 or dtype == torch.float16)
-    assert_matches(kernel(weight, x, tile), reference(weight, x), dtype, layout)
+    weight = make_weight(bits, group_size, act_order, sym, depth=256, features=150)
+    x = activations(1, 256, dtype) * 4
+    assert_matches(kernel(weight, x), reference(weight, x), dtype, layout)
+    assert len(launched) == (0 if act_order else 1)
+    two = activations(2, 256, dtype)
+    assert_matches(kernel(weight, two), reference(weight, two), dtype, layout)
+    assert len(launched) == (0 if act_order else 1), "two rows take the tensor-core tiles"
 
 
-def test_folding_needs_one_group_a_tile_and_half_precision_rows():
-    tile = W4A16Tile(**{**SMALL.__dict__, "fold_zero": True})
-    assert folds_zero(tile, torch.bfloat16, 4, True) and folds_zero(tile, torch.float16, 8, True)
-    assert not folds_zero(tile, torch.bfloat16, 4, False)  # act-order: a zero per row, gathered
-    assert not folds_zero(tile, torch.float32, 4, True)  # 2^23 + q in float32 dots would lose the sums
-    assert not folds_zero(tile, torch.bfloat16, 8, True)
-    assert not folds_zero(SMALL, torch.bfloat16, 4, True)  # asked for by the tile only
+@pytest.mark.parametrize("split_k", [1, 3])
+@pytest.mark.parametrize("words", [1, 4])
+@pytest.mark.parametrize("layout", ROW_LAYOUTS)
+def test_row_tiles_cover_masked_edges_and_split_k(layout, words, split_k):
+    """16 features a program over 37 (a masked edge), K 200 in steps of 8 or 32 inputs (4-bit;
+    the last step masked), split 3 ways; a group of 32 holds whole steps."""
+    bits, group_size, act_order, sym = LAYOUTS[layout]
+    weight = make_weight(bits, group_size, act_order, sym, seed=words + split_k)
+    x = activations(1, 200, torch.bfloat16)
+    tile = W4A16Row(block_n=16, words=words, num_warps=1, num_stages=2, split_k=split_k)
+    assert_matches(kernel(weight, x, tile), reference(weight, x), torch.bfloat16, layout)
+
+
+def test_row_tiles_are_fitted_to_the_groups_and_the_gpu():
+    tile = W4A16Row(block_n=128, words=16, num_warps=4, num_stages=3, split_k=8)
+    assert row_tile_for(tile, 4096, 4096, 4, 32).words == 4  # 4-bit steps of 32 inputs: one group each
+    assert row_tile_for(tile, 4096, 4096, 8, 128).words == 16  # 8-bit: 16 words are 64 inputs
+    assert row_tile_for(tile, 4096, 4096, 4, 4096).words == 16  # one group
+    assert row_tile_for(tile, 4096, 4096, 4, None) is None  # act-order
+    assert row_tile_for(tile, 4096, 4096, 4, 96).words == 4  # 96 rows: three steps of 32
+    assert row_tile_for(tile, 4096, 4096, 4, 100) is None  # every step (8 inputs or more) straddles groups
+    assert row_tile_for(tile, 4096, 14336, 4, 128).split_k == 8  # 32 programs: split
+    assert row_tile_for(tile, 57344, 8192, 4, 128).split_k == 1  # 448 programs: the GPU is near full
+    assert row_tile_for(tile, 4096, 128, 4, 128).split_k == 1  # one K step: nothing to split
+    with pytest.raises(ValueError, match="one row with contiguous groups"):
+        weight = make_weight(4, 64, act_order=True, device="cpu")
+        w4a16_matmul(activations(1, 200, torch.float16, device="cpu"), weight.qweight, weight.zeros, weight.scales,
+                     weight.g_idx, 4, weight.group_rows, tile)  # fmt: skip
 
 
 def test_zero_points_outside_the_kernels_range_are_refused_at_load():
@@ -274,10 +302,10 @@ def test_tile_table_is_ordered_and_fits_the_packing():
 
 
 def test_decode_splits_k_until_the_gpu_is_full_and_prefill_does_not():
-    tile, one_group = tile_for(1, 4096, 14336, 128)
-    assert tile.split_k == 4 and one_group  # 64 output tiles: 256 programs
-    assert tile_for(1, 28672, 4096, 128)[0].split_k == 1  # 448 output tiles fill the GPU already
-    assert tile_for(1, 4096, 128, 128)[0].split_k == 1  # one K tile: nothing to split
+    tile, one_group = tile_for(16, 4096, 14336, 128)
+    assert tile.split_k == 8 and one_group  # 32 output tiles: 256 programs
+    assert tile_for(16, 28672, 4096, 128)[0].split_k == 1  # 224 output tiles: near the GPU's fill already
+    assert tile_for(16, 4096, 128, 128)[0].split_k == 1  # one K tile: nothing to split
     programs = (4096 // 128) * (4096 // 128)  # the prefill tile over 4096 rows
     assert programs > FILL_PROGRAMS and tile_for(4096, 4096, 4096, 128)[0].split_k == 1
 
@@ -476,6 +504,11 @@ def _compile_all() -> None:
         compiled, _ = compile_module.compile_for_hopper(name, aligned=True)
         if not constants["IEEE"]:  # exact float32 dots are FMAs; half tiles must reach the tensor cores
             assert "mma" in compiled.asm["ptx"], f"{name}: no tensor-core instruction in the PTX"
+    for name, constants in (("w4a16_row_split_pdl", dict(BITS=4, BLOCK_N=128, WORDS=16, SPLIT_K=4, PDL=True)),
+                            ("w8a16_row", dict(BITS=8, BLOCK_N=64, WORDS=8, SPLIT_K=1, PDL=False))):
+        compile_module.CASES[name] = ("shard_server.kernels.w4a16_row", "_w4a16_row_kernel", constants,
+                                      {**common, "x_ptr": "*bf16", "out_ptr": "*fp32" if constants["SPLIT_K"] > 1 else "*bf16"})  # fmt: skip
+        compile_module.compile_case(name)
     compile_module.CASES["w4a16_dequantize"] = ("shard_server.kernels.w4a16", "_dequantize_kernel",
                                                 dict(BITS=4, BLOCK_K=64, BLOCK_N=128), {**common, "out_ptr": "*bf16"})
     compile_module.compile_case("w4a16_dequantize")

@@ -1,0 +1,113 @@
+"""One activation row times a GPTQ/AWQ packed weight on the CUDA cores: the batch-1 decode of W4A16.
+
+A tensor-core tile pads one row to 16 and must unpack every value into the MMA operand's
+layout, through shared memory on Hopper; on an H100 the best such tile streamed the 8B
+model's packed projections at 0.6-1.1 TB/s against cuBLAS's 2.0-2.9 TB/s for their bf16
+weights (bench/results/w4a16_tiles_h100.json), so a 4-bit model decoded barely faster than
+bf16. Here each program holds [WORDS, BLOCK_N] packed words as they lie in memory (N
+contiguous, one coalesced load) and, for each of the PACK values a word holds, shifts it out,
+makes it a float32 by its bits (2^23 + q, an OR and a subtraction: no conversion instruction)
+and multiplies it into a [WORDS, BLOCK_N] float32 sum with the matching activation. Nothing
+changes layout and nothing goes through shared memory.
+
+Zero points and scales apply per group to the step's sums, s * (sum x q - zero * sum x), so a K
+step must lie in one group: contiguous groups only (act-order takes the tensor-core tiles).
+The result is the exact quantized weight's product in float32, rounded once; the reference
+rounds each weight to the activations' dtype first, a difference within its tolerance.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+import triton
+import triton.language as tl
+
+from .pdl import launch_args, wait_for_previous_kernel
+from .skinny_matmul import SUM_BLOCK, _sum_splits_kernel
+
+
+@dataclass(frozen=True)
+class W4A16Row:
+    block_n: int  # output features per program
+    words: int  # packed words (rows of qweight) per K step: words * (32 / bits) inputs
+    num_warps: int
+    num_stages: int
+    split_k: int = 1  # at most this many K ranges a program each, only as many as fill the GPU
+
+
+FILL_PROGRAMS = 4 * 132  # split K until about this many programs run (four per H100/H200 SM)
+
+
+def row_tile_for(tile: W4A16Row, features: int, depth: int, bits: int, group_rows: int | None) -> W4A16Row | None:
+    """`tile` fitted to the shape: K steps inside one group, K split until the GPU is full; None
+    where the groups are not contiguous (act-order, a slice from mid-group)."""
+    if group_rows is None:
+        return None
+    pack = 32 // bits
+    words = tile.words
+    while words > 1 and group_rows < depth and group_rows % (words * pack):
+        words //= 2
+    if group_rows < depth and group_rows % (words * pack):
+        return None
+    programs = triton.cdiv(features, tile.block_n)
+    splits = min(tile.split_k, max(1, FILL_PROGRAMS // programs), triton.cdiv(depth, words * pack))
+    return replace(tile, words=words, split_k=max(1, splits))
+
+
+@triton.jit
+def _w4a16_row_kernel(x_ptr, qweight_ptr, zeros_ptr, scales_ptr, out_ptr, N, K, group_rows, split_stride,
+                      BITS: tl.constexpr, BLOCK_N: tl.constexpr, WORDS: tl.constexpr, SPLIT_K: tl.constexpr,
+                      PDL: tl.constexpr):  # fmt: skip
+    # With SPLIT_K > 1 program (.., s) reduces the s-th range of K and writes its float32 partial
+    # at s * split_stride into out_ptr.
+    PACK: tl.constexpr = 32 // BITS
+    BLOCK_K: tl.constexpr = WORDS * PACK
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < N
+    k_lo, k_hi = 0, K
+    if SPLIT_K > 1:
+        chunk = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K) * BLOCK_K  # whole steps: a step never spans two ranges
+        k_lo = tl.program_id(1) * chunk
+        k_hi = tl.minimum(K, k_lo + chunk)
+        out_ptr += tl.program_id(1).to(tl.int64) * split_stride
+    wait_for_previous_kernel(PDL)
+    acc = tl.zeros((WORDS, BLOCK_N), tl.float32)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        words = k0 // PACK + tl.arange(0, WORDS)  # K is a multiple of PACK, so k_hi // PACK ends the words
+        word_ok = words < k_hi // PACK
+        packed = tl.load(qweight_ptr + words.to(tl.int64)[:, None] * N + cols[None, :],
+                         mask=word_ok[:, None] & col_ok[None, :], other=0)  # fmt: skip
+        part = tl.zeros((WORDS, BLOCK_N), tl.float32)
+        x_sum = tl.zeros((WORDS,), tl.float32)
+        for i in tl.static_range(PACK):  # input k = word * PACK + i is value i of its word
+            x = tl.load(x_ptr + words * PACK + i, mask=word_ok, other=0.0).to(tl.float32)
+            # The arithmetic shift smears a negative word's sign into the high bits; the mask drops them.
+            q = ((packed >> (i * BITS)) & ((1 << BITS) - 1)) | 0x4B000000
+            part += (q.to(tl.float32, bitcast=True) - 8388608.0) * x[:, None]
+            x_sum += x
+        group = k0 // group_rows
+        zero = tl.load(zeros_ptr + group * N + cols, mask=col_ok, other=0).to(tl.float32)
+        scale = tl.load(scales_ptr + group * N + cols, mask=col_ok, other=0.0).to(tl.float32)
+        acc += (part - x_sum[:, None] * zero[None, :]) * scale[None, :]
+    tl.store(out_ptr + cols, tl.sum(acc, axis=0).to(out_ptr.dtype.element_ty), mask=col_ok)
+
+
+def w4a16_row_matmul(x: torch.Tensor, qweight: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor, bits: int,
+                     group_step: int, tile: W4A16Row) -> torch.Tensor:  # fmt: skip
+    """x [1, K] (contiguous columns) @ the packed weight [K, N] -> [1, N] in x's dtype. `group_step`:
+    rows per group, or K for one group; `tile` already fitted (`row_tile_for`)."""
+    depth, features = x.shape[1], qweight.shape[1]
+    out = torch.empty((1, features), dtype=x.dtype, device=x.device)
+    splits = tile.split_k
+    target = out if splits == 1 else torch.empty((splits, 1, features), dtype=torch.float32, device=x.device)
+    _w4a16_row_kernel[(triton.cdiv(features, tile.block_n), splits)](
+        x, qweight, zeros, scales, target, features, depth, group_step, features,
+        BITS=bits, BLOCK_N=tile.block_n, WORDS=tile.words, SPLIT_K=splits,
+        num_warps=tile.num_warps, num_stages=tile.num_stages, **launch_args(x),
+    )  # fmt: skip
+    if splits > 1:
+        _sum_splits_kernel[(triton.cdiv(features, SUM_BLOCK),)](target, out, features, SPLITS=splits, BLOCK=SUM_BLOCK,
+                                                               **launch_args(out))  # fmt: skip
+    return out
