@@ -18,16 +18,16 @@ through `g_idx` inside the K loop: correct for any order, at the cost of gatheri
 load so groups become contiguous would remove that gather (and cost a gather of the
 activations' columns instead); it is not done yet.
 
-Decode rows (1-32) would leave most SMs idle with one program per output tile, so the reduction
-is split over K (`split_k`), float32 partials summed by the skinny matmul's reduction kernel.
+One row with contiguous groups (a batch-1 decode) goes to `w4a16_row.py`'s CUDA-core kernel
+instead. Decode rows (2-64) would leave most SMs idle with one program per output tile, so the
+reduction is split over K (`split_k`), float32 partials summed by the skinny matmul's reduction
+kernel.
 
 From `DEQUANTIZE_FROM_ROWS` rows (big decode batches, prefill) the product is compute-bound, and
 the weight is instead dequantized in one pass to the rows' dtype for cuBLAS to multiply.
 
-Tiles come from `TILES`, keyed by rows. They are sensible defaults, NOT TUNED: on an H200 the
-served 8B GPTQ model decoded slower than bf16 with them (bench/results/gpu_vs_vllm_h200_gptq.md).
-bench/gpu_w4a16.py times candidates over the 8B/70B projection shapes; its results should
-replace the entries (the table is the only place they live), per shape where that pays.
+Tiles come from `TILES`, keyed by rows, as bench/gpu_w4a16.py suggested them on an H100 over the
+8B projections (the table is the only place they live; the sweep prints a new one).
 """
 
 from __future__ import annotations
@@ -65,28 +65,26 @@ class W4A16Tile:
 
 
 # (most rows, tile), first match wins: bench/gpu_w4a16.py's suggestion on an H100 (8B projections,
-# bench/results/w4a16_tiles_h100_untuned.json), µs over qkv, o, gate_up and down against the untuned tiles
-# before it: 16 rows 135.1 vs 158.9, 32 173.7 vs 181.8, 64 194.7 vs 250.5, 128 259.4 vs 447.6
-# (dequantize + cuBLAS), 256 438.4 vs 470.3. One row takes the row kernel below.
+# bench/results/w4a16_tiles_h100.json), µs over qkv, o, gate_up and down: 16 rows 135.7 (cuBLAS
+# on bf16 weights 159.8; the untuned tiles took 158.9), 64 194.8 (162.7; 250.5), 128 257.0
+# (171.3; dequantize + cuBLAS 445.4), 256 438.3 (197.3; 472.3). Past 16 rows the tiles lose to
+# bf16 weights: the dequantization in the loop halves the tensor cores' rate (340 against
+# cuBLAS's 770 TFLOP/s at 2,048 rows). One row takes the row kernel below.
 TILES = (
     (16, W4A16Tile(block_m=16, block_n=128, block_k=128, num_warps=4, num_stages=3, split_k=8)),
-    (32, W4A16Tile(block_m=32, block_n=128, block_k=128, num_warps=4, num_stages=3, split_k=4)),
     (64, W4A16Tile(block_m=64, block_n=128, block_k=128, num_warps=8, num_stages=3, split_k=4)),
-    (256, W4A16Tile(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=3, split_k=4)),
-    (None, W4A16Tile(block_m=128, block_n=128, block_k=64, num_warps=4, num_stages=4)),
+    (None, W4A16Tile(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=3, split_k=4)),
 )
 
-# One row (a batch-1 decode) with contiguous groups takes the CUDA-core kernel (`w4a16_row.py`).
-ROW_TILE = W4A16Row(block_n=128, words=16, num_warps=4, num_stages=3, split_k=4)
+# One row (a batch-1 decode) with contiguous groups takes the CUDA-core kernel (`w4a16_row.py`):
+# 92.3 µs over the four projections on the H100 sweep, against 135.7 for the best 16-row tiles.
+ROW_TILE = W4A16Row(block_n=64, words=16, num_warps=4, num_stages=2, split_k=8)
 
 # From this many rows a product dequantizes the packed weight to the rows' dtype in one pass
-# (`dequantize_packed`) and lets cuBLAS multiply it. The step is then compute-bound, and on an
-# H200 the kernel's tiles ran at about half of cuBLAS's rate there (8B GPTQ, router step records
-# in bench/results/gpu_vs_vllm_h200_gptq.md, ms a step against bf16's: 140 rows 21.5 vs 9.0,
-# 395 rows 33.9 vs 17.4, a 3,750-token prefill 195 vs 105). The pass reads 4 bits and writes 16
-# per weight, ~19 GB a step for the 8B model (estimated 5-9 ms, not yet timed): a win from
-# about 64 rows on those numbers, so 128 leaves a margin. bench/gpu_w4a16.py times both.
-DEQUANTIZE_FROM_ROWS = 128
+# (`dequantize_packed`) and lets cuBLAS multiply it: on the H100 sweep, µs over the four
+# projections, tiles against the pass plus cuBLAS, 256 rows 438.3 vs 472.3, 512 779.4 vs
+# 583.6, 2,048 2,590 vs 1,413. The pass alone costs about 270 µs a layer of the 8B model.
+DEQUANTIZE_FROM_ROWS = 512
 DEQUANTIZE_TILE = (64, 128)  # [K rows, N columns] of the weight a program writes
 
 _SWITCH = {"enabled": True, "on_cpu": False}

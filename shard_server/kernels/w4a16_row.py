@@ -3,8 +3,10 @@
 A tensor-core tile pads one row to 16 and must unpack every value into the MMA operand's
 layout, through shared memory on Hopper; on an H100 the best such tile streamed the 8B
 model's packed projections at 0.6-1.1 TB/s against cuBLAS's 2.0-2.9 TB/s for their bf16
-weights (bench/results/w4a16_tiles_h100.json), so a 4-bit model decoded barely faster than
-bf16. Here each program holds [WORDS, BLOCK_N] packed words as they lie in memory (N
+weights (bench/results/w4a16_tiles_h100_untuned.json), so a 4-bit model decoded barely faster
+than bf16. This kernel takes 92 µs over the four projections where the best tiles took 135
+and cuBLAS 157 with bf16 weights (w4a16_tiles_h100.json); at 0.8-1.5 TB/s of packed weight it
+is still short of the bandwidth, likely on the instructions a value costs (not yet profiled). Here each program holds [WORDS, BLOCK_N] packed words as they lie in memory (N
 contiguous, one coalesced load) and, for each of the PACK values a word holds, shifts it out,
 makes it a float32 by its bits (2^23 + q, an OR and a subtraction: no conversion instruction)
 and multiplies it into a [WORDS, BLOCK_N] float32 sum with the matching activation. Nothing
@@ -34,15 +36,12 @@ class W4A16Row:
     words: int  # packed words (rows of qweight) per K step: words * (32 / bits) inputs
     num_warps: int
     num_stages: int
-    split_k: int = 1  # at most this many K ranges a program each, only as many as fill the GPU
-
-
-FILL_PROGRAMS = 4 * 132  # split K until about this many programs run (four per H100/H200 SM)
+    split_k: int = 1  # K ranges, a program each (their float32 partials summed after)
 
 
 def row_tile_for(tile: W4A16Row, features: int, depth: int, bits: int, group_rows: int | None) -> W4A16Row | None:
-    """`tile` fitted to the shape: K steps inside one group, K split until the GPU is full; None
-    where the groups are not contiguous (act-order, a slice from mid-group)."""
+    """`tile` fitted to the shape: K steps inside one group, no more splits than K steps; None where
+    the groups are not contiguous (act-order, a slice from mid-group)."""
     if group_rows is None:
         return None
     pack = 32 // bits
@@ -51,9 +50,7 @@ def row_tile_for(tile: W4A16Row, features: int, depth: int, bits: int, group_row
         words //= 2
     if group_rows < depth and group_rows % (words * pack):
         return None
-    programs = triton.cdiv(features, tile.block_n)
-    splits = min(tile.split_k, max(1, FILL_PROGRAMS // programs), triton.cdiv(depth, words * pack))
-    return replace(tile, words=words, split_k=max(1, splits))
+    return replace(tile, words=words, split_k=max(1, min(tile.split_k, triton.cdiv(depth, words * pack))))
 
 
 @triton.jit
