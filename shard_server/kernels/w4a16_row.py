@@ -37,6 +37,10 @@ class W4A16Row:
     num_warps: int
     num_stages: int
     split_k: int = 1  # K ranges, a program each (their float32 partials summed after)
+    # True: a value is masked where it lies in its word (or in the word shifted by 16 once, for the
+    # values past a float32's 23-bit mantissa), giving q * 2^at, and its activation is scaled by
+    # 2^-at instead: one logic op a value instead of a shift and a mask.
+    in_place: bool = False
 
 
 def row_tile_for(tile: W4A16Row, features: int, depth: int, bits: int, group_rows: int | None) -> W4A16Row | None:
@@ -54,9 +58,29 @@ def row_tile_for(tile: W4A16Row, features: int, depth: int, bits: int, group_row
 
 
 @triton.jit
+def _value_in_place(packed, high, I: tl.constexpr, BITS: tl.constexpr):
+    """Value I of each word times 2^AT, AT its lowest bit's place in `packed` (or in `high`, the word
+    shifted by 16, once it passes a float32's 23-bit mantissa): masked where it lies under the
+    exponent of 2^23, the float is 2^23 + q * 2^AT exactly."""
+    AT: tl.constexpr = I * BITS - 16 * (I * BITS + BITS > 23)
+    if I * BITS + BITS <= 23:
+        bits = (packed & (((1 << BITS) - 1) << AT)) | 0x4B000000
+    else:
+        bits = (high & (((1 << BITS) - 1) << AT)) | 0x4B000000
+    return bits.to(tl.float32, bitcast=True) - 8388608.0
+
+
+@triton.jit
+def _inverse_unit(I: tl.constexpr, BITS: tl.constexpr):
+    """2^-AT for `_value_in_place`'s value I, as a float32 built from its exponent."""
+    AT: tl.constexpr = I * BITS - 16 * (I * BITS + BITS > 23)
+    return tl.full((1,), (127 - AT) << 23, tl.int32).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def _w4a16_row_kernel(x_ptr, qweight_ptr, zeros_ptr, scales_ptr, out_ptr, N, K, group_rows, split_stride,
                       BITS: tl.constexpr, BLOCK_N: tl.constexpr, WORDS: tl.constexpr, SPLIT_K: tl.constexpr,
-                      PDL: tl.constexpr):  # fmt: skip
+                      IN_PLACE: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
     # With SPLIT_K > 1 program (.., s) reduces the s-th range of K and writes its float32 partial
     # at s * split_stride into out_ptr.
     PACK: tl.constexpr = 32 // BITS
@@ -78,12 +102,16 @@ def _w4a16_row_kernel(x_ptr, qweight_ptr, zeros_ptr, scales_ptr, out_ptr, N, K, 
                          mask=word_ok[:, None] & col_ok[None, :], other=0)  # fmt: skip
         part = tl.zeros((WORDS, BLOCK_N), tl.float32)
         x_sum = tl.zeros((WORDS,), tl.float32)
+        high = packed >> 16  # IN_PLACE: the values whose bits pass a float32's 23-bit mantissa
         for i in tl.static_range(PACK):  # input k = word * PACK + i is value i of its word
             x = tl.load(x_ptr + words * PACK + i, mask=word_ok, other=0.0).to(tl.float32)
-            # The arithmetic shift smears a negative word's sign into the high bits; the mask drops them.
-            q = ((packed >> (i * BITS)) & ((1 << BITS) - 1)) | 0x4B000000
-            part += (q.to(tl.float32, bitcast=True) - 8388608.0) * x[:, None]
             x_sum += x
+            # The arithmetic shift smears a negative word's sign into the high bits; the masks drop them.
+            if IN_PLACE:
+                part += _value_in_place(packed, high, i, BITS) * (x * _inverse_unit(i, BITS))[:, None]
+            else:
+                q = ((packed >> (i * BITS)) & ((1 << BITS) - 1)) | 0x4B000000
+                part += (q.to(tl.float32, bitcast=True) - 8388608.0) * x[:, None]
         group = k0 // group_rows
         zero = tl.load(zeros_ptr + group * N + cols, mask=col_ok, other=0).to(tl.float32)
         scale = tl.load(scales_ptr + group * N + cols, mask=col_ok, other=0.0).to(tl.float32)
@@ -101,7 +129,7 @@ def w4a16_row_matmul(x: torch.Tensor, qweight: torch.Tensor, zeros: torch.Tensor
     target = out if splits == 1 else torch.empty((splits, 1, features), dtype=torch.float32, device=x.device)
     _w4a16_row_kernel[(triton.cdiv(features, tile.block_n), splits)](
         x, qweight, zeros, scales, target, features, depth, group_step, features,
-        BITS=bits, BLOCK_N=tile.block_n, WORDS=tile.words, SPLIT_K=splits,
+        BITS=bits, BLOCK_N=tile.block_n, WORDS=tile.words, SPLIT_K=splits, IN_PLACE=tile.in_place,
         num_warps=tile.num_warps, num_stages=tile.num_stages, **launch_args(x),
     )  # fmt: skip
     if splits > 1:
