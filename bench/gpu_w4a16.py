@@ -99,13 +99,14 @@ CANDIDATES = (
 
 
 # One row: the CUDA-core kernel's tiles (kernels/w4a16_row.py), each split count as given.
-ROW_CANDIDATES = [W4A16Row(n, words, warps, stages, split, in_place) for n in (64, 128) for words in (8, 16)
-                  for warps in (4, 8) for stages in (2, 4) for split in (4, 8) for in_place in (False, True)]  # fmt: skip
+ROW_CANDIDATES = [W4A16Row(n, words, warps, stages, split, in_place, prefetch) for n in (32, 64, 128)
+                  for words in (8, 16) for warps in (2, 4) for stages in (2,) for split in (4, 8)
+                  for in_place in (False, True) for prefetch in (False, True)]  # fmt: skip
 
 
 def row_label(tile: W4A16Row) -> str:
     name = f"row n{tile.block_n} words{tile.words} w{tile.num_warps} s{tile.num_stages} split{tile.split_k}"
-    return name + (" in-place" if tile.in_place else "")
+    return name + (" in-place" if tile.in_place else "") + (" prefetch" if tile.prefetch else "")
 
 
 def candidates(rows: int) -> list[W4A16Tile]:

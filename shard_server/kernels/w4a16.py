@@ -81,13 +81,14 @@ TILES = (
 
 # One row (a batch-1 decode) with contiguous groups takes the CUDA-core kernel (`w4a16_row.py`):
 # 92.3 µs over the four projections on the H100 sweep, against 135.7 for the best 16-row tiles.
-ROW_TILE = W4A16Row(block_n=64, words=16, num_warps=4, num_stages=2, split_k=8)
+ROW_TILE = W4A16Row(block_n=64, words=16, num_warps=4, num_stages=2, split_k=8, in_place=True, prefetch=True)
 
 # From this many rows a product dequantizes the packed weight to the rows' dtype in one pass
-# (`dequantize_packed`) and lets cuBLAS multiply it: on the H100 sweep, µs over the four
-# projections, tiles against the pass plus cuBLAS, 256 rows 438.3 vs 472.3, 512 779.4 vs
-# 583.6, 2,048 2,590 vs 1,413. The pass alone costs about 270 µs a layer of the 8B model.
-DEQUANTIZE_FROM_ROWS = 512
+# (`dequantize_packed`) and lets cuBLAS multiply it: on the H100 sweeps, µs over the four
+# projections, tiles against the pass plus cuBLAS, 256 rows 432-438 vs 472-480, 512 780 vs
+# 583 (w4a16_tiles_h100*.json); the lines cross near 300. The pass alone costs about 270 µs a
+# layer of the 8B model.
+DEQUANTIZE_FROM_ROWS = 320
 DEQUANTIZE_TILE = (64, 128)  # [K rows, N columns] of the weight a program writes
 
 _SWITCH = {"enabled": True, "on_cpu": False}

@@ -41,6 +41,8 @@ class W4A16Row:
     # values past a float32's 23-bit mantissa), giving q * 2^at, and its activation is scaled by
     # 2^-at instead: one logic op a value instead of a shift and a mask.
     in_place: bool = False
+    # True: each step first asks for the next step's words, so two loads a program are in flight.
+    prefetch: bool = False
 
 
 def row_tile_for(tile: W4A16Row, features: int, depth: int, bits: int, group_rows: int | None) -> W4A16Row | None:
@@ -55,6 +57,13 @@ def row_tile_for(tile: W4A16Row, features: int, depth: int, bits: int, group_row
     if group_rows < depth and group_rows % (words * pack):
         return None
     return replace(tile, words=words, split_k=max(1, min(tile.split_k, triton.cdiv(depth, words * pack))))
+
+
+@triton.jit
+def _load_words(qweight_ptr, words, word_end, cols, col_ok, N):
+    """The [words, cols] tile of packed words, 0 past `word_end` and the last column."""
+    return tl.load(qweight_ptr + words.to(tl.int64)[:, None] * N + cols[None, :],
+                   mask=(words < word_end)[:, None] & col_ok[None, :], other=0)  # fmt: skip
 
 
 @triton.jit
@@ -80,7 +89,7 @@ def _inverse_unit(I: tl.constexpr, BITS: tl.constexpr):
 @triton.jit
 def _w4a16_row_kernel(x_ptr, qweight_ptr, zeros_ptr, scales_ptr, out_ptr, N, K, group_rows, split_stride,
                       BITS: tl.constexpr, BLOCK_N: tl.constexpr, WORDS: tl.constexpr, SPLIT_K: tl.constexpr,
-                      IN_PLACE: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
+                      IN_PLACE: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
     # With SPLIT_K > 1 program (.., s) reduces the s-th range of K and writes its float32 partial
     # at s * split_stride into out_ptr.
     PACK: tl.constexpr = 32 // BITS
@@ -95,11 +104,17 @@ def _w4a16_row_kernel(x_ptr, qweight_ptr, zeros_ptr, scales_ptr, out_ptr, N, K, 
         out_ptr += tl.program_id(1).to(tl.int64) * split_stride
     wait_for_previous_kernel(PDL)
     acc = tl.zeros((WORDS, BLOCK_N), tl.float32)
+    word_end = k_hi // PACK  # K is a multiple of PACK
+    if PREFETCH:
+        upcoming = _load_words(qweight_ptr, k_lo // PACK + tl.arange(0, WORDS), word_end, cols, col_ok, N)
     for k0 in range(k_lo, k_hi, BLOCK_K):
-        words = k0 // PACK + tl.arange(0, WORDS)  # K is a multiple of PACK, so k_hi // PACK ends the words
-        word_ok = words < k_hi // PACK
-        packed = tl.load(qweight_ptr + words.to(tl.int64)[:, None] * N + cols[None, :],
-                         mask=word_ok[:, None] & col_ok[None, :], other=0)  # fmt: skip
+        words = k0 // PACK + tl.arange(0, WORDS)
+        word_ok = words < word_end
+        if PREFETCH:
+            packed = upcoming
+            upcoming = _load_words(qweight_ptr, words + WORDS, word_end, cols, col_ok, N)
+        else:
+            packed = _load_words(qweight_ptr, words, word_end, cols, col_ok, N)
         part = tl.zeros((WORDS, BLOCK_N), tl.float32)
         x_sum = tl.zeros((WORDS,), tl.float32)
         high = packed >> 16  # IN_PLACE: the values whose bits pass a float32's 23-bit mantissa
@@ -129,7 +144,7 @@ def w4a16_row_matmul(x: torch.Tensor, qweight: torch.Tensor, zeros: torch.Tensor
     target = out if splits == 1 else torch.empty((splits, 1, features), dtype=torch.float32, device=x.device)
     _w4a16_row_kernel[(triton.cdiv(features, tile.block_n), splits)](
         x, qweight, zeros, scales, target, features, depth, group_step, features,
-        BITS=bits, BLOCK_N=tile.block_n, WORDS=tile.words, SPLIT_K=splits, IN_PLACE=tile.in_place,
+        BITS=bits, BLOCK_N=tile.block_n, WORDS=tile.words, SPLIT_K=splits, IN_PLACE=tile.in_place, PREFETCH=tile.prefetch,
         num_warps=tile.num_warps, num_stages=tile.num_stages, **launch_args(x),
     )  # fmt: skip
     if splits > 1:
