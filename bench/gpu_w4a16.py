@@ -71,10 +71,9 @@ DEVICE = "cuda"
 
 
 def _tiles(specs, splits=(1,), by_row=(False, True)) -> list[W4A16Tile]:
-    """Each (block_m, block_n, block_k, warps, stages) at each split count, unpacked each way, and with
-    the operands swapped (`swap_ab`, which unpacks one way)."""
-    return [W4A16Tile(m, n, k, w, s, split, unpack, swap) for m, n, k, w, s in specs for split in splits
-            for unpack, swap in [*((u, False) for u in by_row), (False, True)]]  # fmt: skip
+    """Each (block_m, block_n, block_k, warps, stages) at each split count, unpacked each way."""
+    return [W4A16Tile(m, n, k, w, s, split, unpack) for m, n, k, w, s in specs for split in splits
+            for unpack in by_row]  # fmt: skip
 
 
 # (most rows, candidates), as TILES is keyed. Decode rows stream the weight (memory-bound: deep
@@ -99,14 +98,13 @@ CANDIDATES = (
 
 
 # One row: the CUDA-core kernel's tiles (kernels/w4a16_row.py), each split count as given.
-ROW_CANDIDATES = [W4A16Row(n, words, warps, stages, split, in_place, prefetch) for n in (32, 64, 128)
-                  for words in (8, 16) for warps in (2, 4) for stages in (2,) for split in (4, 8)
-                  for in_place in (False, True) for prefetch in (False, True)]  # fmt: skip
+ROW_CANDIDATES = [W4A16Row(n, words, warps, stages, split) for n in (32, 64, 128, 256) for words in (8, 16)
+                  for warps in (2, 4, 8) for stages in (2, 3) for split in (2, 4, 8)]  # fmt: skip
 
 
 def row_label(tile: W4A16Row) -> str:
     name = f"row n{tile.block_n} words{tile.words} w{tile.num_warps} s{tile.num_stages} split{tile.split_k}"
-    return name + (" in-place" if tile.in_place else "") + (" prefetch" if tile.prefetch else "")
+    return name
 
 
 def candidates(rows: int) -> list[W4A16Tile]:
@@ -130,7 +128,7 @@ def case_tiles(rows: int, n: int, k: int, limit: int | None = None) -> tuple[W4A
 
 def label(tile: W4A16Tile) -> str:
     name = f"{tile.block_m}x{tile.block_n}x{tile.block_k} w{tile.num_warps} s{tile.num_stages} split{tile.split_k}"
-    return name + (" by-row" if tile.unpack_by_row else "") + (" swap" if tile.swap_ab else "")
+    return name + (" by-row" if tile.unpack_by_row else "")
 
 
 def packed_weight(n: int, k: int, generator: torch.Generator, device) -> tuple[torch.Tensor, ...]:

@@ -62,9 +62,6 @@ class W4A16Tile:
     # the word holding it (the pack rows sharing a word hit L1, not HBM) and shifts its value
     # out: no reshape. Which is faster is for bench/gpu_w4a16.py to tell.
     unpack_by_row: bool = False
-    # True: the operands swapped (`_w4a16_swapped_kernel`; tiles in one group, half-precision rows),
-    # block_m may then be 8; unpack_by_row does not apply.
-    swap_ab: bool = False
 
 
 # (most rows, tile), first match wins: bench/gpu_w4a16.py's suggestion on an H100 (8B projections,
@@ -80,8 +77,9 @@ TILES = (
 )
 
 # One row (a batch-1 decode) with contiguous groups takes the CUDA-core kernel (`w4a16_row.py`):
-# 92.3 µs over the four projections on the H100 sweep, against 135.7 for the best 16-row tiles.
-ROW_TILE = W4A16Row(block_n=64, words=16, num_warps=4, num_stages=2, split_k=8, in_place=True, prefetch=True)
+# 86.6 µs over the four projections on the H100 sweep, against 135.7 for the best 16-row tiles
+# (w4a16_row_tiles_h100_prefetch.json).
+ROW_TILE = W4A16Row(block_n=128, words=16, num_warps=4, num_stages=2, split_k=8)
 
 # From this many rows a product dequantizes the packed weight to the rows' dtype in one pass
 # (`dequantize_packed`) and lets cuBLAS multiply it: on the H100 sweeps, µs over the four
@@ -200,46 +198,6 @@ def _w4a16_kernel(x_ptr, qweight_ptr, zeros_ptr, scales_ptr, g_idx_ptr, out_ptr,
 
 
 @triton.jit
-def _w4a16_swapped_kernel(x_ptr, qweight_ptr, zeros_ptr, scales_ptr, out_ptr, M, N, K, group_rows, x_stride,
-                          out_stride, split_stride, BITS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                          BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
-    # `_w4a16_kernel` with the operands swapped, out^T = W^T x^T, for tiles in one group: the
-    # dequantized weight is the dot's left operand, which Hopper's wgmma may take from registers
-    # (the right operand always comes from shared memory), and the few decode rows are its narrow
-    # N side (8 and up) instead of padding to an M of 64.
-    PACK: tl.constexpr = 32 // BITS
-    WORDS: tl.constexpr = BLOCK_K // PACK
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    row_ok = rows < M
-    col_ok = cols < N
-    k_lo, k_hi = 0, K
-    if SPLIT_K > 1:
-        chunk = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K) * BLOCK_K
-        k_lo = tl.program_id(2) * chunk
-        k_hi = tl.minimum(K, k_lo + chunk)
-        out_ptr += tl.program_id(2).to(tl.int64) * split_stride
-    shifts = tl.arange(0, PACK) * BITS
-    x_cols = x_ptr + rows.to(tl.int64)[None, :] * x_stride
-    wait_for_previous_kernel(PDL)
-    acc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
-    for k0 in range(k_lo, k_hi, BLOCK_K):
-        ks = k0 + tl.arange(0, BLOCK_K)
-        x = tl.load(x_cols + ks[:, None], mask=(ks < k_hi)[:, None] & row_ok[None, :], other=0.0)  # [K, M]
-        words = k0 // PACK + tl.arange(0, WORDS)
-        packed = tl.load(qweight_ptr + words[None, :] * N + cols[:, None],
-                         mask=(words < k_hi // PACK)[None, :] & col_ok[:, None], other=0)  # [N, WORDS]  # fmt: skip
-        q = tl.reshape((packed[:, :, None] >> shifts[None, None, :]) & ((1 << BITS) - 1), (BLOCK_N, BLOCK_K))
-        group = k0 // group_rows
-        zero = tl.load(zeros_ptr + group * N + cols, mask=col_ok, other=0).to(tl.int32)[:, None]
-        scale = tl.load(scales_ptr + group * N + cols, mask=col_ok, other=0.0).to(tl.float32)[:, None]
-        w = (_exact_difference(q, zero) * scale).to(x.dtype)  # [N, K]: the reference's weight
-        acc += tl.dot(w, x)
-    out = out_ptr + rows.to(tl.int64)[None, :] * out_stride + cols[:, None]
-    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=col_ok[:, None] & row_ok[None, :])
-
-
-@triton.jit
 def _dequantize_kernel(qweight_ptr, zeros_ptr, scales_ptr, g_idx_ptr, out_ptr, N, K, BITS: tl.constexpr,
                        BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
     # out [K, N] = (q - zero) * scale in float32, rounded once to out's dtype: the weight the
@@ -328,19 +286,12 @@ def w4a16_matmul(x: torch.Tensor, qweight: torch.Tensor, zeros: torch.Tensor, sc
     # One group over all rows: any step >= K keeps every tile's k0 // step at group 0.
     step = (depth if group_rows >= depth else group_rows) if one_group else 1
     grid = (triton.cdiv(rows, tile.block_m), triton.cdiv(features, tile.block_n), splits)
-    if tile.swap_ab and one_group and x.dtype != torch.float32:
-        _w4a16_swapped_kernel[grid](
-            x, qweight, zeros, scales, target, rows, features, depth, max(step, 1), x.stride(0), features,
-            rows * features, BITS=bits, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k,
-            SPLIT_K=splits, num_warps=tile.num_warps, num_stages=tile.num_stages, **launch_args(x),
-        )  # fmt: skip
-    else:
-        _w4a16_kernel[grid](
-            x, qweight, zeros, scales, g_idx, target, rows, features, depth, max(step, 1), x.stride(0), features,
-            rows * features, BITS=bits, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k,
-            SPLIT_K=splits, TILE_GROUP=one_group, IEEE=x.dtype == torch.float32, UNPACK_BY_ROW=tile.unpack_by_row,
-            num_warps=tile.num_warps, num_stages=tile.num_stages, **launch_args(x),
-        )  # fmt: skip
+    _w4a16_kernel[grid](
+        x, qweight, zeros, scales, g_idx, target, rows, features, depth, max(step, 1), x.stride(0), features,
+        rows * features, BITS=bits, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k,
+        SPLIT_K=splits, TILE_GROUP=one_group, IEEE=x.dtype == torch.float32, UNPACK_BY_ROW=tile.unpack_by_row,
+        num_warps=tile.num_warps, num_stages=tile.num_stages, **launch_args(x),
+    )  # fmt: skip
     if splits > 1:
         numel = rows * features
         _sum_splits_kernel[(triton.cdiv(numel, SUM_BLOCK),)](target, out, numel, SPLITS=splits, BLOCK=SUM_BLOCK,

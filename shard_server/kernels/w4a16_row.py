@@ -4,13 +4,16 @@ A tensor-core tile pads one row to 16 and must unpack every value into the MMA o
 layout, through shared memory on Hopper; on an H100 the best such tile streamed the 8B
 model's packed projections at 0.6-1.1 TB/s against cuBLAS's 2.0-2.9 TB/s for their bf16
 weights (bench/results/w4a16_tiles_h100_untuned.json), so a 4-bit model decoded barely faster
-than bf16. This kernel takes 92 µs over the four projections where the best tiles took 135
-and cuBLAS 157 with bf16 weights (w4a16_tiles_h100.json); at 0.8-1.5 TB/s of packed weight it
-is still short of the bandwidth, likely on the instructions a value costs (not yet profiled). Here each program holds [WORDS, BLOCK_N] packed words as they lie in memory (N
-contiguous, one coalesced load) and, for each of the PACK values a word holds, shifts it out,
-makes it a float32 by its bits (2^23 + q, an OR and a subtraction: no conversion instruction)
-and multiplies it into a [WORDS, BLOCK_N] float32 sum with the matching activation. Nothing
-changes layout and nothing goes through shared memory.
+than bf16. Here each program holds [WORDS, BLOCK_N] packed words as they lie in memory (N
+contiguous, one coalesced load, the next step's asked for before this one is worked on) and
+takes each of the PACK values a word holds where it lies: masked under the exponent of 2^23,
+the float32 is 2^23 + q * 2^at exactly (at: the value's lowest bit; the values past the
+mantissa come from the word shifted by 16 once), and its activation is scaled by 2^-at. A value
+costs one logic op, one subtraction and one multiply-add; nothing changes layout and nothing
+goes through shared memory. Over the four projections: 86.6 µs, against 135 for the best
+tiles, 103.6 for this kernel shifting each value out with no prefetch, and 157 for cuBLAS on
+bf16 weights (w4a16_row_tiles_h100_prefetch.json). At 0.9-1.7 TB/s of packed weight it is
+still short of the copy bandwidth (~3 TB/s); why is not yet profiled.
 
 Zero points and scales apply per group to the step's sums, s * (sum x q - zero * sum x), so a K
 step must lie in one group: contiguous groups only (act-order takes the tensor-core tiles).
@@ -37,12 +40,6 @@ class W4A16Row:
     num_warps: int
     num_stages: int
     split_k: int = 1  # K ranges, a program each (their float32 partials summed after)
-    # True: a value is masked where it lies in its word (or in the word shifted by 16 once, for the
-    # values past a float32's 23-bit mantissa), giving q * 2^at, and its activation is scaled by
-    # 2^-at instead: one logic op a value instead of a shift and a mask.
-    in_place: bool = False
-    # True: each step first asks for the next step's words, so two loads a program are in flight.
-    prefetch: bool = False
 
 
 def row_tile_for(tile: W4A16Row, features: int, depth: int, bits: int, group_rows: int | None) -> W4A16Row | None:
@@ -89,7 +86,7 @@ def _inverse_unit(I: tl.constexpr, BITS: tl.constexpr):
 @triton.jit
 def _w4a16_row_kernel(x_ptr, qweight_ptr, zeros_ptr, scales_ptr, out_ptr, N, K, group_rows, split_stride,
                       BITS: tl.constexpr, BLOCK_N: tl.constexpr, WORDS: tl.constexpr, SPLIT_K: tl.constexpr,
-                      IN_PLACE: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
+                      PDL: tl.constexpr):  # fmt: skip
     # With SPLIT_K > 1 program (.., s) reduces the s-th range of K and writes its float32 partial
     # at s * split_stride into out_ptr.
     PACK: tl.constexpr = 32 // BITS
@@ -105,28 +102,20 @@ def _w4a16_row_kernel(x_ptr, qweight_ptr, zeros_ptr, scales_ptr, out_ptr, N, K, 
     wait_for_previous_kernel(PDL)
     acc = tl.zeros((WORDS, BLOCK_N), tl.float32)
     word_end = k_hi // PACK  # K is a multiple of PACK
-    if PREFETCH:
-        upcoming = _load_words(qweight_ptr, k_lo // PACK + tl.arange(0, WORDS), word_end, cols, col_ok, N)
+    # Each step asks for the next step's words before it works on its own: two loads in flight.
+    upcoming = _load_words(qweight_ptr, k_lo // PACK + tl.arange(0, WORDS), word_end, cols, col_ok, N)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         words = k0 // PACK + tl.arange(0, WORDS)
         word_ok = words < word_end
-        if PREFETCH:
-            packed = upcoming
-            upcoming = _load_words(qweight_ptr, words + WORDS, word_end, cols, col_ok, N)
-        else:
-            packed = _load_words(qweight_ptr, words, word_end, cols, col_ok, N)
+        packed = upcoming
+        upcoming = _load_words(qweight_ptr, words + WORDS, word_end, cols, col_ok, N)
         part = tl.zeros((WORDS, BLOCK_N), tl.float32)
         x_sum = tl.zeros((WORDS,), tl.float32)
-        high = packed >> 16  # IN_PLACE: the values whose bits pass a float32's 23-bit mantissa
+        high = packed >> 16  # the values whose bits pass a float32's 23-bit mantissa, moved down once
         for i in tl.static_range(PACK):  # input k = word * PACK + i is value i of its word
             x = tl.load(x_ptr + words * PACK + i, mask=word_ok, other=0.0).to(tl.float32)
             x_sum += x
-            # The arithmetic shift smears a negative word's sign into the high bits; the masks drop them.
-            if IN_PLACE:
-                part += _value_in_place(packed, high, i, BITS) * (x * _inverse_unit(i, BITS))[:, None]
-            else:
-                q = ((packed >> (i * BITS)) & ((1 << BITS) - 1)) | 0x4B000000
-                part += (q.to(tl.float32, bitcast=True) - 8388608.0) * x[:, None]
+            part += _value_in_place(packed, high, i, BITS) * (x * _inverse_unit(i, BITS))[:, None]
         group = k0 // group_rows
         zero = tl.load(zeros_ptr + group * N + cols, mask=col_ok, other=0).to(tl.float32)
         scale = tl.load(scales_ptr + group * N + cols, mask=col_ok, other=0.0).to(tl.float32)
@@ -144,7 +133,7 @@ def w4a16_row_matmul(x: torch.Tensor, qweight: torch.Tensor, zeros: torch.Tensor
     target = out if splits == 1 else torch.empty((splits, 1, features), dtype=torch.float32, device=x.device)
     _w4a16_row_kernel[(triton.cdiv(features, tile.block_n), splits)](
         x, qweight, zeros, scales, target, features, depth, group_step, features,
-        BITS=bits, BLOCK_N=tile.block_n, WORDS=tile.words, SPLIT_K=splits, IN_PLACE=tile.in_place, PREFETCH=tile.prefetch,
+        BITS=bits, BLOCK_N=tile.block_n, WORDS=tile.words, SPLIT_K=splits,
         num_warps=tile.num_warps, num_stages=tile.num_stages, **launch_args(x),
     )  # fmt: skip
     if splits > 1:

@@ -239,20 +239,16 @@ def test_one_row_with_contiguous_groups_takes_the_row_kernel(layout, dtype, monk
     assert len(launched) == (0 if act_order else 1), "two rows take the tensor-core tiles"
 
 
-@pytest.mark.parametrize("prefetch", [False, True], ids=["load", "prefetch"])
-@pytest.mark.parametrize("in_place", [False, True], ids=["shifted", "in-place"])
 @pytest.mark.parametrize("split_k", [1, 3])
 @pytest.mark.parametrize("words", [1, 4])
 @pytest.mark.parametrize("layout", ROW_LAYOUTS)
-def test_row_tiles_cover_masked_edges_and_split_k(layout, words, split_k, in_place, prefetch):
+def test_row_tiles_cover_masked_edges_and_split_k(layout, words, split_k):
     """16 features a program over 37 (a masked edge), K 200 in steps of 8 or 32 inputs (4-bit;
-    the last step masked), split 3 ways; a group of 32 holds whole steps; values shifted out of
-    their words or masked in place."""
+    the last step masked), split 3 ways; a group of 32 holds whole steps."""
     bits, group_size, act_order, sym = LAYOUTS[layout]
     weight = make_weight(bits, group_size, act_order, sym, seed=words + split_k)
     x = activations(1, 200, torch.bfloat16)
-    tile = W4A16Row(block_n=16, words=words, num_warps=1, num_stages=2, split_k=split_k, in_place=in_place,
-                    prefetch=prefetch)
+    tile = W4A16Row(block_n=16, words=words, num_warps=1, num_stages=2, split_k=split_k)
     assert_matches(kernel(weight, x, tile), reference(weight, x), torch.bfloat16, layout)
 
 
@@ -279,19 +275,6 @@ def test_zero_points_outside_the_kernels_range_are_refused_at_load():
                                weight.scales, weight.g_idx)  # fmt: skip
     with pytest.raises(WeightsError, match=r"zero points outside \[0, 2\^15\)"):
         weight._set(piece, "model.layers.0.mlp.down_proj")
-
-
-@pytest.mark.parametrize("split_k", [1, 3])
-@pytest.mark.parametrize("layout", ["4bit-g32", "4bit-channel", "8bit-g128", "4bit-g64-actorder"])
-def test_tiles_with_the_operands_swapped_match_the_reference(layout, split_k):
-    """out^T = W^T x^T over the same masked edges; act-order (no tile in one group) keeps the
-    unswapped kernel, and so do float32 rows."""
-    bits, group_size, act_order, sym = LAYOUTS[layout]
-    weight = make_weight(bits, group_size, act_order, sym, seed=split_k)
-    tile = W4A16Tile(**{**SMALL.__dict__, "split_k": split_k, "swap_ab": True})
-    for dtype in (torch.bfloat16, torch.float32):
-        x = activations(17, 200, dtype)
-        assert_matches(kernel(weight, x, tile), reference(weight, x), dtype, layout)
 
 
 def test_strided_activations_and_leading_dims_and_bias():
@@ -522,17 +505,12 @@ def _compile_all() -> None:
         if not constants["IEEE"]:  # exact float32 dots are FMAs; half tiles must reach the tensor cores
             assert "mma" in compiled.asm["ptx"], f"{name}: no tensor-core instruction in the PTX"
     for name, constants in (
-        ("w4a16_row_split_pdl", dict(BITS=4, BLOCK_N=128, WORDS=16, SPLIT_K=4, IN_PLACE=False, PREFETCH=False, PDL=True)),
-        ("w4a16_row_in_place", dict(BITS=4, BLOCK_N=64, WORDS=16, SPLIT_K=8, IN_PLACE=True, PREFETCH=True, PDL=False)),
-        ("w8a16_row_in_place", dict(BITS=8, BLOCK_N=64, WORDS=8, SPLIT_K=1, IN_PLACE=True, PREFETCH=False, PDL=False)),
+        ("w4a16_row_split_pdl", dict(BITS=4, BLOCK_N=128, WORDS=16, SPLIT_K=4, PDL=True)),
+        ("w8a16_row", dict(BITS=8, BLOCK_N=64, WORDS=8, SPLIT_K=1, PDL=False)),
     ):
         compile_module.CASES[name] = ("shard_server.kernels.w4a16_row", "_w4a16_row_kernel", constants,
                                       {**common, "x_ptr": "*bf16", "out_ptr": "*fp32" if constants["SPLIT_K"] > 1 else "*bf16"})  # fmt: skip
         compile_module.compile_case(name)
-    compile_module.CASES["w4a16_swapped"] = ("shard_server.kernels.w4a16", "_w4a16_swapped_kernel",
-                                             dict(BITS=4, BLOCK_M=16, BLOCK_N=128, BLOCK_K=128, SPLIT_K=4, PDL=False),
-                                             {**common, "out_ptr": "*fp32"})  # fmt: skip
-    compile_module.compile_case("w4a16_swapped")
     compile_module.CASES["w4a16_dequantize"] = ("shard_server.kernels.w4a16", "_dequantize_kernel",
                                                 dict(BITS=4, BLOCK_K=64, BLOCK_N=128), {**common, "out_ptr": "*bf16"})
     compile_module.compile_case("w4a16_dequantize")
