@@ -64,6 +64,17 @@ def config_for(rows: int, features: int, depth: int, weights_fp8: bool = False) 
 
 
 @triton.jit
+def split_range(K, SPLIT_K: tl.constexpr, BLOCK_K: tl.constexpr, AXIS: tl.constexpr):
+    """[lo, hi) of K for this program's split (its index on grid axis AXIS): SPLIT_K ranges of whole
+    BLOCK_K steps, so a step never spans two; all of K without a split."""
+    if SPLIT_K > 1:
+        chunk = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K) * BLOCK_K
+        lo = tl.program_id(AXIS) * chunk
+        return lo, tl.minimum(K, lo + chunk)
+    return 0, K
+
+
+@triton.jit
 def _skinny_matmul_kernel(x_ptr, x_scale_ptr, w_ptr, w_scale_ptr, out_ptr, M, N, K, x_stride, w_stride, out_stride,
                           split_stride, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                           W_SCALED: tl.constexpr, X_SCALED: tl.constexpr, FP16_DOT: tl.constexpr,
@@ -77,11 +88,8 @@ def _skinny_matmul_kernel(x_ptr, x_scale_ptr, w_ptr, w_scale_ptr, out_ptr, M, N,
     row_ok = rows < M
     col_ok = cols < N
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-    k_lo, k_hi = 0, K
+    k_lo, k_hi = split_range(K, SPLIT_K, BLOCK_K, 2)
     if SPLIT_K > 1:
-        chunk = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K) * BLOCK_K
-        k_lo = tl.program_id(2) * chunk
-        k_hi = tl.minimum(K, k_lo + chunk)
         out_ptr += tl.program_id(2).to(tl.int64) * split_stride
     if PREFETCH_W:  # the weights do not depend on the previous kernel (`pdl.py`); the first row tile asks
         if tl.program_id(0) == 0:

@@ -41,7 +41,7 @@ import triton.language as tl
 
 from .dispatch import use_fused
 from .pdl import launch_args, wait_for_previous_kernel
-from .skinny_matmul import SUM_BLOCK, _sum_splits_kernel
+from .skinny_matmul import SUM_BLOCK, _sum_splits_kernel, split_range
 from .w4a16_row import W4A16Row, row_tile_for, w4a16_row_matmul
 
 BITS = (4, 8)
@@ -153,11 +153,8 @@ def _w4a16_kernel(x_ptr, qweight_ptr, zeros_ptr, scales_ptr, g_idx_ptr, out_ptr,
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < M
     col_ok = cols < N
-    k_lo, k_hi = 0, K
+    k_lo, k_hi = split_range(K, SPLIT_K, BLOCK_K, 2)
     if SPLIT_K > 1:
-        chunk = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K) * BLOCK_K  # whole tiles: a tile never spans two ranges
-        k_lo = tl.program_id(2) * chunk
-        k_hi = tl.minimum(K, k_lo + chunk)
         out_ptr += tl.program_id(2).to(tl.int64) * split_stride
     shifts = tl.arange(0, PACK) * BITS  # value i of a word sits in bits [i*BITS, (i+1)*BITS)
     x_rows = x_ptr + rows.to(tl.int64)[:, None] * x_stride

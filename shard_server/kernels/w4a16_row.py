@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 
 from .pdl import launch_args, wait_for_previous_kernel
-from .skinny_matmul import SUM_BLOCK, _sum_splits_kernel
+from .skinny_matmul import SUM_BLOCK, _sum_splits_kernel, split_range
 
 
 @dataclass(frozen=True)
@@ -93,11 +93,8 @@ def _w4a16_row_kernel(x_ptr, qweight_ptr, zeros_ptr, scales_ptr, out_ptr, N, K, 
     BLOCK_K: tl.constexpr = WORDS * PACK
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < N
-    k_lo, k_hi = 0, K
+    k_lo, k_hi = split_range(K, SPLIT_K, BLOCK_K, 1)
     if SPLIT_K > 1:
-        chunk = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K) * BLOCK_K  # whole steps: a step never spans two ranges
-        k_lo = tl.program_id(1) * chunk
-        k_hi = tl.minimum(K, k_lo + chunk)
         out_ptr += tl.program_id(1).to(tl.int64) * split_stride
     wait_for_previous_kernel(PDL)
     acc = tl.zeros((WORDS, BLOCK_N), tl.float32)
