@@ -102,11 +102,6 @@ ROW_CANDIDATES = [W4A16Row(n, words, warps, stages, split) for n in (32, 64, 128
                   for warps in (2, 4, 8) for stages in (2, 3) for split in (2, 4, 8)]  # fmt: skip
 
 
-def row_label(tile: W4A16Row) -> str:
-    name = f"row n{tile.block_n} words{tile.words} w{tile.num_warps} s{tile.num_stages} split{tile.split_k}"
-    return name
-
-
 def candidates(rows: int) -> list[W4A16Tile]:
     """The row class's candidates, less those whose row tile is taller than the rows (16 is tl.dot's least)."""
     tiles = next(tiles for bound, tiles in CANDIDATES if bound is None or rows <= bound)
@@ -126,7 +121,9 @@ def case_tiles(rows: int, n: int, k: int, limit: int | None = None) -> tuple[W4A
     return entry, list(dict.fromkeys([entry, *tiles, *(fitted(t, rows, n, k) for t in tiles)]))
 
 
-def label(tile: W4A16Tile) -> str:
+def label(tile: W4A16Tile | W4A16Row) -> str:
+    if isinstance(tile, W4A16Row):
+        return f"row n{tile.block_n} words{tile.words} w{tile.num_warps} s{tile.num_stages} split{tile.split_k}"
     name = f"{tile.block_m}x{tile.block_n}x{tile.block_k} w{tile.num_warps} s{tile.num_stages} split{tile.split_k}"
     return name + (" by-row" if tile.unpack_by_row else "")
 
@@ -164,7 +161,7 @@ def shipped_path(rows: int, entry: W4A16Tile) -> str:
     """What `w4a16_matmul` runs given no tile: one row the row kernel (contiguous groups here), the TILES
     entry, or from enough rows dequantize + cuBLAS."""
     if rows == 1:
-        return f"row kernel, {row_label(ROW_TILE)} fitted"
+        return f"row kernel, {label(ROW_TILE)} fitted"
     return "dequantize_packed + cuBLAS" if rows >= DEQUANTIZE_FROM_ROWS else label(entry)
 
 
@@ -229,16 +226,11 @@ def case(rows: int, n: int, k: int, packed: list, dense: list, limit: int | None
 
     entry, tiles = case_tiles(rows, n, k, limit)
     entries = {}
-    for tile in tiles:
+    for tile in [*tiles, *(ROW_CANDIDATES if rows == 1 else ())]:
         entries[label(tile)] = {"tile": asdict(tile), **measure(
             lambda w, t=tile: w4a16_matmul(x, *w, BITS, GROUP, t), packed, want, figures)}  # fmt: skip
         if entries[label(tile)].get("rel_err", math.inf) < ERR_LIMIT:
             timings[tile] = entries[label(tile)]["us"]
-    for tile in ROW_CANDIDATES if rows == 1 else ():
-        entries[row_label(tile)] = {"tile": asdict(tile), **measure(
-            lambda w, t=tile: w4a16_matmul(x, *w, BITS, GROUP, t), packed, want, figures)}  # fmt: skip
-        if entries[row_label(tile)].get("rel_err", math.inf) < ERR_LIMIT:
-            timings[tile] = entries[row_label(tile)]["us"]
     good = {name: e for name, e in entries.items() if e.get("rel_err", math.inf) < ERR_LIMIT}
     best = min(good, key=lambda name: good[name]["us"]) if good else None
     shipped = measure(lambda w: w4a16_matmul(x, *w, BITS, GROUP), packed, want, figures)  # the server's path

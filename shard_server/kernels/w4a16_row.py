@@ -64,23 +64,18 @@ def _load_words(qweight_ptr, words, word_end, cols, col_ok, N):
 
 
 @triton.jit
-def _value_in_place(packed, high, I: tl.constexpr, BITS: tl.constexpr):
-    """Value I of each word times 2^AT, AT its lowest bit's place in `packed` (or in `high`, the word
-    shifted by 16, once it passes a float32's 23-bit mantissa): masked where it lies under the
-    exponent of 2^23, the float is 2^23 + q * 2^AT exactly."""
+def _value_times_row(packed, high, x, I: tl.constexpr, BITS: tl.constexpr):
+    """[WORDS, BLOCK_N] of value I of each word times its activation x [WORDS]. AT is the value's
+    lowest bit in `packed` (or in `high`, the word shifted by 16, once it passes a float32's 23-bit
+    mantissa): masked where it lies under the exponent of 2^23, the float is 2^23 + q * 2^AT
+    exactly, and x is scaled by 2^-AT (a float32 built from its exponent) to match."""
     AT: tl.constexpr = I * BITS - 16 * (I * BITS + BITS > 23)
     if I * BITS + BITS <= 23:
         bits = (packed & (((1 << BITS) - 1) << AT)) | 0x4B000000
     else:
         bits = (high & (((1 << BITS) - 1) << AT)) | 0x4B000000
-    return bits.to(tl.float32, bitcast=True) - 8388608.0
-
-
-@triton.jit
-def _inverse_unit(I: tl.constexpr, BITS: tl.constexpr):
-    """2^-AT for `_value_in_place`'s value I, as a float32 built from its exponent."""
-    AT: tl.constexpr = I * BITS - 16 * (I * BITS + BITS > 23)
-    return tl.full((1,), (127 - AT) << 23, tl.int32).to(tl.float32, bitcast=True)
+    inverse_unit = tl.full((1,), (127 - AT) << 23, tl.int32).to(tl.float32, bitcast=True)
+    return (bits.to(tl.float32, bitcast=True) - 8388608.0) * (x * inverse_unit)[:, None]
 
 
 @triton.jit
@@ -112,7 +107,7 @@ def _w4a16_row_kernel(x_ptr, qweight_ptr, zeros_ptr, scales_ptr, out_ptr, N, K, 
         for i in tl.static_range(PACK):  # input k = word * PACK + i is value i of its word
             x = tl.load(x_ptr + words * PACK + i, mask=word_ok, other=0.0).to(tl.float32)
             x_sum += x
-            part += _value_in_place(packed, high, i, BITS) * (x * _inverse_unit(i, BITS))[:, None]
+            part += _value_times_row(packed, high, x, i, BITS)
         group = k0 // group_rows
         zero = tl.load(zeros_ptr + group * N + cols, mask=col_ok, other=0).to(tl.float32)
         scale = tl.load(scales_ptr + group * N + cols, mask=col_ok, other=0.0).to(tl.float32)

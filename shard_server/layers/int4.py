@@ -139,7 +139,7 @@ class PackedWeight(nn.Module):
                 f"{prefix}.qweight unpacks to {list(piece.values.shape)}, expected [in, out] = {list(want)}"
             )
         if piece.zeros.numel() and (int(piece.zeros.min()) < 0 or int(piece.zeros.max()) >= 2**15):
-            raise WeightsError(f"{prefix}.qzeros gives zero points outside [0, 2^15) ({self.scheme.describe()})")
+            raise WeightsError(f"{prefix}: zero points outside [0, 2^15) ({self.scheme.describe()})")
         device = self.device
         # Contiguous: slices read by columns are strided views, and the kernel reads rows of N.
         self.qweight = pack_rows(piece.values, self.scheme.bits).to(device)

@@ -252,7 +252,7 @@ def test_row_tiles_cover_masked_edges_and_split_k(layout, words, split_k):
     assert_matches(kernel(weight, x, tile), reference(weight, x), torch.bfloat16, layout)
 
 
-def test_row_tiles_are_fitted_to_the_groups_and_the_gpu():
+def test_row_tiles_are_fitted_to_the_groups_and_the_k_steps():
     tile = W4A16Row(block_n=128, words=16, num_warps=4, num_stages=3, split_k=8)
     assert row_tile_for(tile, 4096, 4096, 4, 32).words == 4  # 4-bit steps of 32 inputs: one group each
     assert row_tile_for(tile, 4096, 4096, 8, 128).words == 16  # 8-bit: 16 words are 64 inputs
