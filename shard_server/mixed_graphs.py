@@ -39,8 +39,12 @@ from .device_copy import copy_into
 # of 513-1,024 tokens took 31.9 ms of device time against ~21 ms for their graphs, and they
 # were 20 % of what the running streams waited on (router step records, issue 23). Past
 # 1,024 the device time hides the launches, and the dense prefill path runs big prompts faster
-# than a graph's paged tiles (1,536 tokens: 38.3 ms eager, 42.2 graphed).
-MIXED_TOKEN_BUCKETS = (64, 128, 192, 256, 320, 384, 512, 640, 768, 896, 1024)
+# than a graph's paged tiles (1,536 tokens: 38.3 ms eager, 42.2 graphed). Below 64: 8 and 16
+# keep a speculative verification at a small batch (1 + k rows a sequence) on the skinny
+# matmuls, which take up to 16 rows; at 64 rows cuBLAS streams the weights more slowly (on an
+# H100 at batch 1 with `--speculate 4`, steps that verified took 8.96 ms against 6.16 for a plain
+# decode, bench/results/speculation_h100.json); 32 halves the padding of up to 8 verifications.
+MIXED_TOKEN_BUCKETS = (8, 16, 32, 64, 128, 192, 256, 320, 384, 512, 640, 768, 896, 1024)
 
 
 def buckets_for(max_tokens: int, buckets: tuple[int, ...] = MIXED_TOKEN_BUCKETS) -> list[int]:

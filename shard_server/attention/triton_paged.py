@@ -12,9 +12,10 @@ A mixed step (prefill chunks beside decodes) is padded too, given a token bucket
 its token rows pad to `tokens` (slot -1, in no tile), its sequences to `pad_to` with
 zero-length padding sequences, and each launch's tile list to a count fixed by the bucket
 (`mixed_tile_counts`), the padding tiles pointing at the last, zero-length sequence.
-Such a padded (graph) step of few sequences splits each decode's keys over several programs
-(split-KV) so that the whole GPU works on a small batch. Eager steps never split: their
-batch shapes vary, and each split count is a kernel variant compiled on first use.
+A padded (graph) step, decode or mixed, of few sequences splits the keys of each small tile
+(decodes, speculative verifications) over several programs (split-KV) so that the whole GPU
+works on a small batch. Eager steps never split: their batch shapes vary, and each split
+count is a kernel variant compiled on first use.
 
 Rotary, when the step passes it, is fused into the KV store.
 
@@ -58,6 +59,11 @@ MAX_SPLITS_SMALL = 16
 # unsplit then. Split as now, those batches launch 2,560-3,072 programs (the wide tile) and
 # the band holds batch 8 alone (512); retuning the tiles for split launches is open.
 WORDS_LIGHT_PROGRAMS = range(512, 769)
+# A sequence of up to this many query tokens runs on small tiles, ceil(q / block_q) of them:
+# decodes, and a speculative verification (1 + k tokens) reads its keys split like a decode's.
+# On one large tile it read its whole context in one program per KV head (8 programs at
+# batch 1 on an 8B) and in mixed graphs, where large tiles never split.
+SMALL_TILE_QUERY_TOKENS = 8
 
 
 @dataclass(frozen=True)
@@ -107,13 +113,21 @@ def split_count(tiles: int, kv_heads: int) -> int:
     return splits
 
 
+def small_tile_tokens(small: TileConfig) -> int:
+    """The most query tokens of a sequence that runs on small tiles."""
+    return max(small.block_q, SMALL_TILE_QUERY_TOKENS)
+
+
 def mixed_tile_counts(small: TileConfig, large: TileConfig, tokens: int, seqs: int) -> tuple[int, int]:
     """Fixed (small, large) tile counts of a mixed step of <= `tokens` tokens over `seqs`
-    sequence rows (the last a padding one): one small tile per real sequence at most, plus a
-    padding tile; large tiles: sum(ceil(q / L)) < tokens / L + n over the n sequences longer
-    than a small tile, n <= tokens // (small.block_q + 1)."""
-    longer = min(seqs - 1, tokens // (small.block_q + 1))
-    return seqs, -(-tokens // large.block_q) + longer
+    sequence rows (the last a padding one). Small tiles: each holds a real token, and a
+    sequence of S = small_tile_tokens or fewer takes at most ceil(S / block_q); plus a padding
+    tile. Large tiles: sum(ceil(q / L)) < tokens / L + n over the n sequences longer than S,
+    n <= tokens // (S + 1)."""
+    most = small_tile_tokens(small)
+    per_sequence = -(-most // small.block_q)
+    longer = min(seqs - 1, tokens // (most + 1))
+    return min(tokens, (seqs - 1) * per_sequence) + 1, -(-tokens // large.block_q) + longer
 
 
 def _next_power_of_two(n: int) -> int:
@@ -171,7 +185,8 @@ class TritonPagedAttention(AttentionBackend):
         tokens: int | None = None,
     ) -> TritonMetadata:
         """`pad_to` alone: a decode graph's shape (one token per sequence). With `tokens` too: a
-        mixed graph's, up to `tokens` rows over fewer than `pad_to` sequences (never split)."""
+        mixed graph's, up to `tokens` rows over fewer than `pad_to` sequences. Either splits its
+        small tiles' keys by their padded count (`split_count`)."""
         if tokens is not None and pad_to is None:
             raise ValueError("a token bucket needs a sequence bound (pad_to)")
         host, sections, width, dense_rows = self._pack(layout, pad_to, width, tokens=tokens)
@@ -184,7 +199,7 @@ class TritonPagedAttention(AttentionBackend):
             metadata.dense_rows = dense_rows
             metadata.dense_batches = tuple(self.dense.to_device(plan, slots, device) for plan in plans)
         small = [launch for launch in metadata.launches if launch.config == self.small]
-        if pad_to is not None and tokens is None and small:
+        if pad_to is not None and small:
             metadata.splits = split_count(small[0].num_tiles, self.shape.num_kv_heads)
         return metadata
 
@@ -281,7 +296,7 @@ class TritonPagedAttention(AttentionBackend):
         come padded to exactly those, the padding tiles on the last (zero-length) sequence, so
         that a graph's grids never change."""
         plans = []
-        small = q_lens <= self.small.block_q
+        small = q_lens <= small_tile_tokens(self.small)
         for index, (config, chosen) in enumerate(((self.small, small & paged), (self.large, ~small & paged))):
             seqs = np.flatnonzero(chosen).astype(np.int32)
             if not len(seqs) and fixed is None:

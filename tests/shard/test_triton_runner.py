@@ -65,7 +65,7 @@ def test_the_launcher_and_readme_name_the_shards_mixed_graph_tokens():
 
     assert parse_sizes(OPTIONS_BY_DEST["cuda_graph_tokens"].child_default) == MIXED_TOKEN_BUCKETS
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    assert f"| `--cuda-graph-tokens` | 64,128,...,{MIXED_TOKEN_BUCKETS[-1]} |" in readme
+    assert f"| `--cuda-graph-tokens` | 8,16,32,64,128,...,{MIXED_TOKEN_BUCKETS[-1]} |" in readme
     base = ["serve", "--model-path", ".", "--uds-path", "/tmp/x"]
     assert parse_sizes(parse_config(base).cuda_graph_tokens) == MIXED_TOKEN_BUCKETS
     assert parse_sizes(parse_config([*base, "--cuda-graph-tokens", "0"]).cuda_graph_tokens) == ()
