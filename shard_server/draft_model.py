@@ -44,9 +44,10 @@ CATCH_UP_TOKENS = 2048
 # Drafting decodes a step the draft's decode graphs cover: the router drafts for at most 8
 # decodes a step (MAX_DRAFTING_DECODES, router/src/scheduler/speculation.rs); more run eagerly.
 DRAFT_GRAPH_SIZES = (1, 2, 4, 8)
-# Token rows of the draft's one mixed graph: a catch-up after a verification is the kept drafts
-# and the token after them (k + 1 tokens a sequence).
-CATCH_UP_GRAPH_TOKENS = 64
+# Token rows of the draft's mixed graphs: a catch-up after a verification is the kept drafts
+# and the token after them (k + 1 tokens a sequence, up to 8 sequences); up to 16 rows they stay
+# on the skinny matmuls, as the target's small buckets do (mixed_graphs.MIXED_TOKEN_BUCKETS).
+CATCH_UP_GRAPH_TOKENS = (8, 16, 32, 64)
 
 
 @dataclass
@@ -109,12 +110,12 @@ class DraftModel:
     def graphs_memory_bytes(self) -> int:
         """Device memory the draft's graphs take (a trial capture against the current pool)."""
         decode, mixed = self._graph_holders()
-        return graphs_memory_bytes(decode, mixed, max(DRAFT_GRAPH_SIZES), [CATCH_UP_GRAPH_TOKENS], self.kv_cache)
+        return graphs_memory_bytes(decode, mixed, max(DRAFT_GRAPH_SIZES), CATCH_UP_GRAPH_TOKENS, self.kv_cache)
 
     def capture_graphs(self) -> None:
         """Captures the draft's graphs against its current pool (after its last `allocate`)."""
         decode, mixed = self._graph_holders()
-        capture_all(decode, mixed, DRAFT_GRAPH_SIZES, [CATCH_UP_GRAPH_TOKENS], self.kv_cache)
+        capture_all(decode, mixed, DRAFT_GRAPH_SIZES, CATCH_UP_GRAPH_TOKENS, self.kv_cache)
         self.graphs, self.mixed_graphs = decode, mixed
 
     @torch.inference_mode()
