@@ -26,6 +26,7 @@ from shard_server.attention.base import AttentionShape  # noqa: E402
 from shard_server.attention.triton_paged import TritonPagedAttention  # noqa: E402
 from shard_server.cuda_graphs import DecodeOutputs  # noqa: E402
 from shard_server.kv_cache import KVSpec  # noqa: E402
+from shard_server.models.config import RopeScaling  # noqa: E402
 from shard_server.pb import generate_pb2 as pb  # noqa: E402
 from shard_server.runner import ModelRunner  # noqa: E402
 
@@ -53,7 +54,8 @@ class StubGraphs:
 
 def stub_runner(batch: int, context: int, width: int) -> ModelRunner:
     backend = TritonPagedAttention(AttentionShape(32, 8, 128, 128**-0.5))  # the 8B's heads
-    model = SimpleNamespace(config=SimpleNamespace(vocab_size=128256, max_position_embeddings=width * BLOCK),
+    model = SimpleNamespace(config=SimpleNamespace(vocab_size=128256, max_position_embeddings=width * BLOCK,
+                                                  rope_scaling=RopeScaling()),
                             attention_backend=backend)  # fmt: skip
     runner = ModelRunner(model, KVSpec(1, 8, 128, BLOCK, torch.bfloat16), torch.device("cpu"))
     runner.kv_cache = SimpleNamespace(num_blocks=batch * width)
