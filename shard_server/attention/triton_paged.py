@@ -286,7 +286,7 @@ class TritonPagedAttention(AttentionBackend):
             parts += [seqs, firsts]
         sections.append(("tables", tables.size))
         parts.append(tables.reshape(-1))
-        packed = np.concatenate([np.pad(part, (0, _aligned(len(part)) - len(part))) for part in parts])
+        packed = _packed(parts)
         dense_rows = tuple((int(starts[i]), int(q_lens[i])) for i in np.flatnonzero(dense))
         return torch.from_numpy(packed), sections, width, dense_rows
 
@@ -430,6 +430,18 @@ class TritonPagedAttention(AttentionBackend):
                 SPLITS=splits, GROUP=self.group, GROUP_P=self.group_p, BLOCK_Q=config.block_q,
                 HEAD_DIM=shape.head_dim, HEAD_DIM_P=self.head_dim_p, num_warps=4, **launch_args(q),
             )  # fmt: skip
+
+
+def _packed(parts: list[np.ndarray]) -> np.ndarray:
+    """The int32 sections one after another, each from a 16-byte boundary, zeros between. (One
+    np.pad a section took ~35 us: a batch-1 step's seven, half its host packing.)"""
+    sizes = [_aligned(len(part)) for part in parts]
+    packed = np.zeros(sum(sizes), dtype=np.int32)
+    offset = 0
+    for part, size in zip(parts, sizes):
+        packed[offset : offset + len(part)] = part
+        offset += size
+    return packed
 
 
 def _aligned(count: int) -> int:
