@@ -59,10 +59,10 @@ MAX_SPLITS_SMALL = 16
 # unsplit then. Split as now, those batches launch 2,560-3,072 programs (the wide tile) and
 # the band holds batch 8 alone (512); retuning the tiles for split launches is open.
 WORDS_LIGHT_PROGRAMS = range(512, 769)
-# A sequence of up to this many query tokens runs on small tiles, ceil(q / block_q) of them:
-# decodes, and a speculative verification (1 + k tokens) reads its keys split like a decode's.
-# On one large tile it read its whole context in one program per KV head (8 programs at
-# batch 1 on an 8B) and in mixed graphs, where large tiles never split.
+# A sequence of up to this many query tokens runs on small tiles, ceil(q / block_q) of them
+# (each reads the context): decodes, and speculative verifications (1 + k tokens), whose keys
+# then split like a decode's. On a large tile a verification read its whole context with one
+# program per KV head, unsplit (8 programs on the GPU at batch 1 on an 8B).
 SMALL_TILE_QUERY_TOKENS = 8
 
 
