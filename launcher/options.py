@@ -118,8 +118,8 @@ OPTIONS: tuple[Option, ...] = (
            default="triton on CUDA, else reference"),
     _shard("--cuda-graphs", "Decode batch sizes replayed from CUDA graphs, comma-separated; 0 disables.",
            default="1,2,4,8,16,24,32,48,64,96,128,160,192,224,256,320,384,512"),
-    _shard("--cuda-graph-tokens", "Token counts of the CUDA graphs for steps with prompt chunks beside "
-           "decodes, comma-separated; 0 disables.", default="8,16,32,64,128,192,256,320,384,512,640,768,896,1024"),
+    _shard("--cuda-graph-tokens", "Token counts of the CUDA graphs for steps with prompt chunks or "
+           "verified drafts beside decodes, comma-separated; 0 disables.", default="8,16,32,64,128,192,256,320,384,512,640,768,896,1024"),
     _shard("--kv-cache-dtype", "Store the KV cache in fp8: half the memory per token of bf16.",
            choices=("fp8_e4m3fn", "fp8_e5m2"), default="the model's dtype"),
     _shard("--quantize", "Quantize the linear weights at load: fp8 (e4m3, a scale per output feature; "

@@ -136,8 +136,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--cuda-graph-tokens",
         default=d.cuda_graph_tokens,
-        help="token counts of the CUDA graphs for steps with prompt chunks beside decodes, comma-separated; "
-        "0 disables (default: %(default)s)",
+        help="token counts of the CUDA graphs for steps with prompt chunks or verified drafts beside decodes, "
+        "comma-separated; 0 disables (default: %(default)s)",
     )
     serve.add_argument("--block-size", type=int, default=d.block_size, help="tokens per KV block")
     serve.add_argument("--json-output", action="store_true")

@@ -17,8 +17,9 @@ there already.
 
 On a GPU, the draft's forwards replay CUDA graphs (captured at warmup, in a memory pool of
 their own, so that a replay never overwrites the model's graph outputs that the next step
-still reads): a decode graph per drafting batch size, and one mixed graph for the short
-catch-ups after a verification. Only a sequence's first catch-up (its prompt) runs eagerly.
+still reads): a decode graph per drafting batch size, and mixed graphs of up to 64 tokens for
+the short catch-ups after a verification. A sequence's first catch-up (its prompt) runs
+eagerly unless it fits one of them.
 """
 
 from __future__ import annotations
