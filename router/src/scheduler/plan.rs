@@ -91,12 +91,12 @@ impl SchedulerState {
                 prefill: index >= decodes,
             })
             .collect();
-        let admits = !step.new_sequences.is_empty();
+        let admits_at_idle = !step.new_sequences.is_empty() && decodes == 0;
         let verifies = sequences.iter().any(|s| s.max_draft_tokens > 0);
         self.in_flight.push_back(InFlightStep {
             step_id,
             scheduled,
-            admits,
+            admits_at_idle,
             verifies,
         });
         Some(PlannedStep {

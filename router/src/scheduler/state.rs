@@ -46,8 +46,8 @@ pub struct InFlightStep {
     pub step_id: u64,
     /// In batch order.
     pub scheduled: Vec<ScheduledWork>,
-    /// The step admitted sequences from the waiting queue.
-    pub admits: bool,
+    /// The step admitted sequences from the waiting queue while none was decoding.
+    pub admits_at_idle: bool,
     /// The step carries drafts to verify.
     pub verifies: bool,
 }
@@ -114,16 +114,17 @@ impl SchedulerState {
         self.in_flight.len()
     }
 
-    /// Whether the next step may be planned before the answers in flight are in. Not past
-    /// a step that admitted sequences: arrivals come in bursts, and the rest of a burst
-    /// lands while its first request's prefill runs; planning ahead would make them wait
-    /// a whole step longer. Steady decoding, where planning ahead pays, admits nothing.
-    /// Nor past a step that verifies drafts: its sequences sit out until their answer says
-    /// where they are, and the next step would run without them.
+    /// Whether the next step may be planned before the answers in flight are in. Planning
+    /// ahead keeps the device busy between steps (every running stream's next token comes
+    /// a host round trip sooner); what it costs is that arrivals landing meanwhile wait for
+    /// the step after. So not past a step that admitted sequences while none was decoding:
+    /// nobody waits on that round trip, and the rest of a burst lands while its first
+    /// request's prefill runs. Nor past a step that verifies drafts: its sequences sit out
+    /// until their answer says where they are, and the next step would run without them.
     pub fn may_plan_ahead(&self) -> bool {
         self.in_flight
             .back()
-            .is_none_or(|step| !step.admits && !step.verifies)
+            .is_none_or(|step| !step.admits_at_idle && !step.verifies)
     }
 
     /// Nothing to schedule and nothing for the shards to drop.

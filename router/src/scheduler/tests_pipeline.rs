@@ -63,6 +63,40 @@ fn a_burst_that_lands_during_its_first_requests_prefill_shares_the_next_step() {
 }
 
 #[test]
+fn a_step_that_admits_beside_running_decodes_is_planned_past() {
+    let mut h = Harness::new(config(4, 64, 64));
+    let streaming = h.submit(request(3, 20));
+    h.step(); // its prefill: now it decodes
+    let arrival = h.submit(request(6, 5));
+    let admitting = h.state.plan_step(Instant::now()).unwrap();
+    assert_eq!(admitting.request.new_sequences.len(), 1);
+    assert!(
+        h.state.may_plan_ahead(),
+        "the running stream's next token should not wait for this step's answer"
+    );
+    // Planned before the admitting step answers: the stream decodes, and so does the
+    // arrival, whose whole prompt went into the admitting step.
+    let ahead = h.state.plan_step(Instant::now()).unwrap();
+    let scheduled: Vec<(u64, u32)> = ahead
+        .request
+        .sequences
+        .iter()
+        .map(|s| (s.id, s.num_tokens))
+        .collect();
+    assert_eq!(scheduled, [(streaming, 1), (arrival, 1)]);
+    assert!(ahead.request.new_sequences.is_empty());
+    for planned in [admitting, ahead] {
+        h.state.deliver(planned.events);
+        let answer = h.sim.step(&planned.request);
+        let deliveries = h.state.apply(answer);
+        h.state.deliver(deliveries);
+    }
+    h.run_to_idle(100);
+    assert_eq!(h.tokens(arrival), expected_tokens(arrival, 6, 5));
+    assert_eq!(h.tokens(streaming), expected_tokens(streaming, 3, 20));
+}
+
+#[test]
 fn pipelined_steps_give_every_token_once_and_never_pass_max_new_tokens() {
     let mut h = Harness::new(config(4, 64, 8));
     let specs = [(3, 1), (5, 2), (20, 3), (2, 9)];
