@@ -488,12 +488,16 @@ mod tests {
         assert!(template.reads_tools());
         let tool = serde_json::json!({"function": {"name": "f", "d": "é<"}});
         let out = template
-            .render_with_tools(&[message("user", "q")], Some(&[tool.clone()]), false)
+            .render_with_tools(
+                &[message("user", "q")],
+                Some(std::slice::from_ref(&tool)),
+                false,
+            )
             .unwrap();
         // transformers' `tojson`: Python's separators, non-ASCII and `<` as they are.
         let with_indent = ChatTemplate::new("{{ tools[0] | tojson(indent=2) }}".into(), None, None)
             .unwrap()
-            .render_with_tools(&[], Some(&[tool.clone()]), false)
+            .render_with_tools(&[], Some(std::slice::from_ref(&tool)), false)
             .unwrap();
         assert!(
             with_indent.starts_with("{\n  \"function\": {\n    \""),

@@ -113,8 +113,7 @@ async fn play(
         Script::FailAfter(ids, message) => (ids, Some(Some(message))),
     };
     let logprob = -((request.sampling.seed % 5) as f32) - 0.5;
-    let mut generated = 0u32;
-    for id in ids {
+    for (id, generated) in ids.into_iter().zip(1u32..) {
         tokio::time::sleep(Duration::from_millis(2)).await;
         if events.is_closed() {
             stats.cancelled.fetch_add(1, Ordering::SeqCst);
@@ -128,7 +127,6 @@ async fn play(
             top_ids,
             top_logprobs,
         }));
-        generated += 1;
         let finish = crate::finish::finish_reason(crate::finish::AfterToken {
             generated_tokens: generated,
             max_new_tokens: request.max_new_tokens,

@@ -518,6 +518,7 @@ mod tests {
     /// Issue 27, defect 7: a special-token string in a message is text, the template's
     /// own special tokens stay special.
     #[test]
+    #[allow(clippy::single_range_in_vec_init)] // lists of one content range
     fn special_token_strings_in_messages_are_text() {
         let tokenizer = byte_level_tokenizer();
         let eos = tokenizer.token_to_id("<eos>").unwrap();

@@ -57,7 +57,7 @@ pub fn drafts_at(seed: u64, position: u32, max_drafts: u32) -> (u32, u32) {
     let mix = (seed as u32)
         .wrapping_mul(31)
         .wrapping_add(position.wrapping_mul(17));
-    let drafted = if mix % 5 == 0 { 0 } else { max_drafts };
+    let drafted = if mix.is_multiple_of(5) { 0 } else { max_drafts };
     (drafted, (mix / 5) % (drafted + 1))
 }
 

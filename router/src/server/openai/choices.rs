@@ -232,7 +232,9 @@ mod tests {
         let bang = t.encode("!").unwrap()[0];
         let mut with_bang = t.encode("wow! no").unwrap();
         with_bang.insert(0, eos);
-        let cases: [(&[u32], Vec<u32>, &[&str], bool, bool, &str); 6] = [
+        // (ids, stop token ids, stop strings, skip special tokens, include the stop, text)
+        type Case<'a> = (&'a [u32], Vec<u32>, &'a [&'a str], bool, bool, &'a str);
+        let cases: [Case; 6] = [
             (&ids, vec![], &["END"], true, false, "say "),
             (&ids, vec![], &["END"], true, true, "say END"),
             (&ids, vec![], &["END"], false, false, "s<eos>ay "),

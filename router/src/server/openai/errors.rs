@@ -369,7 +369,7 @@ mod tests {
             ValidationError::MaxTotalTokens(16, 10, 7),
         ] {
             let err = names.error(InferError::Validation(invalid));
-            assert_eq!(err.code.as_deref(), Some("context_length_exceeded"));
+            assert_eq!(err.code, Some("context_length_exceeded"));
             assert_eq!(err.param.as_deref(), Some("messages"));
         }
         let other = names.error(InferError::Validation(ValidationError::MaxNewTokens));
