@@ -42,7 +42,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import step_log  # noqa: E402
-from bench.gpu_http_load import CLIENT_START_S, StreamResult, clients_for, percentile, sse_data  # noqa: E402
+from bench.gpu_http_load import CLIENT_START_S, StreamResult, client_pool, clients_for, percentile, sse_data  # noqa: E402
 from bench.gpu_vs_transformers import MIX, TEXT_VOCAB, Prompts, cpu_split, start_server  # noqa: E402
 
 CORPUS = Path(__file__).resolve().parent.parent / "tests" / "data" / "jsonschemabench"
@@ -121,12 +121,9 @@ def send(url: str, requests: list[tuple[str, dict]], processes: int = 1) -> tupl
         start = time.perf_counter()
         answers = asyncio.run(_all(url, requests, IN_FLIGHT["max"]))
         return answers, time.perf_counter() - start
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
     parts = [requests[i::processes] for i in range(processes)]
-    start_at = time.perf_counter() + CLIENT_START_S
-    with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn")) as pool:
+    with client_pool(processes) as pool:
+        start_at = time.perf_counter() + CLIENT_START_S
         share = max(1, IN_FLIGHT["max"] // processes)
         done = list(pool.map(_part, [(url, part, start_at, share) for part in parts]))
     answers: list[Answer] = [None] * len(requests)  # type: ignore[list-item]

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import multiprocessing
 import time
+from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import httpx
@@ -80,12 +84,9 @@ def streams(url: str, requests: list[tuple[str, int]], processes: int = 1) -> tu
     of client CPU in a 10 s run), and then the client, not the server, sets the pace."""
     if processes <= 1:
         return asyncio.run(run_streams(url, requests))
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
     parts = [requests[i::processes] for i in range(processes)]
-    start_at = time.perf_counter() + CLIENT_START_S  # CLOCK_MONOTONIC: one clock for every process
-    with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn")) as pool:
+    with client_pool(processes) as pool:
+        start_at = time.perf_counter() + CLIENT_START_S  # CLOCK_MONOTONIC: one clock for every process
         done = list(pool.map(_client_part, [(url, part, start_at) for part in parts]))
     results: list[StreamResult] = [None] * len(requests)  # type: ignore[list-item]
     for i, (part, _) in enumerate(done):
@@ -93,7 +94,34 @@ def streams(url: str, requests: list[tuple[str, int]], processes: int = 1) -> tu
     return results, max(end for _, end in done) - start_at
 
 
-CLIENT_START_S = 3.0  # time for the client processes to start before they send together
+# From the moment every client process is up (`client_pool`) to the common start: for each to
+# open its event loop.
+CLIENT_START_S = 0.5
+CLIENT_READY_TIMEOUT_S = 300.0
+_ready_barrier = None  # a client process's copy of its pool's barrier (`_hold`)
+
+
+@contextmanager
+def client_pool(processes: int) -> Iterator[ProcessPoolExecutor]:
+    """A pool of `processes` spawned client processes, every one of them started. A spawned
+    process imports the parent's main module (some benchmarks import torch: seconds on a busy
+    host), so a start fixed before they are all up would send requests late and count the
+    client's own start in their TTFT and the wall time."""
+    context = multiprocessing.get_context("spawn")
+    barrier = context.Barrier(processes)
+    with ProcessPoolExecutor(processes, mp_context=context, initializer=_hold, initargs=(barrier,)) as pool:
+        list(pool.map(_wait_for_every_client, range(processes)))
+        yield pool
+
+
+def _hold(barrier) -> None:
+    global _ready_barrier
+    _ready_barrier = barrier
+
+
+def _wait_for_every_client(_: int) -> None:
+    """Holds a process until all have started: each then holds one task, so all were spawned."""
+    _ready_barrier.wait(CLIENT_READY_TIMEOUT_S)
 STREAMS_PER_CLIENT = 16  # one Python event loop keeps up with about this many busy streams
 MAX_CLIENTS = 8
 

@@ -55,10 +55,25 @@ def completion(url: str, prompt: list[int], max_tokens: int) -> dict:
     return answer
 
 
-def out_of_memory_steps(url: str) -> float:
+def metric(url: str, name: str) -> float:
+    """A metric's value on /metrics; 0 while the router has not set it."""
     text = httpx.get(f"{url}/metrics", timeout=10).text
-    match = re.search(r"^textgen_out_of_memory_steps_total(?:\{[^}]*\})? (\S+)$", text, re.MULTILINE)
+    match = re.search(rf"^{name}(?:\{{[^}}]*\}})? (\S+)$", text, re.MULTILINE)
     return float(match.group(1)) if match else 0.0
+
+
+def out_of_memory_steps(url: str) -> float:
+    return metric(url, "textgen_out_of_memory_steps_total")
+
+
+def wait_for_running(url: str, count: int, timeout_s: float = 300.0) -> None:
+    """Until the router runs `count` sequences (the client's processes start in seconds)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if metric(url, "textgen_running_requests") >= count:
+            return
+        time.sleep(0.2)
+    raise TimeoutError(f"{count} streams were not running after {timeout_s:.0f} s")
 
 
 def health(url: str) -> int:
@@ -98,7 +113,8 @@ def main() -> None:
         stream_outcomes: list = []
         runner = threading.Thread(target=lambda: stream_outcomes.extend(peer_load.run(url, streams, 1, STREAMS)[0]))
         runner.start()
-        time.sleep(peer_load.CLIENT_START_S + 2.0)  # the streams are decoding
+        wait_for_running(url, STREAMS)
+        time.sleep(2.0)  # the streams are decoding
         before = out_of_memory_steps(url)
         held = hold_free_memory(HEADROOM_MIB << 20)
         result["held_gib"] = round(held.numel() / 2**30, 2)

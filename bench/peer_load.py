@@ -14,17 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import multiprocessing
 import random
 import time
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 
 import httpx
 
-from bench.gpu_http_load import percentile, sse_data
-
-CLIENT_START_S = 3.0  # for the client processes to start before the common start
+from bench.gpu_http_load import CLIENT_START_S, client_pool, percentile, sse_data
 
 
 @dataclass(frozen=True)
@@ -107,9 +103,9 @@ def run(url: str, requests: list[Request], processes: int, max_in_flight: int) -
     """Outcomes in request order, and the wall time from the common start to the last token."""
     processes = max(1, min(processes, len(requests)))
     parts = [requests[i::processes] for i in range(processes)]
-    start = time.perf_counter() + CLIENT_START_S  # CLOCK_MONOTONIC: one clock for every process
     share = max(1, max_in_flight // processes)
-    with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn")) as pool:
+    with client_pool(processes) as pool:
+        start = time.perf_counter() + CLIENT_START_S  # CLOCK_MONOTONIC: one clock for every process
         done = list(pool.map(_part, [(url, part, start, share) for part in parts]))
     outcomes: list[Outcome] = [None] * len(requests)  # type: ignore[list-item]
     for i, part in enumerate(done):

@@ -1,10 +1,12 @@
 """The benchmark client: streams dealt over several processes come back in request order."""
 
 import json
+import multiprocessing
+import os
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from bench.gpu_http_load import StreamResult, streams, timeline
+from bench.gpu_http_load import StreamResult, client_pool, streams, timeline
 
 
 class FakeStream(BaseHTTPRequestHandler):
@@ -73,3 +75,17 @@ def test_sse_events_split_at_line_feeds_only():
         return [data async for data in sse_data(response)]
 
     assert asyncio.run(read()) == payloads
+
+
+def test_a_client_pool_has_every_process_started_before_the_common_start_is_fixed():
+    # A pool spawns its processes as tasks come; one that was still importing when the start
+    # passed would send late and count its own start in TTFT.
+    before = {child.pid for child in multiprocessing.active_children()}
+    with client_pool(3) as pool:
+        started = {child.pid for child in multiprocessing.active_children()} - before
+        assert len(started) == 3
+        assert set(pool.map(_pid, range(6))) <= started
+
+
+def _pid(_: int) -> int:
+    return os.getpid()
