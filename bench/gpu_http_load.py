@@ -122,6 +122,8 @@ def _hold(barrier) -> None:
 def _wait_for_every_client(_: int) -> None:
     """Holds a process until all have started: each then holds one task, so all were spawned."""
     _ready_barrier.wait(CLIENT_READY_TIMEOUT_S)
+
+
 STREAMS_PER_CLIENT = 16  # one Python event loop keeps up with about this many busy streams
 MAX_CLIENTS = 8
 

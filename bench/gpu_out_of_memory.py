@@ -21,7 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import re
+import sys
 import threading
 import time
 from pathlib import Path
@@ -33,6 +33,9 @@ from bench import peer_load
 from bench.gpu_model import SHAPES, write_random_llama
 from bench.gpu_vs_transformers import TEXT_VOCAB, start_server
 from bench.gpu_vs_vllm import stop
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "integration_tests"))
+from server import metric, scrape_metrics  # noqa: E402
 
 HEADROOM_MIB = 64  # left free: less than a 3,000-token eager prefill of the 1B needs
 LONG_PROMPT = 3000
@@ -55,22 +58,15 @@ def completion(url: str, prompt: list[int], max_tokens: int) -> dict:
     return answer
 
 
-def metric(url: str, name: str) -> float:
-    """A metric's value on /metrics; 0 while the router has not set it."""
-    text = httpx.get(f"{url}/metrics", timeout=10).text
-    match = re.search(rf"^{name}(?:\{{[^}}]*\}})? (\S+)$", text, re.MULTILINE)
-    return float(match.group(1)) if match else 0.0
-
-
 def out_of_memory_steps(url: str) -> float:
-    return metric(url, "textgen_out_of_memory_steps_total")
+    return metric(scrape_metrics(url), "textgen_out_of_memory_steps_total")
 
 
 def wait_for_running(url: str, count: int, timeout_s: float = 300.0) -> None:
     """Until the router runs `count` sequences (the client's processes start in seconds)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if metric(url, "textgen_running_requests") >= count:
+        if metric(scrape_metrics(url), "textgen_running_requests") >= count:
             return
         time.sleep(0.2)
     raise TimeoutError(f"{count} streams were not running after {timeout_s:.0f} s")
