@@ -10,6 +10,10 @@ context at the mean, for several values of `triton_paged.SPLIT_TARGET_PROGRAMS`,
 the decode graphs captured again under it.
 
     PYTHONPATH=. python3 bench/gpu_decode_skew.py MODEL_DIR OUT_JSON [--targets 256,1024,2048,4096] [--fp8]
+        [--min-split-keys 0,256]
+
+`--min-split-keys`: values of `triton_paged.MIN_SPLIT_KEYS` (the fewest keys of a range) tried
+under each target; a row's key is the target, then `_min` and the value where it is not 0.
 
 `--fp8`: the fp8 path (weights quantized at load, KV cache in e4m3), whose decode tiles are
 chosen by program count.
@@ -86,6 +90,7 @@ def main() -> None:
     parser.add_argument("out", type=Path)
     parser.add_argument("--targets", default="256,1024,2048,4096")
     parser.add_argument("--batches", default="8,16,32,48,64,96,128,256")
+    parser.add_argument("--min-split-keys", default="0")
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--fp8", action="store_true", help="fp8 weights and KV cache")
     args = parser.parse_args()
@@ -97,16 +102,18 @@ def main() -> None:
         skewed = skewed_contexts(batch, seed=batch)
         mean = round(sum(skewed) / batch)
         results["batches"][batch] = {"contexts": {"max": max(skewed), "mean": mean}, "targets": {}}
-    for target in (int(t) for t in args.targets.split(",")):
-        triton_paged.SPLIT_TARGET_PROGRAMS = target
+    variants = [(int(t), int(m)) for t in args.targets.split(",") for m in args.min_split_keys.split(",")]
+    for target, min_keys in variants:
+        triton_paged.SPLIT_TARGET_PROGRAMS, triton_paged.MIN_SPLIT_KEYS = target, min_keys
         runner.graphs.capture(runner.graphs.sizes, runner.kv_cache)
+        key = f"{target}_min{min_keys}" if min_keys else str(target)
         for batch in batches:
             skewed = skewed_contexts(batch, seed=batch)
             uniform = [results["batches"][batch]["contexts"]["mean"]] * batch
             (skew_ms, splits), (uniform_ms, _) = (replay_ms(runner, c, args.repeats) for c in (skewed, uniform))
             row = {"splits": splits, "skewed_ms": round(skew_ms, 3), "uniform_ms": round(uniform_ms, 3)}
-            results["batches"][batch]["targets"][target] = row
-            print(json.dumps({"target": target, "batch": batch, **row}), flush=True)
+            results["batches"][batch]["targets"][key] = row
+            print(json.dumps({"target": key, "batch": batch, **row}), flush=True)
         args.out.write_text(json.dumps(results, indent=1))
 
 

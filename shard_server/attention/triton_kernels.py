@@ -22,7 +22,9 @@ Split-KV: with SPLITS > 1 the keys of each tile are split into SPLITS ranges (pr
 and each program writes its unnormalised partial output with its running max and sum;
 `combine_splits` merges them. A small decode batch then occupies SPLITS times more programs:
 at batch 1 one program per KV head would leave most of the GPU idle while each walks the
-whole context alone.
+whole context alone. A range is at least MIN_SPLIT_KEYS keys, so a short context takes fewer
+ranges than SPLITS; a program whose range is empty writes only its max (-inf) and sum (0),
+and `combine_splits` reads no partial output where the max is -inf.
 
 On CPU both kernels run only through Triton's interpreter (slowly), which the tests use.
 """
@@ -238,6 +240,7 @@ def _paged_attention(
     IEEE: tl.constexpr,  # exact float32 dots (float32 models)
     WINDOW: tl.constexpr,  # sliding window in tokens; 0: none
     SPLITS: tl.constexpr,  # key ranges per tile (program_id 2); 1: no split
+    MIN_SPLIT_KEYS: tl.constexpr,  # with SPLITS > 1: the fewest keys of a range (0: ~1/SPLITS of them)
     FP16_DOTS: tl.constexpr,  # an fp8 pool under bf16 queries: the dots run in fp16
     V_LOAD: tl.constexpr,  # "plain"; fp8 values to fp16 dots: "words" / "words_ptx" (`_fp8_words_as_fp16`)
     PDL: tl.constexpr,
@@ -271,7 +274,7 @@ def _paged_attention(
     else:
         lo = 0
     if SPLITS > 1:
-        chunk = tl.cdiv(tl.cdiv(hi - lo, SPLITS), BLOCK_N) * BLOCK_N
+        chunk = tl.maximum(tl.cdiv(tl.cdiv(hi - lo, SPLITS), BLOCK_N) * BLOCK_N, MIN_SPLIT_KEYS)
         lo = lo + tl.program_id(2) * chunk
         hi = tl.minimum(hi, lo + chunk)
     kv_base = kv_head * HEAD_DIM
@@ -313,7 +316,9 @@ def _paged_attention(
     o_rows = (row0 + q_tok)[:, None] * o_stride_t + head[:, None] * o_stride_h
     if SPLITS > 1:
         split = tl.program_id(2).to(tl.int64)
-        tl.store(out_ptr + split * split_stride + o_rows + dims[None, :], acc, mask=row_ok[:, None] & dim_ok[None, :])
+        # A range past the context's end writes no output, only its max (-inf) and sum (0).
+        written = tl.where(lo < hi, row_ok, False)
+        tl.store(out_ptr + split * split_stride + o_rows + dims[None, :], acc, mask=written[:, None] & dim_ok[None, :])
         ml = partial_ml_ptr + split * ml_split_stride + (row0 + q_tok) * ml_stride_t + head
         tl.store(ml, m_i, mask=row_ok)
         tl.store(ml + SPLITS * ml_split_stride, l_i, mask=row_ok)
@@ -364,9 +369,12 @@ def _combine_splits(
     total = tl.zeros([BLOCK_Q * GROUP_P], tl.float32)
     acc = tl.zeros([BLOCK_Q * GROUP_P, HEAD_DIM_P], tl.float32)
     for split in tl.static_range(SPLITS):
-        weight = tl.exp2(tl.load(ml + split * ml_split_stride, mask=row_ok, other=float("-inf")) - m_safe)
+        m_split = tl.load(ml + split * ml_split_stride, mask=row_ok, other=float("-inf"))
+        weight = tl.exp2(m_split - m_safe)
         total += weight * tl.load(ml + (SPLITS + split) * ml_split_stride, mask=row_ok, other=0.0)
-        acc += weight[:, None] * tl.load(partial_ptr + split * split_stride + o_rows, mask=mask, other=0.0)
+        # A range that saw no key (m = -inf, weight 0) wrote no output: nothing to read.
+        seen = mask & (m_split > float("-inf"))[:, None]
+        acc += weight[:, None] * tl.load(partial_ptr + split * split_stride + o_rows, mask=seen, other=0.0)
     out = acc / tl.where(total > 0, total, 1.0)[:, None]
     tl.store(out_ptr + o_rows, out.to(out_ptr.dtype.element_ty), mask=mask)
 

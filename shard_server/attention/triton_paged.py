@@ -52,6 +52,10 @@ SPLIT_TARGET_PROGRAMS = 4096
 MAX_SPLITS = 8
 # ... except a launch too small to give every SM a program: batch 1 (8 KV heads) takes 16.
 MIN_PROGRAMS = 128
+# The fewest keys of a range: a context shorter than SPLITS of them takes fewer ranges (the
+# programs of the others read nothing and write no partial output). 0: every context takes
+# SPLITS ranges of its own length / SPLITS.
+MIN_SPLIT_KEYS = 0
 MAX_SPLITS_SMALL = 16
 # Decode launches over an fp8 pool with this many programs (tiles x KV heads x splits) take the
 # light word-read tile (`small_fp8_words`): the band where it measured faster on an H200, from
@@ -420,6 +424,7 @@ class TritonPagedAttention(AttentionBackend):
             BLOCK_Q=config.block_q, BLOCK_N=config.block_n, PAGE=k_cache.shape[1],
             HEAD_DIM=shape.head_dim, HEAD_DIM_P=self.head_dim_p,
             IEEE=q.dtype == torch.float32, WINDOW=shape.sliding_window or 0, SPLITS=splits,
+            MIN_SPLIT_KEYS=MIN_SPLIT_KEYS if splits > 1 else 0,
             FP16_DOTS=fp16_dots, V_LOAD=value_load, SOFTCAP=shape.logit_softcap or 0.0,
             num_warps=config.num_warps, num_stages=config.num_stages, **launch_args(q),
         )  # fmt: skip

@@ -238,6 +238,25 @@ def test_split_kv_decodes_equal_reference(specs):
     assert splits >= 8  # the longest context spreads over several non-empty splits
 
 
+@pytest.mark.parametrize("min_keys", [64, 128, 512])
+def test_split_kv_with_a_least_range_equals_reference(monkeypatch, min_keys):
+    # Contexts shorter than SPLITS ranges of min_keys leave trailing programs with no keys: they
+    # write no partial output, and the combine must not read one. Uninitialised buffers come
+    # out NaN here, so a partial read where none was written poisons the output.
+    from shard_server.attention import triton_paged
+
+    monkeypatch.setattr(triton_paged, "MIN_SPLIT_KEYS", min_keys)
+    empty = torch.empty
+
+    def nan_empty(*size, **kwargs):
+        out = empty(*size, **kwargs)
+        return out.fill_(float("nan")) if out.is_floating_point() else out
+
+    monkeypatch.setattr(torch, "empty", nan_empty)
+    specs = [(1, 5), (1, 64), (1, 65), (1, 200), (1, 130), (1, 700)]
+    assert compare_split(specs, pad_to=len(specs) + 1) >= 8
+
+
 # (rotary width, dense prefill threshold): full rotary takes the fused rotary + KV store
 # kernel; partial rotary (12 of 16 dims, Phi-4-mini's 0.75) does not, so the in-place rotary
 # kernel rotates q and k, then the plain store.
