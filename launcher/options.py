@@ -179,7 +179,7 @@ OPTIONS: tuple[Option, ...] = (
             "and no byte moving; a streaming response is in flight (textgen only).",
             positive_seconds, "15"),
     _router("--max-connections", "Most client connections open at once; more are closed at once, "
-            "loopback clients get 8 more (textgen only).", default="1024"),
+            "loopback clients get 8 more; also the listen backlog (textgen only).", default="1024"),
     _router("--validation-workers", "Threads that may tokenize or compile grammars at once.",
             default="2"),
     Option(("--disable-grammar-support",), "Refuse every request with a grammar, schema or "

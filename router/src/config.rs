@@ -123,7 +123,8 @@ pub struct Args {
     #[arg(long, env = "KEEP_ALIVE_TIMEOUT", default_value_t = 15.0, value_parser = parse_seconds)]
     pub keep_alive_timeout: f64,
     /// Most client connections open at once; more are closed at once (loopback clients,
-    /// such as the launcher's health probe, get a few more).
+    /// such as the launcher's health probe, get a few more). Also the listen backlog: that
+    /// many clients connecting at the same instant all wait for accept.
     #[arg(long, env = "MAX_CONNECTIONS", default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_connections: u32,
     /// Refuse every request that carries a grammar (TGI's flag): 422 on the native routes,

@@ -288,7 +288,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         body_read_timeout: Some(args.body_read_timeout()),
         connections: args.connection_options(),
     };
-    let listener = tokio::net::TcpListener::bind((args.hostname.as_str(), args.port)).await?;
+    let listener = server::listen(&args.hostname, args.port, args.max_connections).await?;
     tracing::info!(address = %listener.local_addr()?, "serving");
     // The drain is bounded: it ends early on a second signal, or on shards that cannot
     // finish the requests it waits for (failed, or stopped).

@@ -7,7 +7,9 @@
 //!   as in flight until its response body is done, so an SSE stream is never idle;
 //! - `--max-connections`: connections past the bound are closed at once, except a few
 //!   from loopback addresses, so the launcher's own health probe still gets through a
-//!   flood and never takes a flooded router for a dead one.
+//!   flood and never takes a flooded router for a dead one. It is also the listen
+//!   backlog ([`listen`]): a burst of that many clients connecting at once all queue for
+//!   accept, where tokio's own `bind` queues 128 (the kernel caps it at `somaxconn`).
 //!
 //! The body read timeout is a request layer (`request_guards.rs`): it answers 408.
 use std::future::Future;
@@ -25,7 +27,7 @@ use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tower::Service;
 
@@ -268,6 +270,29 @@ impl Slots {
         let _main = self.main.acquire_many(self.max as u32).await;
         let _reserve = self.reserve.acquire_many(LOOPBACK_RESERVE as u32).await;
     }
+}
+
+/// A listener on the first of `host`'s addresses that binds, whose accept queue holds
+/// `backlog` connections (the kernel caps it at `net.core.somaxconn`).
+pub async fn listen(host: &str, port: u16, backlog: u32) -> io::Result<TcpListener> {
+    let backlog = backlog.min(i32::MAX as u32);
+    let mut last = io::Error::new(
+        io::ErrorKind::AddrNotAvailable,
+        format!("{host} resolves to no address"),
+    );
+    for addr in tokio::net::lookup_host((host, port)).await? {
+        let socket = if addr.is_ipv4() {
+            TcpSocket::new_v4()
+        } else {
+            TcpSocket::new_v6()
+        }?;
+        socket.set_reuseaddr(true)?;
+        match socket.bind(addr).and_then(|()| socket.listen(backlog)) {
+            Ok(listener) => return Ok(listener),
+            Err(err) => last = err,
+        }
+    }
+    Err(last)
 }
 
 fn is_loopback(peer: &SocketAddr) -> bool {

@@ -227,6 +227,58 @@ async fn connections_past_the_bound_are_closed_and_service_resumes() {
     }
 }
 
+/// The kernel's bound on any listen backlog (`net.core.somaxconn`; Linux's default since 5.4).
+fn somaxconn() -> usize {
+    std::fs::read_to_string("/proc/sys/net/core/somaxconn")
+        .ok()
+        .and_then(|text| text.trim().parse().ok())
+        .unwrap_or(4096)
+}
+
+#[tokio::test]
+async fn a_burst_of_clients_past_128_all_connect_before_the_first_accept() {
+    // Nothing accepts until every client is connected: the accept queue alone holds them.
+    // With tokio's `bind` (backlog 128) a burst's SYNs past the 129th were dropped, and
+    // those clients waited for retransmits (1 s, then 3 s, ...) while the rest were served.
+    let burst = 400.min(somaxconn());
+    let listener = listen("127.0.0.1", 0, 1024).await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let connects = (0..burst).map(|_| tokio::time::timeout(BOUND, TcpStream::connect(addr)));
+    let mut streams: Vec<TcpStream> = futures::future::join_all(connects)
+        .await
+        .into_iter()
+        .filter_map(|connected| connected.ok()?.ok())
+        .collect();
+    assert_eq!(
+        streams.len(),
+        burst,
+        "clients left outside the accept queue"
+    );
+    let (_stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(connections::serve(
+        listener,
+        native_app(None),
+        bounds(BOUND * 4, BOUND * 4, 1024),
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    let last = streams.last_mut().unwrap();
+    last.write_all(b"GET /health HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let answer = read_until_closed(last, BOUND).await.unwrap_or_default();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+}
+
+#[tokio::test]
+async fn listen_takes_any_backlog_and_refuses_a_taken_port() {
+    let listener = listen("127.0.0.1", 0, u32::MAX).await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    assert!(listen("127.0.0.1", port, 1).await.is_err(), "bound twice");
+    assert!(listen("no-such-host.invalid", 0, 8).await.is_err());
+}
+
 #[tokio::test]
 async fn shutdown_closes_idle_connections_and_returns() {
     let (addr, stop, served) = start(native_app(None), bounds(BOUND * 4, BOUND * 4, 64)).await;

@@ -30,7 +30,7 @@ use crate::infer::Infer;
 use crate::metrics::{count_request, Outcome, Route};
 use crate::telemetry::http_span::trace_http;
 
-pub use connections::{ConnectionOptions, LOOPBACK_RESERVE};
+pub use connections::{listen, ConnectionOptions, LOOPBACK_RESERVE};
 pub use openai::OpenAiContext;
 pub use ops::Info;
 pub use sse::{sse_response, to_event};
