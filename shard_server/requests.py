@@ -135,6 +135,9 @@ class SequenceState:
     # Speculative decoding: what the drafter keeps for this sequence (an n-gram index, or
     # where the draft model's KV stands), made at its first draft.
     draft_state: object | None = None
+    # A launched step verifies drafts for it: until that step completes, its kept tokens
+    # (and so its position) are not on the host.
+    verifying: bool = False
 
     @property
     def known_len(self) -> int:

@@ -150,10 +150,13 @@ class ModelRunner:
     @torch.inference_mode()
     def launch(self, request, settle: Callable[[], None] | None = None) -> LaunchedStep:
         """Validates and queues one step. `settle` completes the step launched before, if any:
-        it is called, after this step's forward is queued, when choosing this step's tokens
-        needs that step's tokens on the host."""
+        it is called before this step is planned when drafting it or knowing where a sequence
+        stands needs that step's tokens on the host (`_reads_unsettled_tokens`), else after this
+        step's forward is queued when choosing its tokens needs them."""
         if self.kv_cache is None:
             raise NotWarmedUpError("Warmup must run before the first Step")
+        if settle is not None and self._reads_unsettled_tokens(request):
+            settle()
         plan = plan_step(request, self.table, self.limits(), self.grammars)
         # Choosing some row's token reads the step before's tokens on the host (a grammar's
         # mask, penalties): that step is settled, but only once this one's forward is queued,
@@ -171,6 +174,18 @@ class ModelRunner:
         except torch.cuda.OutOfMemoryError:
             self._out_of_memory(launched)
         return launched
+
+    def _reads_unsettled_tokens(self, request) -> bool:
+        """Whether the step needs, before it can even be planned, tokens that the step in
+        flight has not returned to the host: drafts are proposed from a sequence's tokens, and
+        after a verification only its answer says where the sequence stands. The router plans
+        such a step before that answer; settling the step in flight here costs the device the
+        host's work between the two, not a round trip through the router."""
+        for scheduled in request.sequences:
+            state = self.table.sequences.get(scheduled.id)
+            if state is not None and (state.verifying or (scheduled.max_draft_tokens and state.pending)):
+                return True
+        return False
 
     def _queue_work(self, launched: LaunchedStep, work: list[ScheduledWork], settle: Callable[[], None] | None) -> None:
         """Queues the step's forward and sampling; `settle` (when the step's tokens need the
@@ -230,6 +245,7 @@ class ModelRunner:
         self.drafter.draft(drafting)
         for item in drafting:
             item.num_tokens += len(item.drafts)
+            item.state.verifying = bool(item.drafts)
         launched.response.draft_ns = time.perf_counter_ns() - launched.started_ns
 
     def _out_of_memory(self, launched: LaunchedStep) -> None:
@@ -433,6 +449,7 @@ class ModelRunner:
                 state.token_ids.extend(kept)
                 if item.drafts:  # the KV of kept drafts is the sequence's; the rest is overwritten later
                     state.computed_len += len(kept) - 1
+                    state.verifying = False
                     output.drafted = len(item.drafts)
                 for k in range(len(kept)):
                     token = output.token if k == 0 else output.next_tokens.add()

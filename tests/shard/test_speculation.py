@@ -290,3 +290,59 @@ def test_verifications_through_the_mixed_graphs_give_the_eager_tokens(tiny_model
     replayed, _, per_step = generate(runner, sampling, 24, k=4)
     assert replayed == plain
     assert any(rows is not None and len(rows) == 5 for rows in replays), "verifications were replayed"
+
+
+# -- a step planned before the verification in flight answers --------------------------------
+@pytest.mark.parametrize("next_drafts", [4, 0], ids=["verification", "plain-decode"])
+def test_a_step_planned_before_a_verification_answers_settles_it_first(runner, monkeypatch, next_drafts):
+    """The router plans step N+1 before N's answer. If N verifies drafts for a sequence that
+    N+1 schedules, the shard completes N before planning N+1: only then are N's kept tokens,
+    and the sequence's position, on its host."""
+    plain, _, _ = generate(runner, GREEDY, 20, k=0)
+    monkeypatch.setattr("shard_server.speculation.NgramIndex", lambda: OracleDrafts(PROMPT + plain, 0))
+    driver = StepDriver(runner)
+    new = pb.NewSequence(id=1, input_ids=PROMPT, prompt_len=len(PROMPT), sampling=GREEDY)
+    first = pb.ScheduledSequence(id=1, num_tokens=len(PROMPT), new_block_ids=driver.blocks_for(1, len(PROMPT)),
+                                 sample=True)  # fmt: skip
+    out = [driver.step(new=[new], scheduled=[first]).outputs[0].token.id]
+
+    def request(step_id: int, drafts: int, upper_bound: int) -> pb.StepRequest:
+        scheduled = pb.ScheduledSequence(id=1, num_tokens=1, sample=True, max_draft_tokens=drafts,
+                                         new_block_ids=driver.blocks_for(1, upper_bound))  # fmt: skip
+        return pb.StepRequest(step_id=step_id, sequences=[scheduled])
+
+    known = len(PROMPT) + len(out)
+    verifying = runner.launch(request(10, 4, known + 4))
+    assert runner.table.get(1).verifying
+    settled = []
+
+    def settle() -> None:
+        settled.append(runner.complete(verifying))
+
+    # Slots for N+1 as if N kept all its drafts, as the router reserves them.
+    following = runner.launch(request(11, next_drafts, known + 5 + next_drafts), settle=settle)
+    assert len(settled) == 1, "the verification in flight was completed before the next step was planned"
+    for response in (settled[0], runner.complete(following)):
+        (output,) = response.outputs
+        out += [output.token.id, *(t.id for t in output.next_tokens)]
+    assert out == plain[: len(out)]
+    assert len(out) >= 1 + 5 + 1, "the verification kept its drafts"
+    assert not runner.table.get(1).verifying
+
+
+def test_without_a_way_to_settle_a_step_reading_an_unanswered_verification_is_refused(runner, monkeypatch):
+    plain, _, _ = generate(runner, GREEDY, 8, k=0)
+    monkeypatch.setattr("shard_server.speculation.NgramIndex", lambda: OracleDrafts(PROMPT + plain, 0))
+    driver = StepDriver(runner)
+    new = pb.NewSequence(id=2, input_ids=PROMPT, prompt_len=len(PROMPT), sampling=GREEDY)
+    first = pb.ScheduledSequence(id=2, num_tokens=len(PROMPT), new_block_ids=driver.blocks_for(2, len(PROMPT)),
+                                 sample=True)  # fmt: skip
+    driver.step(new=[new], scheduled=[first])
+    known = runner.table.get(2).known_len
+    verify = pb.ScheduledSequence(id=2, num_tokens=1, sample=True, max_draft_tokens=4,
+                                  new_block_ids=driver.blocks_for(2, known + 4))  # fmt: skip
+    runner.launch(pb.StepRequest(step_id=20, sequences=[verify]))
+    assert runner.table.get(2).verifying
+    after = pb.ScheduledSequence(id=2, num_tokens=1, sample=True, new_block_ids=driver.blocks_for(2, known + 5))
+    with pytest.raises(InvalidStepError, match="known"):
+        runner.launch(pb.StepRequest(step_id=21, sequences=[after]))

@@ -92,12 +92,10 @@ impl SchedulerState {
             })
             .collect();
         let admits_at_idle = !step.new_sequences.is_empty() && decodes == 0;
-        let verifies = sequences.iter().any(|s| s.max_draft_tokens > 0);
         self.in_flight.push_back(InFlightStep {
             step_id,
             scheduled,
             admits_at_idle,
-            verifies,
         });
         Some(PlannedStep {
             num_tokens: budget.tokens_used(),
@@ -136,12 +134,6 @@ impl SchedulerState {
             } else {
                 0
             };
-            if drafts > 0 && sequence.pending_samples > 0 {
-                // The shard drafts from tokens it must hold on its host: this sequence
-                // waits for the ones in flight.
-                budget.refund(1);
-                continue;
-            }
             let wanted = if decode {
                 1 + drafts
             } else {

@@ -97,10 +97,9 @@ impl Sequence {
     }
 
     /// Decoding, with tokens left to ask for: the ones in flight do not reach
-    /// `max_new_tokens` yet, and no verification is in flight (its answer says where the
-    /// sequence is).
+    /// `max_new_tokens` yet, counting every draft in flight as kept.
     pub fn wants_decode(&self) -> bool {
-        !self.is_prefilling() && !self.drafting.verifying && self.tokens_left() > 0
+        !self.is_prefilling() && self.tokens_left() > 0
     }
 
     /// Tokens it may still generate beyond those in flight.
@@ -141,7 +140,7 @@ impl Sequence {
         self.blocks_sent = cached_blocks;
         self.announced = false;
         self.pending_samples = 0;
-        self.drafting.verifying = false;
+        self.drafting.forget_in_flight();
         self.admission += 1;
     }
 
@@ -155,7 +154,7 @@ impl Sequence {
         self.cached_blocks = 0;
         self.announced = false;
         self.pending_samples = 0;
-        self.drafting.verifying = false;
+        self.drafting.forget_in_flight();
         if !self.first_token_sent {
             self.prefill_logprobs.clear();
         }
@@ -194,7 +193,9 @@ impl Sequence {
     }
 
     /// Schedules a decode that may verify up to `drafts` drafts: positions and samples are
-    /// counted for the most it can produce, and given back when its answer comes.
+    /// counted for the most it can produce, and given back when its answer comes. So while a
+    /// verification is in flight, `computed` is where the sequence is at most, and a step
+    /// planned then reserves KV slots up to there.
     pub fn schedule_decode(&mut self, drafts: u32) -> pb::ScheduledSequence {
         debug_assert!(!self.is_prefilling() && drafts < self.tokens_left());
         let mut scheduled = self.schedule(1);
@@ -204,7 +205,7 @@ impl Sequence {
         }
         self.computed += drafts;
         self.pending_samples += drafts;
-        self.drafting.verifying = true;
+        self.drafting.verification_planned();
         scheduled.max_draft_tokens = drafts;
         scheduled
     }

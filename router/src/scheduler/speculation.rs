@@ -2,16 +2,20 @@
 //!
 //! The shard drafts (prompt lookup over the sequence's tokens) and verifies them in the
 //! decode's own forward (proto `max_draft_tokens`). The router reserves budget and KV slots
-//! for the drafts, and keeps a drafting sequence out of the steps planned while its previous
-//! one is in flight: the shard drafts from tokens it must hold on its host, and the
-//! sequence's position after a verification is known only from its answer. Other sequences
-//! keep pipelining.
+//! for the drafts, counting them as kept until the answer says how many were, and plans the
+//! next step before that answer as it does after a plain decode: where the sequence stands
+//! is the shard's to know. The shard finishes the verification before it prepares the next
+//! step (it drafts from the kept tokens on its host), so the device waits for the shard's
+//! host work between the two, not for a round trip through the router. How many drafts the
+//! next step asks for is decided before the verification's answer.
 //!
 //! It turns itself off where it costs more than it gives: above `MAX_DRAFTING_DECODES`
 //! decodes a step is better spent on the batch (a verification multiplies its tokens), and
 //! a sequence whose drafts are not kept, or that the shard found nothing to draft for,
 //! pauses for a number of plain (pipelined) decodes that doubles each time, up to
 //! `MAX_PAUSE`.
+use std::collections::VecDeque;
+
 use super::api::SequenceRequest;
 use crate::metrics::names;
 
@@ -36,12 +40,16 @@ pub fn may_draft(request: &SequenceRequest) -> bool {
 /// One sequence's speculation state.
 #[derive(Debug, Clone, Default)]
 pub struct Drafting {
-    /// A step carrying drafts for this sequence is in flight.
-    pub verifying: bool,
     /// Plain decodes left before it drafts again.
     pause: u32,
     /// The pause the next fruitless verification sets.
     next_pause: u32,
+    /// Fruitless verifications answered so far, and for each verification in flight (oldest
+    /// first) that count when it was planned. One planned before the latest fruitless answer
+    /// came did not know of the pause that answer set, so its own fruitless answer does not
+    /// lengthen it.
+    fruitless: u32,
+    in_flight: VecDeque<u32>,
 }
 
 impl Drafting {
@@ -65,9 +73,19 @@ impl Drafting {
         self.pause = self.pause.saturating_sub(1);
     }
 
+    /// A decode carrying drafts was scheduled.
+    pub fn verification_planned(&mut self) {
+        self.in_flight.push_back(self.fruitless);
+    }
+
+    /// The sequence's steps in flight will not be answered to it (preemption, recompute).
+    pub fn forget_in_flight(&mut self) {
+        self.in_flight.clear();
+    }
+
     /// A verification's answer: `drafted` drafts checked, `kept` of them kept.
     pub fn record(&mut self, drafted: u32, kept: u32) {
-        self.verifying = false;
+        let planned_knowing = self.in_flight.pop_front().unwrap_or(self.fruitless) == self.fruitless;
         metrics::counter!(names::SPECULATIVE_DRAFT_TOKENS_TOTAL).increment(u64::from(drafted));
         metrics::counter!(names::SPECULATIVE_ACCEPTED_TOKENS_TOTAL).increment(u64::from(kept));
         if drafted > 0 {
@@ -75,9 +93,13 @@ impl Drafting {
         }
         if kept > 0 {
             self.next_pause = 0;
-        } else {
+        } else if planned_knowing {
+            // A verification already in flight (planned before this answer) moves the text
+            // on as a plain decode would, and says afresh whether drafting pays: it counts
+            // as a step of the pause.
+            self.fruitless += 1;
             self.next_pause = (self.next_pause * 2).clamp(1, MAX_PAUSE);
-            self.pause = self.next_pause;
+            self.pause = self.next_pause.saturating_sub(self.in_flight.len() as u32);
         }
     }
 }
@@ -118,6 +140,28 @@ mod tests {
         assert_eq!(drafting.wanted(4, MAX_DRAFTING_DECODES + 1, 100), 0);
         assert_eq!(drafting.wanted(4, 1, 2), 2, "never past max_new_tokens");
         assert_eq!(drafting.wanted(0, 1, 100), 0, "speculation off");
+    }
+
+    #[test]
+    fn a_verification_planned_before_a_fruitless_answer_does_not_lengthen_its_pause() {
+        // Two verifications in flight, both fruitless. The second, planned before the
+        // first's answer, stands for the one-decode pause that answer sets, and its own
+        // fruitless answer does not lengthen it: drafting goes on at once.
+        let mut drafting = Drafting::default();
+        drafting.verification_planned();
+        drafting.verification_planned();
+        drafting.record(4, 0);
+        assert_eq!(drafting.wanted(4, 1, 100), 4);
+        drafting.record(4, 0);
+        assert_eq!(drafting.wanted(4, 1, 100), 4);
+        // The next one knew of the first fruitless answer: fruitless too, with another in
+        // flight behind it, it pauses 2 - 1 plain decodes.
+        drafting.verification_planned();
+        drafting.verification_planned();
+        drafting.record(4, 0);
+        assert_eq!(drafting.wanted(4, 1, 100), 0);
+        drafting.plain_decode();
+        assert_eq!(drafting.wanted(4, 1, 100), 4);
     }
 
     #[test]

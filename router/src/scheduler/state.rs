@@ -48,8 +48,6 @@ pub struct InFlightStep {
     pub scheduled: Vec<ScheduledWork>,
     /// The step admitted sequences from the waiting queue while none was decoding.
     pub admits_at_idle: bool,
-    /// The step carries drafts to verify.
-    pub verifies: bool,
 }
 
 #[derive(Debug)]
@@ -119,12 +117,12 @@ impl SchedulerState {
     /// a host round trip sooner); what it costs is that arrivals landing meanwhile wait for
     /// the step after. So not past a step that admitted sequences while none was decoding:
     /// nobody waits on that round trip, and the rest of a burst lands while its first
-    /// request's prefill runs. Nor past a step that verifies drafts: its sequences sit out
-    /// until their answer says where they are, and the next step would run without them.
+    /// request's prefill runs. A step that verifies drafts is planned past like any other
+    /// (see `speculation`).
     pub fn may_plan_ahead(&self) -> bool {
         self.in_flight
             .back()
-            .is_none_or(|step| !step.admits_at_idle && !step.verifies)
+            .is_none_or(|step| !step.admits_at_idle)
     }
 
     /// Nothing to schedule and nothing for the shards to drop.
