@@ -105,6 +105,9 @@ impl SchedulerState {
             return;
         }
         sequence.settle_decode(work.drafts, drafted, produced);
+        if work.drafts > 0 {
+            self.draft_seats.record(drafted, produced - 1);
+        }
         if sequence.wants_prefill_logprobs() {
             let logprobs = std::mem::take(&mut sequence.prefill_logprobs);
             deliveries.push(Delivery::new(id, SequenceEvent::Prefill { logprobs }));

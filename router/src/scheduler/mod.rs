@@ -10,6 +10,7 @@ pub mod admission;
 mod api;
 mod apply;
 pub mod budget;
+mod draft_seats;
 mod events;
 mod failure;
 mod memory_backoff;
@@ -19,6 +20,7 @@ pub mod queue;
 mod sequence;
 mod speculation;
 mod state;
+mod step_cost;
 mod step_loop;
 mod traced;
 

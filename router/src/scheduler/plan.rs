@@ -119,6 +119,9 @@ impl SchedulerState {
             let reserved = budget.consume(1);
             debug_assert!(reserved, "running is capped so every decode fits");
         }
+        let mut seats =
+            self.draft_seats
+                .seats(decoding, self.config.num_draft_tokens, &self.step_costs);
         let mut preempted = false;
         let ids: Vec<u64> = self.running.keys().copied().collect();
         for id in ids {
@@ -129,11 +132,12 @@ impl SchedulerState {
             if decode && !sequence.wants_decode() {
                 continue; // its last token is in flight
             }
-            let drafts = if decode {
-                self.drafts_for(sequence, decoding)
+            let drafts = if decode && seats > 0 {
+                self.drafts_for(sequence)
             } else {
                 0
             };
+            seats -= usize::from(drafts > 0); // oldest first
             let wanted = if decode {
                 1 + drafts
             } else {
@@ -166,17 +170,15 @@ impl SchedulerState {
         preempted
     }
 
-    /// Drafts a decode of `sequence` asks for, with `decodes` decodes in the step.
-    fn drafts_for(&self, sequence: &Sequence, decodes: usize) -> u32 {
+    /// Drafts a decode of `sequence` asks for, given a seat for drafts in the step.
+    fn drafts_for(&self, sequence: &Sequence) -> u32 {
         if self.config.num_draft_tokens == 0 || !speculation::may_draft(&sequence.request) {
             return 0;
         }
         let remaining_after_decode = sequence.tokens_left().saturating_sub(1);
-        sequence.drafting.wanted(
-            self.config.num_draft_tokens,
-            decodes,
-            remaining_after_decode,
-        )
+        sequence
+            .drafting
+            .wanted(self.config.num_draft_tokens, remaining_after_decode)
     }
 
     /// Grows sequence `id`'s blocks for `wanted` more tokens. A decode needs its one

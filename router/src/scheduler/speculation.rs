@@ -9,18 +9,15 @@
 //! host work between the two, not for a round trip through the router. How many drafts the
 //! next step asks for is decided before the verification's answer.
 //!
-//! It turns itself off where it costs more than it gives: above `MAX_DRAFTING_DECODES`
-//! decodes a step is better spent on the batch (a verification multiplies its tokens), and
-//! a sequence whose drafts are not kept, or that the shard found nothing to draft for,
-//! pauses for a number of plain (pipelined) decodes that doubles each time, up to
-//! `MAX_PAUSE`.
+//! It turns itself off where it costs more than it gives: a wide step gives drafts only to
+//! as many of its decodes as pays (`draft_seats.rs`), and a sequence whose drafts are not
+//! kept, or that the shard found nothing to draft for, pauses for a number of plain
+//! (pipelined) decodes that doubles each time, up to `MAX_PAUSE`.
 use std::collections::VecDeque;
 
 use super::api::SequenceRequest;
 use crate::metrics::names;
 
-/// Decodes in a step above which no decode carries drafts.
-pub const MAX_DRAFTING_DECODES: usize = 8;
 /// Longest pause, in plain decodes, after fruitless verifications. A fruitless verification
 /// of 4 drafts cost 1.9 ms more than a plain decode on an H200 at batch 1 (8B, 6.4 against
 /// 4.5 ms) plus the pipelining it gives up: one in 65 steps keeps that under ~1 %.
@@ -53,16 +50,11 @@ pub struct Drafting {
 }
 
 impl Drafting {
-    /// Drafts to ask for in the step being planned: `num_draft_tokens` (the configured k),
-    /// capped by the tokens the sequence may still generate after this decode's own.
-    /// 0 while paused, for a request that cannot be drafted for, or in a large batch.
-    pub fn wanted(
-        &self,
-        num_draft_tokens: u32,
-        decodes: usize,
-        remaining_after_decode: u32,
-    ) -> u32 {
-        if self.pause > 0 || decodes > MAX_DRAFTING_DECODES {
+    /// Drafts to ask for in the step being planned, where this decode has a seat
+    /// (`DraftSeats::seats`): `num_draft_tokens` (the configured k), capped by the tokens the
+    /// sequence may still generate after this decode's own. 0 while paused.
+    pub fn wanted(&self, num_draft_tokens: u32, remaining_after_decode: u32) -> u32 {
+        if self.pause > 0 {
             return 0;
         }
         num_draft_tokens.min(remaining_after_decode)
@@ -85,7 +77,8 @@ impl Drafting {
 
     /// A verification's answer: `drafted` drafts checked, `kept` of them kept.
     pub fn record(&mut self, drafted: u32, kept: u32) {
-        let planned_knowing = self.in_flight.pop_front().unwrap_or(self.fruitless) == self.fruitless;
+        let planned_knowing =
+            self.in_flight.pop_front().unwrap_or(self.fruitless) == self.fruitless;
         metrics::counter!(names::SPECULATIVE_DRAFT_TOKENS_TOTAL).increment(u64::from(drafted));
         metrics::counter!(names::SPECULATIVE_ACCEPTED_TOKENS_TOTAL).increment(u64::from(kept));
         if drafted > 0 {
@@ -133,13 +126,11 @@ mod tests {
     }
 
     #[test]
-    fn drafts_stop_in_large_batches_and_at_the_last_tokens() {
+    fn drafts_stop_at_the_last_tokens() {
         let drafting = Drafting::default();
-        assert_eq!(drafting.wanted(4, 1, 100), 4);
-        assert_eq!(drafting.wanted(4, MAX_DRAFTING_DECODES, 100), 4);
-        assert_eq!(drafting.wanted(4, MAX_DRAFTING_DECODES + 1, 100), 0);
-        assert_eq!(drafting.wanted(4, 1, 2), 2, "never past max_new_tokens");
-        assert_eq!(drafting.wanted(0, 1, 100), 0, "speculation off");
+        assert_eq!(drafting.wanted(4, 100), 4);
+        assert_eq!(drafting.wanted(4, 2), 2, "never past max_new_tokens");
+        assert_eq!(drafting.wanted(0, 100), 0, "speculation off");
     }
 
     #[test]
@@ -151,17 +142,17 @@ mod tests {
         drafting.verification_planned();
         drafting.verification_planned();
         drafting.record(4, 0);
-        assert_eq!(drafting.wanted(4, 1, 100), 4);
+        assert_eq!(drafting.wanted(4, 100), 4);
         drafting.record(4, 0);
-        assert_eq!(drafting.wanted(4, 1, 100), 4);
+        assert_eq!(drafting.wanted(4, 100), 4);
         // The next one knew of the first fruitless answer: fruitless too, with another in
         // flight behind it, it pauses 2 - 1 plain decodes.
         drafting.verification_planned();
         drafting.verification_planned();
         drafting.record(4, 0);
-        assert_eq!(drafting.wanted(4, 1, 100), 0);
+        assert_eq!(drafting.wanted(4, 100), 0);
         drafting.plain_decode();
-        assert_eq!(drafting.wanted(4, 1, 100), 4);
+        assert_eq!(drafting.wanted(4, 100), 4);
     }
 
     #[test]
@@ -171,7 +162,7 @@ mod tests {
         for _ in 0..9 {
             drafting.record(0, 0);
             let mut pause = 0;
-            while drafting.wanted(4, 1, 100) == 0 {
+            while drafting.wanted(4, 100) == 0 {
                 drafting.plain_decode();
                 pause += 1;
             }
@@ -179,14 +170,14 @@ mod tests {
         }
         assert_eq!(pauses, [1, 2, 4, 8, 16, 32, 64, 64, 64]);
         drafting.record(4, 1);
-        assert_eq!(drafting.wanted(4, 1, 100), 4, "a kept draft: no pause");
+        assert_eq!(drafting.wanted(4, 100), 4, "a kept draft: no pause");
         drafting.record(4, 0);
         assert_eq!(
-            drafting.wanted(4, 1, 100),
+            drafting.wanted(4, 100),
             0,
             "and the next fruitless one starts at 1 again"
         );
         drafting.plain_decode();
-        assert_eq!(drafting.wanted(4, 1, 100), 4);
+        assert_eq!(drafting.wanted(4, 100), 4);
     }
 }

@@ -6,10 +6,12 @@ use std::time::Instant;
 
 use super::api::{GenerationFailure, SchedulerConfig, SequenceEvent, Submission};
 use super::budget::blocks_for;
+use super::draft_seats::DraftSeats;
 use super::events::EventSender;
 use super::memory_backoff::MemoryBackoff;
 use super::queue::WaitingQueue;
 use super::sequence::Sequence;
+use super::step_cost::StepCosts;
 use crate::kv::{BlockAllocator, RadixCache};
 use crate::metrics::names;
 
@@ -68,6 +70,9 @@ pub struct SchedulerState {
     pub(super) in_flight: VecDeque<InFlightStep>,
     /// The prompt-token cap after the device ran out of memory on a step.
     pub(super) memory_backoff: MemoryBackoff,
+    /// What steps cost by their tokens, and how many decodes of a wide step get drafts.
+    pub(super) step_costs: StepCosts,
+    pub(super) draft_seats: DraftSeats,
     next_sequence_id: u64,
     pub(super) next_step_id: u64,
 }
@@ -90,6 +95,8 @@ impl SchedulerState {
             pending_releases: Vec::new(),
             in_flight: VecDeque::new(),
             memory_backoff: MemoryBackoff::default(),
+            step_costs: StepCosts::default(),
+            draft_seats: DraftSeats::default(),
             next_sequence_id: 0,
             next_step_id: 0,
         }

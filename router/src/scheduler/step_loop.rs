@@ -32,6 +32,8 @@ struct Launched<'a> {
     sent_at: Instant,
     /// False for a step that only releases sequences.
     computes: bool,
+    /// Tokens it computes (prefill chunks, decodes and their drafts).
+    tokens: u32,
     /// Only while debug records are on: nothing is counted per step otherwise.
     shape: Option<StepShape>,
 }
@@ -98,6 +100,7 @@ pub async fn run<E: StepExecutor>(
         if step.computes {
             let ran_for = answered_at.saturating_duration_since(step.sent_at.max(last_answer));
             metrics::histogram!(STEP_DURATION).record(ran_for.as_secs_f64());
+            state.step_costs.record(step.tokens, ran_for);
             if let Some(shape) = &step.shape {
                 log_step(shape, ran_for, result.as_ref().ok());
             }
@@ -160,6 +163,7 @@ fn launch<'a, E: StepExecutor>(
         trace,
         sent_at: Instant::now(),
         computes,
+        tokens: planned.num_tokens,
         shape,
     }
 }

@@ -3,7 +3,7 @@
 //! every stream gets exactly the tokens it gets without drafts, nothing past its end, and
 //! no cached or preempted state ever relies on a rejected draft.
 use super::api::{FinishReason, SchedulerConfig};
-use super::speculation::MAX_DRAFTING_DECODES;
+use super::draft_seats::MAX_DRAFTING_DECODES;
 use super::test_harness::{assert_kept_streams_exact, busy_tiny_pool_on, expected_tokens, Harness};
 use super::test_support::{cached_config, config, drafts_at, request, token_at, CapturedMetrics};
 use crate::metrics::names;
@@ -100,7 +100,7 @@ fn a_stop_token_inside_a_verified_run_ends_the_stream_there() {
 }
 
 #[test]
-fn large_batches_and_history_reading_requests_do_not_draft() {
+fn a_wide_batch_with_nothing_known_drafts_only_to_explore_and_history_readers_never() {
     let mut h = Harness::new(drafting(config(4, 256, 256), 4));
     for _ in 0..=MAX_DRAFTING_DECODES {
         h.submit(request(3, 6));
@@ -108,12 +108,14 @@ fn large_batches_and_history_reading_requests_do_not_draft() {
     let sent = h.run_pipelined(DEPTH, 500);
     let busy = sent
         .iter()
-        .filter(|s| s.sequences.len() > MAX_DRAFTING_DECODES)
+        .filter(|s| s.sequences.iter().filter(|q| q.num_tokens == 1).count() > MAX_DRAFTING_DECODES)
         .collect::<Vec<_>>();
     assert!(!busy.is_empty());
-    assert!(busy
-        .iter()
-        .all(|s| s.sequences.iter().all(|q| q.max_draft_tokens == 0)));
+    assert!(
+        busy.iter()
+            .all(|s| s.sequences.iter().all(|q| q.max_draft_tokens == 0)),
+        "a wide step drafted with nothing known (fewer than EXPLORE_EVERY wide steps here)"
+    );
 
     let mut h = Harness::new(drafting(config(4, 64, 64), 4));
     let mut penalised = request(3, 20);
@@ -132,13 +134,21 @@ fn a_verification_is_planned_past_with_slots_for_every_draft_kept() {
     h.step(); // both prefills, answered
     let now = std::time::Instant::now();
     let first = h.state.plan_step(now).expect("two decodes");
-    assert!(first.request.sequences.iter().all(|s| s.max_draft_tokens == 4));
+    assert!(first
+        .request
+        .sequences
+        .iter()
+        .all(|s| s.max_draft_tokens == 4));
     assert!(
         h.state.may_plan_ahead(),
         "the next step goes out before the verification's answer"
     );
     let second = h.state.plan_step(now).expect("both decode again");
-    assert!(second.request.sequences.iter().all(|s| s.max_draft_tokens == 4));
+    assert!(second
+        .request
+        .sequences
+        .iter()
+        .all(|s| s.max_draft_tokens == 4));
     // Each sequence's blocks cover its positions as if the first step kept every draft:
     // 6 known tokens (5 of prompt, 1 sampled), 5 + 5 positions in flight.
     let sequence = &h.state.running[&id];
@@ -191,14 +201,23 @@ fn a_drafting_sequence_never_sits_out_a_step() {
             run_planned(&mut h, vec![first]);
             continue;
         };
-        let drafts = |p: &super::PlannedStep| p.request.sequences.iter().any(|s| s.max_draft_tokens > 0);
-        *ahead_of.entry((drafts(&first), drafts(&second))).or_default() += 1;
+        let drafts =
+            |p: &super::PlannedStep| p.request.sequences.iter().any(|s| s.max_draft_tokens > 0);
+        *ahead_of
+            .entry((drafts(&first), drafts(&second)))
+            .or_default() += 1;
         run_planned(&mut h, vec![first, second]);
     }
     assert_eq!(h.tokens(id), expected_tokens(id, 5, 80));
     // A verification planned past a verification, and past a plain decode of a pause.
-    assert!(ahead_of.get(&(true, true)).is_some_and(|&n| n > 0), "{ahead_of:?}");
-    assert!(ahead_of.get(&(false, true)).is_some_and(|&n| n > 0), "{ahead_of:?}");
+    assert!(
+        ahead_of.get(&(true, true)).is_some_and(|&n| n > 0),
+        "{ahead_of:?}"
+    );
+    assert!(
+        ahead_of.get(&(false, true)).is_some_and(|&n| n > 0),
+        "{ahead_of:?}"
+    );
 }
 
 #[test]
@@ -277,5 +296,35 @@ fn an_answer_with_more_tokens_than_drafts_verified_fails_only_that_sequence() {
     ));
     h.run_pipelined(DEPTH, 100);
     assert_eq!(h.tokens(other), expected_tokens(other, 4, 3));
+    assert_eq!(h.state.allocator().used(), 0);
+}
+
+#[test]
+fn a_wide_batch_drafts_on_every_decode_where_steps_stay_cheap_and_drafts_are_kept() {
+    use std::time::Duration;
+    let wide = 2 * MAX_DRAFTING_DECODES;
+    let mut h = Harness::new(drafting(config(4, 256, 256), 4));
+    // As if learned: steps cost 8 ms up to 1,024 tokens, and 9 drafts in 10 were kept.
+    for tokens in [1, 16, 64, 256, 1024] {
+        h.state.step_costs.record(tokens, Duration::from_millis(8));
+    }
+    for _ in 0..50 {
+        h.state.draft_seats.record(10, 9);
+    }
+    let ids: Vec<u64> = (0..wide).map(|_| h.submit(request(3, 24))).collect();
+    let sent = h.run_pipelined(DEPTH, 500);
+    let full = sent
+        .iter()
+        .filter(|s| s.sequences.iter().filter(|q| q.num_tokens == 1).count() == wide)
+        .collect::<Vec<_>>();
+    assert!(!full.is_empty(), "no step decoded every sequence");
+    assert!(
+        full.iter()
+            .any(|s| s.sequences.iter().all(|q| q.max_draft_tokens > 0)),
+        "no step of {wide} decodes gave each of them drafts"
+    );
+    for id in ids {
+        assert_eq!(h.tokens(id), expected_tokens(id, 3, 24));
+    }
     assert_eq!(h.state.allocator().used(), 0);
 }
