@@ -293,18 +293,25 @@ def test_verifications_through_the_mixed_graphs_give_the_eager_tokens(tiny_model
 
 
 # -- a step planned before the verification in flight answers --------------------------------
+def _prefilled_with_oracle_drafts(runner, monkeypatch, seq_id: int, tokens: int):
+    """Sequence `seq_id` prefilled through a StepDriver, with drafts that are always its greedy
+    text: (that text, `tokens` long; the driver; the prefill's sampled token)."""
+    plain, _, _ = generate(runner, GREEDY, tokens, k=0)
+    monkeypatch.setattr("shard_server.speculation.NgramIndex", lambda: OracleDrafts(PROMPT + plain, 0))
+    driver = StepDriver(runner)
+    new = pb.NewSequence(id=seq_id, input_ids=PROMPT, prompt_len=len(PROMPT), sampling=GREEDY)
+    first = pb.ScheduledSequence(id=seq_id, num_tokens=len(PROMPT), sample=True,
+                                 new_block_ids=driver.blocks_for(seq_id, len(PROMPT)))  # fmt: skip
+    return plain, driver, driver.step(new=[new], scheduled=[first]).outputs[0].token.id
+
+
 @pytest.mark.parametrize("next_drafts", [4, 0], ids=["verification", "plain-decode"])
 def test_a_step_planned_before_a_verification_answers_settles_it_first(runner, monkeypatch, next_drafts):
     """The router plans step N+1 before N's answer. If N verifies drafts for a sequence that
     N+1 schedules, the shard completes N before planning N+1: only then are N's kept tokens,
     and the sequence's position, on its host."""
-    plain, _, _ = generate(runner, GREEDY, 20, k=0)
-    monkeypatch.setattr("shard_server.speculation.NgramIndex", lambda: OracleDrafts(PROMPT + plain, 0))
-    driver = StepDriver(runner)
-    new = pb.NewSequence(id=1, input_ids=PROMPT, prompt_len=len(PROMPT), sampling=GREEDY)
-    first = pb.ScheduledSequence(id=1, num_tokens=len(PROMPT), new_block_ids=driver.blocks_for(1, len(PROMPT)),
-                                 sample=True)  # fmt: skip
-    out = [driver.step(new=[new], scheduled=[first]).outputs[0].token.id]
+    plain, driver, first_token = _prefilled_with_oracle_drafts(runner, monkeypatch, 1, 20)
+    out = [first_token]
 
     def request(step_id: int, drafts: int, upper_bound: int) -> pb.StepRequest:
         scheduled = pb.ScheduledSequence(id=1, num_tokens=1, sample=True, max_draft_tokens=drafts,
@@ -331,13 +338,7 @@ def test_a_step_planned_before_a_verification_answers_settles_it_first(runner, m
 
 
 def test_without_a_way_to_settle_a_step_reading_an_unanswered_verification_is_refused(runner, monkeypatch):
-    plain, _, _ = generate(runner, GREEDY, 8, k=0)
-    monkeypatch.setattr("shard_server.speculation.NgramIndex", lambda: OracleDrafts(PROMPT + plain, 0))
-    driver = StepDriver(runner)
-    new = pb.NewSequence(id=2, input_ids=PROMPT, prompt_len=len(PROMPT), sampling=GREEDY)
-    first = pb.ScheduledSequence(id=2, num_tokens=len(PROMPT), new_block_ids=driver.blocks_for(2, len(PROMPT)),
-                                 sample=True)  # fmt: skip
-    driver.step(new=[new], scheduled=[first])
+    _, driver, _ = _prefilled_with_oracle_drafts(runner, monkeypatch, 2, 8)
     known = runner.table.get(2).known_len
     verify = pb.ScheduledSequence(id=2, num_tokens=1, sample=True, max_draft_tokens=4,
                                   new_block_ids=driver.blocks_for(2, known + 4))  # fmt: skip
