@@ -56,11 +56,15 @@ def speculating():
     srv.stop()
 
 
+# 448 KV tokens preempt whether or not a step of 16 decodes drafts (which step times decide):
+# the first 16 prompts need ~800 tokens, ~1,100 with a draft model's KV beside them.
+TINY_POOL = ("--kv-cache-tokens", "448", "--max-batch-prefill-tokens", "256", "--max-batch-size", "16")
+
+
 @pytest.fixture(scope="module")
 def speculating_tiny_pool():
-    """A pool of 640 KV tokens for 16 streams of up to ~130 tokens: preemptions."""
-    srv = Server("--num-speculative-tokens", "4", "--kv-cache-tokens", "640",
-                 "--max-batch-prefill-tokens", "256", "--max-batch-size", "16")
+    """A pool of 448 KV tokens for 16 streams of up to ~130 tokens: preemptions."""
+    srv = Server("--num-speculative-tokens", "4", *TINY_POOL)
     yield srv
     srv.stop()
 
@@ -127,7 +131,6 @@ def test_streamed_tokens_equal_the_answer(speculating):
 
 
 # -- a draft model ---------------------------------------------------------------------------
-TINY_POOL = ("--kv-cache-tokens", "640", "--max-batch-prefill-tokens", "256", "--max-batch-size", "16")
 
 
 def acceptance(srv: Server, before: dict[str, float]) -> tuple[float, float]:
@@ -140,7 +143,7 @@ def acceptance(srv: Server, before: dict[str, float]) -> tuple[float, float]:
 
 @pytest.fixture(scope="module")
 def self_drafting(demo_model_dir):
-    """The demo model drafts for itself, on a pool of 640 KV tokens (the draft's KV shares
+    """The demo model drafts for itself, on a pool of 448 KV tokens (the draft's KV shares
     it): preemptions, prefix-cache hits, and every draft kept."""
     srv = Server("--speculate", "4", "--speculative-model", str(demo_model_dir), *TINY_POOL)
     yield srv
