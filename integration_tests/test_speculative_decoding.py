@@ -24,6 +24,8 @@ PROMPTS = (
 # 32 tokens: past the copied passage's first sentence, so drafts are kept and refused; the
 # suite runs on 2 CPU cores, where each token of the 32 prompts costs.
 NEW_TOKENS = 32
+# The 16-stream runs on tiny pools (preemption, prefix cache) go the issue's 64 tokens.
+TINY_POOL_TOKENS = 64
 
 
 def generate(url: str, prompt: str, **parameters) -> dict:
@@ -46,7 +48,7 @@ def answers(url: str, concurrency: int, prompts=PROMPTS, **parameters) -> list[t
 @pytest.fixture(scope="module")
 def plain_greedy_16(server):
     """The server without speculation, greedy, 16 streams at once: the text to match."""
-    return answers(server.url, 16, do_sample=False)
+    return answers(server.url, 16, do_sample=False, max_new_tokens=TINY_POOL_TOKENS)
 
 
 @pytest.fixture(scope="module")
@@ -57,13 +59,13 @@ def speculating():
 
 
 # 448 KV tokens preempt whether or not a step of 16 decodes drafts (which step times decide):
-# the first 16 prompts need ~800 tokens, ~1,100 with a draft model's KV beside them.
+# the first 16 prompts at 64 new tokens need ~1,300, more with a draft model's KV beside them.
 TINY_POOL = ("--kv-cache-tokens", "448", "--max-batch-prefill-tokens", "256", "--max-batch-size", "16")
 
 
 @pytest.fixture(scope="module")
 def speculating_tiny_pool():
-    """A pool of 448 KV tokens for 16 streams of up to ~130 tokens: preemptions."""
+    """A pool of 448 KV tokens for 16 streams of up to ~160 tokens: preemptions."""
     srv = Server("--num-speculative-tokens", "4", *TINY_POOL)
     yield srv
     srv.stop()
@@ -85,7 +87,7 @@ def test_greedy_text_is_the_same_with_drafts(server, speculating, concurrency):
 
 
 def test_preempted_and_cached_streams_keep_their_text(plain_greedy_16, speculating_tiny_pool):
-    drafted = answers(speculating_tiny_pool.url, 16, do_sample=False)
+    drafted = answers(speculating_tiny_pool.url, 16, do_sample=False, max_new_tokens=TINY_POOL_TOKENS)
     assert drafted == plain_greedy_16
     samples = scrape_metrics(speculating_tiny_pool.url)
     assert metric(samples, "textgen_preemptions_total") > 0, "the tiny pool preempted"
@@ -172,7 +174,7 @@ def random_draft_dir(demo_model_dir, tmp_path_factory):
 
 def test_a_draft_model_equal_to_the_model_keeps_every_draft_and_the_text(plain_greedy_16, self_drafting):
     before = scrape_metrics(self_drafting.url)
-    drafted = answers(self_drafting.url, 16, do_sample=False)
+    drafted = answers(self_drafting.url, 16, do_sample=False, max_new_tokens=TINY_POOL_TOKENS)
     for prompt, a, b in zip(PROMPTS, plain_greedy_16, drafted):
         assert a == b, prompt
     drafts, kept = acceptance(self_drafting, before)
