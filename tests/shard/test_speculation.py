@@ -9,7 +9,7 @@ import pytest
 
 from shard_server.pb import generate_pb2 as pb
 from shard_server.requests import InvalidStepError
-from shard_server.speculation import NgramIndex, kept_tokens
+from shard_server.speculation import BULK_TOKENS, NgramIndex, kept_tokens
 
 from .helpers import StepDriver, load_runner
 
@@ -47,6 +47,25 @@ def test_ngram_index_grows_with_the_sequence():
     tokens += [9, 3, 1]
     assert index.propose(tokens, 2) == [4, 1]
     assert index.indexed == len(tokens) - 1
+
+
+def test_ngram_index_of_a_prompt_at_once_equals_one_token_at_a_time():
+    """A prompt is indexed in bulk (BULK_TOKENS or more new tokens), a step's tokens one at a
+    time: both give the same index and drafts, whatever the mix of growths."""
+    import random
+
+    rng = random.Random(3)
+    for _ in range(60):
+        vocab = rng.choice([3, 7, 50, 200_000])  # few symbols: many repeats and overwrites
+        tokens = [rng.randrange(vocab) for _ in range(rng.randrange(0, 300))]
+        bulk, single = NgramIndex(), NgramIndex()
+        for _ in range(12):
+            for end in range(single.indexed + 1, len(tokens) + 1):
+                single.propose(tokens[:end], 4)  # one new token each call
+            assert bulk.propose(tokens, 4) == single.propose(tokens, 4)
+            assert bulk.last_end == single.last_end and bulk.indexed == single.indexed
+            growth = rng.choice([0, 1, 5, BULK_TOKENS - 1, BULK_TOKENS, 100])
+            tokens = tokens + [rng.randrange(vocab) for _ in range(growth)]
 
 
 @pytest.mark.parametrize(
