@@ -106,7 +106,7 @@ impl SchedulerState {
         }
         sequence.settle_decode(work.drafts, drafted, produced);
         if work.drafts > 0 {
-            self.draft_seats.record(drafted, produced - 1);
+            self.draft_seats.record(work.drafts, drafted, produced - 1);
         }
         if sequence.wants_prefill_logprobs() {
             let logprobs = std::mem::take(&mut sequence.prefill_logprobs);

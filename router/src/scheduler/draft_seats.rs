@@ -3,7 +3,8 @@
 //! each carry drafts. A wider one gives drafts to as many of its decodes as pays, maybe
 //! none: the tokens the drafts are expected to add, at the rate drafts have been kept
 //! lately, against what the wider step costs, as the steps run so far say
-//! (`step_cost.rs`). A drafting step gives up pipelining (the shard settles the step before
+//! (`step_cost.rs`), plus the time proposing the drafts takes, learned by the number of
+//! decodes drafted for (prompt lookup's host work, or a draft model's forwards). A drafting step gives up pipelining (the shard settles the step before
 //! it), so none is the norm there; one wide step in `EXPLORE_EVERY` drafts anyway, to keep
 //! the rate and the costs current.
 use super::step_cost::StepCosts;
@@ -21,6 +22,8 @@ const EXPLORE_EVERY: u32 = 32;
 #[derive(Debug, Clone, Default)]
 pub struct DraftSeats {
     acceptance: Acceptance,
+    /// The time drafting took, by the number of decodes drafted for.
+    proposing: StepCosts,
     /// Wide steps planned without drafts since one drafted.
     plain_wide_steps: u32,
 }
@@ -49,13 +52,22 @@ impl DraftSeats {
     }
 
     fn paying_seats(&self, decodes: usize, k: u32, costs: &StepCosts) -> usize {
-        let Some(rate) = self.acceptance.rate() else {
+        let Some(expected) = self.acceptance.expected() else {
             return 0;
         };
         let tokens_per_second = |seats: usize| {
-            let tokens = decodes as f64 + seats as f64 * f64::from(k) * rate;
-            let width = u32::try_from(decodes + seats * k as usize).unwrap_or(u32::MAX);
-            costs.estimate(width).map(|seconds| tokens / seconds)
+            // Drafts the shard proposes (it may find fewer than allowed) and of those, kept.
+            let verified = seats as f64 * f64::from(k) * expected.proposed;
+            let tokens = decodes as f64 + verified * expected.kept;
+            let width = (decodes as f64 + verified).round() as u32;
+            let proposing = match u32::try_from(seats) {
+                Ok(0) => 0.0,
+                Ok(seats) => self.proposing.estimate_or_scaled(seats).unwrap_or(0.0),
+                Err(_) => return None,
+            };
+            costs
+                .estimate(width)
+                .map(|seconds| tokens / (seconds + proposing))
         };
         let Some(plain) = tokens_per_second(0) else {
             return 0;
@@ -70,9 +82,15 @@ impl DraftSeats {
         best.0
     }
 
-    /// A verification's answer: `drafted` drafts checked, `kept` of them kept.
-    pub fn record(&mut self, drafted: u32, kept: u32) {
-        self.acceptance.record(drafted, kept);
+    /// A verification answered: `allowed` drafts, of which the shard proposed `drafted`
+    /// and the model kept `kept`.
+    pub fn record(&mut self, allowed: u32, drafted: u32, kept: u32) {
+        self.acceptance.record(allowed, drafted, kept);
+    }
+
+    /// A step's drafting for `seats` decodes took `took` (its forward's time excludes it).
+    pub fn record_proposing(&mut self, seats: u32, took: std::time::Duration) {
+        self.proposing.record(seats, took);
     }
 }
 
@@ -85,7 +103,17 @@ fn consider(best: &mut (usize, f64), seats: usize, rate: Option<f64>) {
 /// The share of drafts kept, over the recent verifications of every sequence.
 #[derive(Debug, Clone, Default)]
 struct Acceptance {
+    allowed: f64,
     drafted: f64,
+    kept: f64,
+}
+
+/// What a draft seat gives, by the recent verifications.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Expected {
+    /// Drafts proposed per draft allowed (prompt lookup finds no match for some decodes).
+    proposed: f64,
+    /// Drafts kept per draft proposed.
     kept: f64,
 }
 
@@ -96,16 +124,20 @@ const ACCEPTANCE_DECAY: f64 = 0.995;
 const ACCEPTANCE_MIN_DRAFTS: f64 = 16.0;
 
 impl Acceptance {
-    fn record(&mut self, drafted: u32, kept: u32) {
-        if drafted == 0 {
-            return; // nothing to draft from: the pause handles it, the rate is not about it
+    fn record(&mut self, allowed: u32, drafted: u32, kept: u32) {
+        if allowed == 0 {
+            return;
         }
+        self.allowed = self.allowed * ACCEPTANCE_DECAY + f64::from(allowed);
         self.drafted = self.drafted * ACCEPTANCE_DECAY + f64::from(drafted);
         self.kept = self.kept * ACCEPTANCE_DECAY + f64::from(kept);
     }
 
-    fn rate(&self) -> Option<f64> {
-        (self.drafted >= ACCEPTANCE_MIN_DRAFTS).then(|| self.kept / self.drafted)
+    fn expected(&self) -> Option<Expected> {
+        (self.drafted >= ACCEPTANCE_MIN_DRAFTS).then(|| Expected {
+            proposed: self.drafted / self.allowed,
+            kept: self.kept / self.drafted,
+        })
     }
 }
 
@@ -116,7 +148,7 @@ mod tests {
     fn seats_at(rate: f64) -> DraftSeats {
         let mut seats = DraftSeats::default();
         for _ in 0..100 {
-            seats.record(100, (rate * 100.0) as u32);
+            seats.record(100, 100, (rate * 100.0) as u32);
         }
         seats
     }
@@ -190,17 +222,55 @@ mod tests {
     #[test]
     fn the_acceptance_rate_follows_recent_verifications() {
         let mut acceptance = Acceptance::default();
-        acceptance.record(4, 4);
-        assert_eq!(acceptance.rate(), None, "too few drafts to say");
-        acceptance.record(0, 0); // nothing drafted: no evidence either way
+        acceptance.record(4, 4, 4);
+        assert_eq!(acceptance.expected(), None, "too few drafts to say");
+        acceptance.record(0, 0, 0); // no seat: no evidence either way
         for _ in 0..4 {
-            acceptance.record(4, 4);
+            acceptance.record(4, 4, 4);
         }
-        assert_eq!(acceptance.rate(), Some(1.0));
+        let all = Expected {
+            proposed: 1.0,
+            kept: 1.0,
+        };
+        assert_eq!(acceptance.expected(), Some(all));
         for _ in 0..2000 {
-            acceptance.record(4, 1);
+            acceptance.record(4, 2, 1); // half found, half of those kept
         }
-        let rate = acceptance.rate().unwrap();
-        assert!((0.25..0.26).contains(&rate), "{rate}");
+        let now = acceptance.expected().unwrap();
+        assert!((0.5..0.51).contains(&now.proposed), "{now:?}");
+        assert!((0.5..0.51).contains(&now.kept), "{now:?}");
+    }
+
+    #[test]
+    fn seats_pay_for_the_time_drafting_takes_with_what_they_propose() {
+        // Steps of 64 decodes cost 8 ms, and 20 us a token more from 64 (compute-bound).
+        let compute_bound = costs(8.0, 64, 0.02);
+        let ms = |ms: u64| std::time::Duration::from_millis(ms);
+        let (mut found_all, mut found_few) = (DraftSeats::default(), DraftSeats::default());
+        for _ in 0..100 {
+            found_all.record(100, 100, 90);
+            found_few.record(100, 10, 9); // prompt lookup finds a match for 1 seat in 10
+        }
+        assert_eq!(found_all.clone().seats(64, 4, &compute_bound), 64);
+        assert_eq!(
+            found_few.clone().seats(64, 4, &compute_bound),
+            64,
+            "free to look"
+        );
+        // Prompt lookup's 2 ms for 64 decodes: paid for where it finds drafts, not where it
+        // finds few (without the share proposed, 1 in 10 would be taken for all of them).
+        let mut lookup = found_all.clone();
+        lookup.record_proposing(64, ms(2));
+        assert_eq!(lookup.seats(64, 4, &compute_bound), 64);
+        found_few.record_proposing(64, ms(2));
+        assert_eq!(found_few.seats(64, 4, &compute_bound), 0);
+        // A draft model taking 30 ms for 64 decodes' drafts (8 ms for 8): none pays.
+        let mut draft_model = found_all.clone();
+        draft_model.record_proposing(8, ms(8));
+        draft_model.record_proposing(64, ms(30));
+        assert_eq!(draft_model.seats(64, 4, &compute_bound), 0);
+        // Known for 8 decodes alone, the time for 64 is taken in proportion (64 ms): none.
+        found_all.record_proposing(8, ms(8));
+        assert_eq!(found_all.seats(64, 4, &compute_bound), 0);
     }
 }

@@ -62,6 +62,15 @@ impl StepCosts {
         }
         None
     }
+
+    /// As `estimate`, but past the widest step seen in proportion to it (for a cost that
+    /// grows with its count, as drafting does with the decodes drafted for); None before any.
+    pub fn estimate_or_scaled(&self, tokens: u32) -> Option<f64> {
+        self.estimate(tokens).or_else(|| {
+            let widest = self.buckets.iter().flatten().last()?;
+            Some(widest.seconds * f64::from(tokens) / widest.tokens)
+        })
+    }
 }
 
 fn bucket_of(tokens: f64) -> usize {
@@ -84,6 +93,12 @@ mod tests {
         assert_eq!(costs.estimate(64), Some(0.008));
         assert_eq!(costs.estimate(1), Some(0.008), "fewer tokens cost no more");
         assert_eq!(costs.estimate(65), None);
+        assert_eq!(
+            costs.estimate_or_scaled(128),
+            Some(0.016),
+            "in proportion past it"
+        );
+        assert_eq!(StepCosts::default().estimate_or_scaled(1), None);
         costs.record(0, ms(1.0)); // a step that computed nothing teaches nothing
         assert_eq!(costs.estimate(1), Some(0.008));
     }

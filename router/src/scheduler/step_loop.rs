@@ -3,7 +3,7 @@
 use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc::error::TryRecvError;
 use tokio::sync::mpsc::UnboundedReceiver;
@@ -32,10 +32,19 @@ struct Launched<'a> {
     sent_at: Instant,
     /// False for a step that only releases sequences.
     computes: bool,
-    /// Tokens it computes (prefill chunks, decodes and their drafts).
-    tokens: u32,
+    width: StepWidth,
     /// Only while debug records are on: nothing is counted per step otherwise.
     shape: Option<StepShape>,
+}
+
+/// What a step was planned to compute, to learn its cost from.
+#[derive(Debug, Clone, Copy)]
+struct StepWidth {
+    /// Tokens (prefill chunks, decodes and the drafts they were allowed).
+    tokens: u32,
+    /// Drafts its decodes were allowed, and how many decodes were allowed any.
+    drafts: u32,
+    drafting_seats: u32,
 }
 
 /// What a step computes, for its debug record.
@@ -100,7 +109,9 @@ pub async fn run<E: StepExecutor>(
         if step.computes {
             let ran_for = answered_at.saturating_duration_since(step.sent_at.max(last_answer));
             metrics::histogram!(STEP_DURATION).record(ran_for.as_secs_f64());
-            state.step_costs.record(step.tokens, ran_for);
+            if let Ok(response) = &result {
+                learn_costs(&mut state, step.width, response, ran_for);
+            }
             if let Some(shape) = &step.shape {
                 log_step(shape, ran_for, result.as_ref().ok());
             }
@@ -158,13 +169,41 @@ fn launch<'a, E: StepExecutor>(
         metrics::histogram!(STEP_BATCH_SIZE).record(planned.request.sequences.len() as f64);
         metrics::histogram!(STEP_TOKENS).record(f64::from(planned.num_tokens));
     }
+    let allowed = planned.request.sequences.iter().map(|s| s.max_draft_tokens);
+    let drafts = allowed.clone().sum();
+    let drafting_seats = allowed.filter(|&d| d > 0).count() as u32;
     Launched {
         answer: Box::pin(executor.step(planned.request)),
         trace,
         sent_at: Instant::now(),
         computes,
-        tokens: planned.num_tokens,
+        width: StepWidth {
+            tokens: planned.num_tokens,
+            drafts,
+            drafting_seats,
+        },
         shape,
+    }
+}
+
+/// What the step just answered says a step costs: its forward by the tokens it computed (the
+/// drafts the shard proposed, not those allowed), apart from the time drafting took.
+fn learn_costs(
+    state: &mut SchedulerState,
+    step: StepWidth,
+    response: &pb::StepResponse,
+    ran_for: Duration,
+) {
+    let drafted: u32 = response.outputs.iter().map(|o| o.drafted).sum();
+    let drafting = Duration::from_nanos(response.draft_ns);
+    let computed = step.tokens.saturating_sub(step.drafts) + drafted;
+    state
+        .step_costs
+        .record(computed, ran_for.saturating_sub(drafting));
+    if step.drafting_seats > 0 {
+        state
+            .draft_seats
+            .record_proposing(step.drafting_seats, drafting);
     }
 }
 

@@ -309,7 +309,7 @@ fn a_wide_batch_drafts_on_every_decode_where_steps_stay_cheap_and_drafts_are_kep
         h.state.step_costs.record(tokens, Duration::from_millis(8));
     }
     for _ in 0..50 {
-        h.state.draft_seats.record(10, 9);
+        h.state.draft_seats.record(10, 10, 9);
     }
     let ids: Vec<u64> = (0..wide).map(|_| h.submit(request(3, 24))).collect();
     let sent = h.run_pipelined(DEPTH, 500);
