@@ -6,7 +6,8 @@ the step's wall time measured with CUDA events. Their difference is the device's
 inside the step (launch gaps). The first kernels of one step are kept in order, so the
 matmul of each projection can be read off (qkv, o, gate_up, down).
 
-Cases: batch-1 decode (graph replay) at contexts 256 and 1024, batch 64 at context 600 (the
+Cases: batch-1 decode (graph replay) at contexts 256 and 1024, steps verifying 4 drafts a
+sequence (batch 1 at context 1024, 64 at 600: whole runner steps, host work included), batch 64 at context 600 (the
 Poisson 32 req/s workload's decode steps), the 256-request mix's two
 decode shapes (batch 256 at context 512, batch 80 at context 1280), one 2048-token prefill
 (the TTFT case; again with the dense prefill path off), one mixed step (64 decodes plus
@@ -155,6 +156,46 @@ def decode_case(runner, batch: int, context: int, repeats: int = 10) -> dict:
     return summary
 
 
+class RepeatDrafts:
+    """A drafter that proposes each decode's last token k times: verified like any drafts (and
+    mostly refused), so a step verifies k drafts a sequence whatever the prompts."""
+
+    bytes_per_block = 0  # no KV of its own
+
+    def allocate(self, num_blocks: int) -> None:
+        pass
+
+    def draft(self, items) -> None:
+        for item in items:
+            item.drafts = [item.state.token_ids[-1]] * item.draft_budget
+
+
+def verify_request(batch: int, k: int, step_id: int = 2) -> pb.StepRequest:
+    """A step in which sequences 0..batch-1 each verify k drafts."""
+    request = pb.StepRequest(step_id=step_id)
+    for i in range(batch):
+        request.sequences.add(id=i, num_tokens=1, sample=True, max_draft_tokens=k)
+    return request
+
+
+def verify_case(runner, batch: int, context: int, k: int = 4, repeats: int = 10) -> dict:
+    """Steps that verify k drafts a sequence (speculative decoding), profiled as whole runner
+    steps (host work and the settling before each included): compare with decode_case's
+    runner_step_ms at the same batch and context."""
+    blocks_each = -(-(context + (repeats + 2) * (k + 1) + 8) // runner.block_size)
+    _prefill_batch(runner, batch, context, blocks_each)
+    saved, runner.drafter = runner.drafter, RepeatDrafts()
+    try:
+        verify = verify_request(batch, k)
+        runner.step(verify)  # first use
+        found, ms = profiled(lambda: runner.step(verify), repeats)
+    finally:
+        runner.drafter = saved
+    summary = summarise(found, repeats, ms)
+    runner.step(pb.StepRequest(step_id=3, released_ids=list(range(batch))))
+    return summary
+
+
 def prefill_case(runner, lengths: list[int], decodes: int = 0, decode_context: int = 512, repeats: int = 3) -> dict:
     """One eager step: `decodes` running sequences decode while `lengths` prompts prefill."""
     blocks_each = -(-(decode_context + 64) // runner.block_size)
@@ -228,6 +269,9 @@ def profile(model_dir: Path, out: Path, quantize, kv_dtype, wanted: set) -> None
     cases = [
         ("decode_b1_ctx256", lambda: decode_case(runner, 1, 256)),
         ("decode_b1_ctx1024", lambda: decode_case(runner, 1, 1024)),
+        # Speculative verifications (k = 4) beside the decodes of the same shape.
+        ("verify_b1_ctx1024", lambda: verify_case(runner, 1, 1024)),
+        ("verify_b64_ctx600", lambda: verify_case(runner, 64, 600)),
         # Small batches at the Poisson 8 req/s workload's contexts (programmatic launch's band).
         *((f"decode_b{b}_ctx512", lambda b=b: decode_case(runner, b, 512)) for b in (4, 8, 16, 32)),
         ("decode_b64_ctx600", lambda: decode_case(runner, 64, 600)),  # the Poisson 32 decodes

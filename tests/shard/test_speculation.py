@@ -366,3 +366,18 @@ def test_without_a_way_to_settle_a_step_reading_an_unanswered_verification_is_re
     after = pb.ScheduledSequence(id=2, num_tokens=1, sample=True, new_block_ids=driver.blocks_for(2, known + 5))
     with pytest.raises(InvalidStepError, match="known"):
         runner.launch(pb.StepRequest(step_id=21, sequences=[after]))
+
+
+def test_the_kernel_profiles_verify_case_verifies_k_drafts_a_sequence(tiny_model_dirs):
+    """bench/gpu_kernel_profile.py's verification steps (RepeatDrafts, verify_request) really
+    verify k drafts for every sequence, step after step, on the runner the GPU profile uses."""
+    from bench.gpu_kernel_profile import RepeatDrafts, verify_request
+    from bench.gpu_step_profile import _prefill_batch
+
+    runner = load_runner(tiny_model_dirs["llama"], block_size=4, num_blocks=64)
+    _prefill_batch(runner, 2, 12, blocks_each=16)
+    runner.drafter = RepeatDrafts()
+    for _ in range(3):
+        response = runner.step(verify_request(2, 4))
+        assert [o.drafted for o in response.outputs] == [4, 4], response
+        assert all(not o.error for o in response.outputs)
