@@ -1,12 +1,12 @@
 //! How many decodes of a step may carry drafts (speculation's step-wide half; a sequence's
 //! own pause is `speculation.rs`'s). A step of up to `MAX_DRAFTING_DECODES` decodes lets
 //! each carry drafts. A wider one gives drafts to as many of its decodes as pays, maybe
-//! none: the tokens the drafts are expected to add, at the rate drafts have been kept
-//! lately, against what the wider step costs, as the steps run so far say
-//! (`step_cost.rs`), plus the time proposing the drafts takes, learned by the number of
-//! decodes drafted for (prompt lookup's host work, or a draft model's forwards). A drafting step gives up pipelining (the shard settles the step before
-//! it), so none is the norm there; one wide step in `EXPLORE_EVERY` drafts anyway, to keep
-//! the rate and the costs current.
+//! none: the tokens the drafts are expected to add (at the shares of drafts proposed and
+//! kept lately) against what the wider step's forward costs, as the steps run so far say
+//! (`step_cost.rs`), plus the time drafting takes, learned by the number of decodes drafted
+//! for (prompt lookup's host work, or a draft model's forwards). A drafting step gives up
+//! pipelining (the shard settles the step before it), so none is the norm there; one wide
+//! step in `EXPLORE_EVERY` drafts anyway, to keep the shares and the costs current.
 use super::step_cost::StepCosts;
 
 /// Decodes in a step up to which every decode may carry drafts.
@@ -32,8 +32,8 @@ impl DraftSeats {
     /// How many of a step's `decodes` decodes may carry `k` drafts each (the oldest first):
     /// all of them up to `MAX_DRAFTING_DECODES`. In a wider step, the count the estimates
     /// expect to give the most tokens a second, where that beats none by `MIN_GAIN` (a
-    /// decode with drafts gives 1 + k * the rate kept); else none, except in one wide step
-    /// of `EXPLORE_EVERY`.
+    /// decode with drafts gives 1 + k * the shares proposed and kept); else none, except in
+    /// one wide step of `EXPLORE_EVERY`.
     pub fn seats(&mut self, decodes: usize, k: u32, costs: &StepCosts) -> usize {
         if k == 0 || decodes <= MAX_DRAFTING_DECODES {
             return decodes;
