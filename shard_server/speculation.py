@@ -25,8 +25,9 @@ NGRAM_MAX = 4
 NGRAM_MIN = 2
 # From this many new tokens on (a prompt), the index is extended by zipping shifted slices:
 # 3x faster on a 1,000-token prompt than a tuple slice at a time, which cost ~1.1 ms a prompt
-# (a burst of 256 spent ~10 ms a step indexing the prompts of streams starting to decode,
-# bench/results/speculation_h200_stop50.md); slower than it for a step's few tokens.
+# (in a burst of 256, the steps that carried prompt chunks spent 10 ms each drafting, mostly
+# indexing the prompts of streams starting to decode: bench/results/speculation_h200_stop50.md,
+# "From the step records"); slower than it for a step's few tokens.
 BULK_TOKENS = 16
 
 

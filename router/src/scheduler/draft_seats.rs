@@ -60,10 +60,11 @@ impl DraftSeats {
             let verified = seats as f64 * f64::from(k) * expected.proposed;
             let tokens = decodes as f64 + verified * expected.kept;
             let width = (decodes as f64 + verified).round() as u32;
-            let proposing = match u32::try_from(seats) {
-                Ok(0) => 0.0,
-                Ok(seats) => self.proposing.estimate_or_scaled(seats).unwrap_or(0.0),
-                Err(_) => return None,
+            let proposing = if seats == 0 {
+                0.0
+            } else {
+                let seats = u32::try_from(seats).unwrap_or(u32::MAX);
+                self.proposing.estimate_or_scaled(seats).unwrap_or(0.0)
             };
             costs
                 .estimate(width)

@@ -148,6 +148,12 @@ fn launch<'a, E: StepExecutor>(
     state.deliver(planned.events);
     record_queue_gauges(state);
     let computes = !planned.request.sequences.is_empty();
+    let allowed = planned.request.sequences.iter().map(|s| s.max_draft_tokens);
+    let width = StepWidth {
+        tokens: planned.num_tokens,
+        drafts: allowed.clone().sum(),
+        drafting_seats: allowed.filter(|&d| d > 0).count() as u32,
+    };
     let shape = (computes && tracing::enabled!(tracing::Level::DEBUG)).then(|| StepShape {
         id: planned.request.step_id,
         sequences: planned.request.sequences.len(),
@@ -157,31 +163,19 @@ fn launch<'a, E: StepExecutor>(
             .iter()
             .filter(|s| s.num_tokens == 1)
             .count(),
-        tokens: planned.num_tokens,
-        drafts: planned
-            .request
-            .sequences
-            .iter()
-            .map(|s| s.max_draft_tokens)
-            .sum(),
+        tokens: width.tokens,
+        drafts: width.drafts,
     });
     if computes {
         metrics::histogram!(STEP_BATCH_SIZE).record(planned.request.sequences.len() as f64);
         metrics::histogram!(STEP_TOKENS).record(f64::from(planned.num_tokens));
     }
-    let allowed = planned.request.sequences.iter().map(|s| s.max_draft_tokens);
-    let drafts = allowed.clone().sum();
-    let drafting_seats = allowed.filter(|&d| d > 0).count() as u32;
     Launched {
         answer: Box::pin(executor.step(planned.request)),
         trace,
         sent_at: Instant::now(),
         computes,
-        width: StepWidth {
-            tokens: planned.num_tokens,
-            drafts,
-            drafting_seats,
-        },
+        width,
         shape,
     }
 }
