@@ -10,8 +10,7 @@ seeded draw for seeded draw, as with it off.
 
 Drafts come from a drafter: prompt lookup here (the longest recent n-gram equal to the
 sequence's last n tokens, NGRAM_MAX down to NGRAM_MIN, predicts that what followed it then
-follows now; right after a rejected draft, when no n-gram matches, the copy goes on one token
-past the rejected one), or a draft model (draft_model.py).
+follows now), or a draft model (draft_model.py).
 """
 
 from __future__ import annotations
@@ -44,7 +43,6 @@ class NgramIndex:
     last_end: list[dict[tuple[int, ...], int]] = field(
         default_factory=lambda: [{} for _ in range(NGRAM_MAX + 1)]
     )
-    copied: Copy | None = None  # the last proposal, if a match gave it
 
     def _extend(self, tokens: list[int]) -> None:
         stop = len(tokens) - 1  # n-grams ending before the last token
@@ -60,48 +58,15 @@ class NgramIndex:
         self.indexed = max(self.indexed, stop)
 
     def propose(self, tokens: list[int], k: int) -> list[int]:
-        """Up to k tokens that followed the longest earlier match of the sequence's suffix, or
-        else, after a rejected draft, those after the token the rejected one was copied from."""
+        """Up to k tokens that followed the longest earlier match of the sequence's suffix."""
         if k <= 0 or len(tokens) < NGRAM_MIN + 1:
             return []
-        copied, self.copied = self.copied, None
-        start = self.match(tokens)
-        if start is not None:
-            self.copied = Copy(len(tokens), start, len(tokens[start : start + k]))
-        elif copied is not None:
-            start = copied.past_a_substitution(len(tokens))
-        return [] if start is None else tokens[start : start + k]
-
-    def match(self, tokens: list[int]) -> int | None:
-        """Where the tokens after the longest latest earlier match of the suffix start."""
         self._extend(tokens)
         for n in range(min(NGRAM_MAX, len(tokens) - 1), NGRAM_MIN - 1, -1):
             end = self.last_end[n].get(tuple(tokens[-n:]))
             if end is not None:
-                return end + 1
-        return None
-
-
-@dataclass(frozen=True)
-class Copy:
-    """A proposal copied by a match: the sequence's length then, the position of the first
-    token copied, and how many were.
-
-    An edit that swaps one token for another (a name, a number, a word of a rewritten text)
-    ends the match: the drafts are rejected at the swapped token, and for the next NGRAM_MIN
-    tokens no suffix ends in a known n-gram, so those steps would draft nothing. The copy's
-    alignment still holds there: position `length + i` of the sequence followed position
-    `start + i` of the copy, so the token after the replacement follows the one after the
-    token it replaced. Used once, for the step right after a rejection.
-    """
-
-    length: int
-    start: int
-    drafted: int
-
-    def past_a_substitution(self, length: int) -> int | None:
-        produced = length - self.length  # kept drafts, then the token that replaced one
-        return self.start + produced if 1 <= produced <= self.drafted else None
+                return tokens[end + 1 : end + 1 + k]
+        return []
 
 
 class Drafter(Protocol):
