@@ -5,8 +5,11 @@
 //! kept lately) against what the wider step's forward costs, as the steps run so far say
 //! (`step_cost.rs`), plus the time drafting takes, learned by the number of decodes drafted
 //! for (prompt lookup's host work, or a draft model's forwards). A drafting step gives up
-//! pipelining (the shard settles the step before it), so none is the norm there; one wide
-//! step in `EXPLORE_EVERY` drafts anyway, to keep the shares and the costs current.
+//! pipelining (the shard settles the step before it), so none is the norm there; a wide
+//! step drafts anyway now and then, to keep the shares and the costs current: one in
+//! `EXPLORE_EVERY` at most, and only as its expected extra time fits in `EXPLORE_SHARE` of
+//! the plain wide steps' since the last (a draft model's exploring steps cost 3-5 % of a
+//! burst's throughput at one in 32, `bench/results/speculation_h100_stop51.md`).
 use super::step_cost::StepCosts;
 
 /// Decodes in a step up to which every decode may carry drafts.
@@ -17,6 +20,9 @@ const MIN_GAIN: f64 = 1.1;
 /// Wide steps planned without drafts before one drafts for `MAX_DRAFTING_DECODES` decodes
 /// all the same: what it costs and how much it keeps keep the estimates current.
 const EXPLORE_EVERY: u32 = 32;
+/// The most an exploring step's expected extra time may be, as a share of the time the plain
+/// wide steps took since the last step that drafted.
+const EXPLORE_SHARE: f64 = 0.01;
 
 /// Which decodes of a step may carry drafts, learned from the verifications answered.
 #[derive(Debug, Clone, Default)]
@@ -24,8 +30,9 @@ pub struct DraftSeats {
     acceptance: Acceptance,
     /// The time drafting took, by the number of decodes drafted for.
     proposing: StepCosts,
-    /// Wide steps planned without drafts since one drafted.
+    /// Wide steps planned without drafts since one drafted, and their estimated seconds.
     plain_wide_steps: u32,
+    plain_wide_seconds: f64,
 }
 
 impl DraftSeats {
@@ -33,22 +40,46 @@ impl DraftSeats {
     /// all of them up to `MAX_DRAFTING_DECODES`. In a wider step, the count the estimates
     /// expect to give the most tokens a second, where that beats none by `MIN_GAIN` (a
     /// decode with drafts gives 1 + k * the shares proposed and kept); else none, except in
-    /// one wide step of `EXPLORE_EVERY`.
+    /// the wide steps that explore (`explores`).
     pub fn seats(&mut self, decodes: usize, k: u32, costs: &StepCosts) -> usize {
         if k == 0 || decodes <= MAX_DRAFTING_DECODES {
             return decodes;
         }
         let seats = self.paying_seats(decodes, k, costs);
-        if seats > 0 {
-            self.plain_wide_steps = 0;
-            return seats;
-        }
-        self.plain_wide_steps += 1;
-        if self.plain_wide_steps < EXPLORE_EVERY {
+        if seats == 0 && !self.explores(decodes, k, costs) {
             return 0;
         }
         self.plain_wide_steps = 0;
-        MAX_DRAFTING_DECODES
+        self.plain_wide_seconds = 0.0;
+        seats.max(MAX_DRAFTING_DECODES)
+    }
+
+    /// Whether this wide step, where no drafts pay, drafts for `MAX_DRAFTING_DECODES` decodes
+    /// all the same: one in `EXPLORE_EVERY` at most, and only where the extra time expected
+    /// is at most `EXPLORE_SHARE` of the plain wide steps' since the last that drafted (while
+    /// that extra time cannot be estimated, at the count alone).
+    fn explores(&mut self, decodes: usize, k: u32, costs: &StepCosts) -> bool {
+        let width = u32::try_from(decodes).unwrap_or(u32::MAX);
+        self.plain_wide_steps += 1;
+        self.plain_wide_seconds += costs.estimate(width).unwrap_or(0.0);
+        if self.plain_wide_steps < EXPLORE_EVERY {
+            return false;
+        }
+        self.exploring_cost(width, k, costs)
+            .is_none_or(|extra| extra <= EXPLORE_SHARE * self.plain_wide_seconds)
+    }
+
+    /// What drafting for `MAX_DRAFTING_DECODES` of `decodes` decodes is expected to add to the
+    /// step's time: the drafting, and the forward's extra width.
+    fn exploring_cost(&self, decodes: u32, k: u32, costs: &StepCosts) -> Option<f64> {
+        let expected = self.acceptance.expected()?;
+        let seats = MAX_DRAFTING_DECODES as u32;
+        let verified = (f64::from(seats * k) * expected.proposed).round() as u32;
+        let proposing = self.proposing.estimate_or_scaled(seats)?;
+        Some(
+            costs.estimate(decodes.saturating_add(verified))? - costs.estimate(decodes)?
+                + proposing,
+        )
     }
 
     fn paying_seats(&self, decodes: usize, k: u32, costs: &StepCosts) -> usize {
@@ -218,6 +249,30 @@ mod tests {
         }
         assert_eq!(seats.seats(64, 4, &cheap), 64);
         assert_eq!(seats.seats(64, 4, &dear), 0, "the count started again");
+    }
+
+    #[test]
+    fn exploring_spends_at_most_a_share_of_the_plain_steps_time() {
+        // Steps of 64 decodes cost 8 ms, and 125 us a token more from 64: drafts never pay.
+        let dear = costs(8.0, 64, 0.125);
+        let exploring_steps = |seats: &mut DraftSeats| -> Vec<u32> {
+            (1..=2000)
+                .filter(|_| seats.seats(64, 4, &dear) > 0)
+                .collect()
+        };
+        let ms = std::time::Duration::from_micros;
+        // Nothing known of the drafting's time: one step in EXPLORE_EVERY, to learn it.
+        assert_eq!(exploring_steps(&mut seats_at(0.9)).len(), 2000 / 32);
+        // Prompt lookup taking 0.1 ms for 8 decodes: 8 * 4 rows more cost 4 ms, 4.1 ms in
+        // all, which 1 % of the plain steps' time covers after 52 steps of 8 ms.
+        let mut lookup = seats_at(0.9);
+        lookup.record_proposing(8, ms(100));
+        let explored = exploring_steps(&mut lookup);
+        assert_eq!(explored[..3], [52, 104, 156], "{explored:?}");
+        // A draft model taking 17 ms for 8 decodes: 21 ms, every 263 steps.
+        let mut draft_model = seats_at(0.9);
+        draft_model.record_proposing(8, ms(17_000));
+        assert_eq!(exploring_steps(&mut draft_model)[..2], [263, 526]);
     }
 
     #[test]
