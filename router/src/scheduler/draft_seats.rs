@@ -260,18 +260,18 @@ mod tests {
                 .filter(|_| seats.seats(64, 4, &dear) > 0)
                 .collect()
         };
-        let ms = std::time::Duration::from_micros;
+        let micros = std::time::Duration::from_micros;
         // Nothing known of the drafting's time: one step in EXPLORE_EVERY, to learn it.
         assert_eq!(exploring_steps(&mut seats_at(0.9)).len(), 2000 / 32);
         // Prompt lookup taking 0.1 ms for 8 decodes: 8 * 4 rows more cost 4 ms, 4.1 ms in
         // all, which 1 % of the plain steps' time covers after 52 steps of 8 ms.
         let mut lookup = seats_at(0.9);
-        lookup.record_proposing(8, ms(100));
+        lookup.record_proposing(8, micros(100));
         let explored = exploring_steps(&mut lookup);
         assert_eq!(explored[..3], [52, 104, 156], "{explored:?}");
         // A draft model taking 17 ms for 8 decodes: 21 ms, every 263 steps.
         let mut draft_model = seats_at(0.9);
-        draft_model.record_proposing(8, ms(17_000));
+        draft_model.record_proposing(8, micros(17_000));
         assert_eq!(exploring_steps(&mut draft_model)[..2], [263, 526]);
     }
 
