@@ -6,7 +6,11 @@ triton backend's metadata as a graph refill does (block tables `--width` columns
 model of `--width x 16` positions captures them), and write and serialise the response. The
 forward pass is replaced by zeros. Any machine: no GPU, no model.
 
-    python3 bench/cpu_host_step.py [--batch 256] [--context 1100] [--width 512] [--steps 200]
+With `--speculate k` each decode also verifies up to k prompt-lookup drafts, as a mixed graph
+replays them: the prompts repeat a `PERIOD`-token cycle and the stub model continues it, so
+every draft is kept (the most host work a verification makes: k + 1 tokens a sequence).
+
+    python3 bench/cpu_host_step.py [--batch 256] [--context 1100] [--width 512] [--steps 200] [--speculate 4]
 """
 
 from __future__ import annotations
@@ -18,41 +22,58 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from shard_server.attention.base import AttentionShape  # noqa: E402
+from shard_server.attention.base import AttentionShape, StepLayout  # noqa: E402
 from shard_server.attention.triton_paged import TritonPagedAttention  # noqa: E402
-from shard_server.cuda_graphs import DecodeOutputs  # noqa: E402
+from shard_server.cuda_graphs import DEFAULT_SIZES, DecodeOutputs  # noqa: E402
 from shard_server.kv_cache import KVSpec  # noqa: E402
+from shard_server.mixed_graphs import MIXED_TOKEN_BUCKETS  # noqa: E402
 from shard_server.models.config import RopeScaling  # noqa: E402
 from shard_server.pb import generate_pb2 as pb  # noqa: E402
 from shard_server.runner import ModelRunner  # noqa: E402
 
 BLOCK = 16
+PERIOD = 37  # the prompts' token cycle: prompt lookup drafts its continuation
 
 
 class StubGraphs:
-    """Stands in for DecodeGraphs: the host side of a replay (padded inputs, metadata refill)."""
+    """Stands in for DecodeGraphs (`tokens` None) or one bucket of MixedGraphs: the host side of
+    a replay, into metadata captured as the real graphs capture it (padded inputs, refill)."""
 
-    def __init__(self, backend: TritonPagedAttention, width: int, size: int):
-        self.backend, self.width, self.size = backend, width, size
+    def __init__(self, backend: TritonPagedAttention, width: int, size: int, tokens: int | None = None):
+        self.backend, self.size, self.tokens = backend, size, tokens
+        empty = StepLayout([], [], [], BLOCK)
+        pad_to = size if tokens is None else size + 1  # a mixed graph's padding sequence
+        self.metadata = backend.build_metadata(empty, torch.device("cpu"), pad_to=pad_to, width=width, tokens=tokens)
+        self.inputs = torch.zeros(2 * (tokens or size) + size, dtype=torch.long)
 
     def size_for(self, layout):
         return self.size
 
-    def run(self, size, input_ids, positions, layout, fill):
-        padding = [0] * (size - len(input_ids))
-        torch.tensor([input_ids + padding, positions + padding], dtype=torch.long)
+    def bucket_for(self, layout, rows=None):
+        return self.tokens
+
+    def run(self, size, input_ids, positions, layout, fill, sample_rows=None):
+        rows = size if self.tokens is None else self.tokens
+        host = np.zeros(2 * rows + self.size, dtype=np.int64)
+        host[: len(input_ids)] = input_ids
+        host[rows : rows + len(positions)] = positions
+        outputs = range(len(layout.query_lens)) if sample_rows is None else sample_rows
+        host[2 * rows : 2 * rows + len(outputs)] = outputs
+        self.backend.refill(self.metadata, layout)
+        self.inputs.copy_(torch.from_numpy(host))
         if fill is not None:
-            fill(torch.zeros(size, dtype=torch.long))
-        self.backend._pack(layout, size, self.width, only_used_columns=True)
-        rows = len(input_ids)
-        return DecodeOutputs(torch.zeros(rows, 8), torch.zeros(rows, dtype=torch.long), torch.zeros(rows))
+            fill(self.inputs[:rows])
+        # The model continues each prompt's cycle, so every draft is the token it chooses.
+        ids = torch.tensor([100 + (positions[row] + 1) % PERIOD for row in outputs], dtype=torch.long)
+        return DecodeOutputs(torch.zeros(len(ids), 8), ids, torch.zeros(len(ids)))
 
 
-def stub_runner(batch: int, context: int, width: int) -> ModelRunner:
+def stub_runner(batch: int, context: int, width: int, rows: int) -> ModelRunner:
     backend = TritonPagedAttention(AttentionShape(32, 8, 128, 128**-0.5))  # the 8B's heads
     model = SimpleNamespace(config=SimpleNamespace(vocab_size=128256, max_position_embeddings=width * BLOCK,
                                                   rope_scaling=RopeScaling()),
@@ -60,6 +81,8 @@ def stub_runner(batch: int, context: int, width: int) -> ModelRunner:
     runner = ModelRunner(model, KVSpec(1, 8, 128, BLOCK, torch.bfloat16), torch.device("cpu"))
     runner.kv_cache = SimpleNamespace(num_blocks=batch * width)
     runner.graphs = StubGraphs(backend, width, batch)
+    bucket = next(tokens for tokens in MIXED_TOKEN_BUCKETS if tokens >= rows)
+    runner.mixed_graphs = StubGraphs(backend, width, min(bucket, max(DEFAULT_SIZES)), bucket)  # seqs as MixedGraphs
     return runner
 
 
@@ -69,32 +92,41 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=1100)
     parser.add_argument("--width", type=int, default=512, help="block-table columns of the captured graph")
     parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--speculate", type=int, default=0, help="drafts a decode verifies (0: none)")
     args = parser.parse_args()
-    blocks_each = -(-(args.context + args.steps + 16) // BLOCK)
+    per_step = 1 + args.speculate
+    blocks_each = -(-(args.context + (args.steps + 5) * per_step + 16) // BLOCK)
     if blocks_each > args.width:
         parser.error(f"--context {args.context} needs {blocks_each} blocks, more than --width {args.width}")
-    runner = stub_runner(args.batch, args.context, args.width)
+    runner = stub_runner(args.batch, args.context, args.width, args.batch * per_step)
+    prompt = [100 + p % PERIOD for p in range(args.context)]
     start = pb.StepRequest(step_id=1)
     for i in range(args.batch):
-        start.new_sequences.add(id=i, input_ids=[100 + i] * args.context, prompt_len=args.context,
+        start.new_sequences.add(id=i, input_ids=prompt, prompt_len=args.context,
                                 cached_len=args.context - 1, block_ids=range(i * blocks_each, (i + 1) * blocks_each))  # fmt: skip
         start.sequences.add(id=i, num_tokens=1, sample=True)
     runner.step(start)
     decode = pb.StepRequest(step_id=2)
     for i in range(args.batch):
-        decode.sequences.add(id=i, num_tokens=1, sample=True)
+        decode.sequences.add(id=i, num_tokens=1, sample=True, max_draft_tokens=args.speculate)
     wire = decode.SerializeToString()
+    tokens = 0
 
     def one_step() -> None:
-        runner.step(pb.StepRequest.FromString(wire)).SerializeToString()
+        nonlocal tokens
+        response = runner.step(pb.StepRequest.FromString(wire))
+        response.SerializeToString()
+        tokens += sum(1 + len(output.next_tokens) for output in response.outputs)
 
     for _ in range(5):
         one_step()
+    tokens = 0
     began = time.perf_counter()
     for _ in range(args.steps):
         one_step()
     ms = 1e3 * (time.perf_counter() - began) / args.steps
-    print(json.dumps({"batch": args.batch, "context": args.context, "width": args.width, "host_ms_per_step": ms}))
+    print(json.dumps({"batch": args.batch, "context": args.context, "width": args.width, "speculate": args.speculate,
+                      "host_ms_per_step": ms, "tokens_per_step": tokens / args.steps}))  # fmt: skip
 
 
 if __name__ == "__main__":

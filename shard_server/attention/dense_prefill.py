@@ -57,11 +57,11 @@ class DensePrefill:
         self.min_tokens = min_tokens
         self.gqa = shape.num_heads != shape.num_kv_heads
 
-    def takes(self, query_lens: np.ndarray, context_lens: np.ndarray) -> np.ndarray:
+    def takes(self, query_lens: list[int], context_lens: list[int]) -> list[bool]:
         """Which sequences of an eager step take this path: fresh prompts, long enough."""
         if self.min_tokens is None or self.shape.sliding_window:
-            return np.zeros(len(query_lens), dtype=bool)
-        return (query_lens == context_lens) & (query_lens >= self.min_tokens)
+            return [False] * len(query_lens)
+        return [q == c and q >= self.min_tokens for q, c in zip(query_lens, context_lens)]
 
     @staticmethod
     def plan(prompts: list[tuple[int, int]]) -> list[DensePlan]:

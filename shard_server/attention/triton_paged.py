@@ -25,11 +25,9 @@ dense causal SDPA (`dense_prefill.py`).
 
 from __future__ import annotations
 
-import itertools
 import math
 from dataclasses import dataclass, replace
 
-import numpy as np
 import torch
 
 from ..device_copy import copy_into, host_to_device
@@ -37,6 +35,7 @@ from ..kernels.pdl import launch_args
 from ..kv_cache import fp8_max, is_fp8
 from .base import AttentionBackend, AttentionShape, StepLayout
 from .dense_prefill import DENSE_PREFILL_MIN_TOKENS, DenseBatch, DensePrefill
+from .triton_packing import PackedStep, TilePlan, aligned, pack_step
 from .triton_kernels import kernels_for
 
 LOG2_E = 1.4426950408889634
@@ -180,6 +179,10 @@ class TritonPagedAttention(AttentionBackend):
         self.small_fp8_words_wide = replace(self.small, block_n=128, num_warps=4, num_stages=3)
 
     # -- per-step planning -------------------------------------------------------------
+    @property
+    def tile_plan(self) -> TilePlan:
+        return TilePlan(self.small, self.large, small_tile_tokens(self.small))
+
     def build_metadata(
         self,
         layout: StepLayout,
@@ -193,14 +196,14 @@ class TritonPagedAttention(AttentionBackend):
         small tiles' keys by their padded count (`split_count`)."""
         if tokens is not None and pad_to is None:
             raise ValueError("a token bucket needs a sequence bound (pad_to)")
-        host, sections, width, dense_rows = self._pack(layout, pad_to, width, tokens=tokens)
-        packed = host_to_device(host, device)
-        metadata = self._views(packed, sections, pad_to, width)
+        step = self._pack(layout, pad_to, width, tokens=tokens)
+        packed = host_to_device(torch.from_numpy(step.host), device)
+        metadata = self._views(packed, step.sections, pad_to, step.width)
         metadata.tokens = tokens
-        if dense_rows:
-            slots = host[: sections[0][1]].numpy()  # the buffer opens with each token's slot
-            plans = self.dense.plan(list(dense_rows))
-            metadata.dense_rows = dense_rows
+        if step.dense_rows:
+            slots = step.host[: step.sections[0][1]]  # the buffer opens with each token's slot
+            plans = self.dense.plan(list(step.dense_rows))
+            metadata.dense_rows = step.dense_rows
             metadata.dense_batches = tuple(self.dense.to_device(plan, slots, device) for plan in plans)
         small = [launch for launch in metadata.launches if launch.config == self.small]
         if pad_to is not None and small:
@@ -212,111 +215,22 @@ class TritonPagedAttention(AttentionBackend):
         block tables (last in the buffer) only the columns this step reads are written: the
         captured width covers the model's whole context (8,192 columns for a 131k-token
         Llama 3.1), and the kernel never reads a column past a sequence's own blocks."""
-        host, sections, _, _ = self._pack(
-            layout, metadata.pad_to, metadata.width, only_used_columns=True, tokens=metadata.tokens
-        )
-        tables = sections[-1][1]
-        head = host[: host.shape[0] - _aligned(tables)]
-        if head.shape[0] != metadata.packed.shape[0] - _aligned(metadata.block_tables.numel()):
+        step = self._pack(layout, metadata.pad_to, metadata.width, only_used_columns=True, tokens=metadata.tokens)
+        host = torch.from_numpy(step.host)
+        tables = step.sections[-1][1]
+        head = host[: host.shape[0] - aligned(tables)]
+        if head.shape[0] != metadata.packed.shape[0] - aligned(metadata.block_tables.numel()):
             raise ValueError("refill needs a layout packing to the same shape as the captured one")
         columns = tables // metadata.block_tables.shape[0]
         copy_into(metadata.packed[: head.shape[0]], head)
         copy_into(metadata.block_tables[:, :columns], host[head.shape[0] : head.shape[0] + tables].view(-1, columns))
 
-    def _pack(
-        self,
-        layout: StepLayout,
-        pad_to: int | None,
-        width: int | None,
-        only_used_columns: bool = False,
-        tokens: int | None = None,
-    ):
-        """One int32 host buffer with every section, built without per-sequence numpy calls;
-        the block tables come last, `width` columns wide (only as wide as this step reads with
-        `only_used_columns`). With a token bucket (`tokens`), every section but the tables has
-        the same size for any layout that fits it."""
-        bs = layout.block_size
-        q_lens = np.asarray(layout.query_lens, dtype=np.int32)
-        ctx_lens = np.asarray(layout.context_lens, dtype=np.int32)
-        real = len(q_lens)
-        batch = real if pad_to is None else pad_to
-        if batch < real:
-            raise ValueError(f"cannot pad {real} sequences to {pad_to}")
-        step_tokens = int(q_lens.sum())
-        if tokens is not None:
-            # The padding tiles need a zero-length sequence to point at.
-            if real >= batch:
-                raise ValueError(f"a mixed graph of {batch} sequence rows holds at most {batch - 1}, not {real}")
-            if step_tokens > tokens:
-                raise ValueError(f"a step of {step_tokens} tokens does not fit the {tokens}-token bucket")
-        used = -(-ctx_lens // bs)
-        needed = int(used.max()) if real else 1
-        width = max(1, needed) if width is None else width
-        if needed > width:
-            raise ValueError(f"a block table of {needed} blocks exceeds the width {width}")
-        tables = np.zeros((batch, max(1, needed) if only_used_columns else width), dtype=np.int32)
-        if real:
-            total = int(used.sum())
-            flat = np.fromiter(
-                itertools.chain.from_iterable(t[:u] for t, u in zip(layout.block_tables, used.tolist())),
-                dtype=np.int32,
-                count=total,
-            )
-            rows = np.repeat(np.arange(real), used)
-            tables[rows, np.arange(total) - np.repeat(np.cumsum(used) - used, used)] = flat
-        extra = batch - real
-        starts = np.zeros(batch, dtype=np.int32)
-        np.cumsum(q_lens[:-1], out=starts[1:real])
-        if tokens is None:
-            starts[real:] = np.arange(step_tokens, step_tokens + extra, dtype=np.int32)
-        # Slot of every new token: its sequence's block for its position. Padding: -1.
-        owner = np.repeat(np.arange(real, dtype=np.int32), q_lens)
-        positions = ctx_lens[owner] - q_lens[owner] + np.arange(step_tokens, dtype=np.int32) - starts[owner]
-        rows = step_tokens + extra if tokens is None else tokens
-        slots = np.full(rows, -1, dtype=np.int32)
-        slots[:step_tokens] = tables[owner, positions // bs] * bs + positions % bs
-        # Padding: one query token each (decode graphs), or none (mixed: rows past the real
-        # ones belong to no sequence); no context.
-        q_padded = np.concatenate([q_lens, np.full(extra, 1 if tokens is None else 0, dtype=np.int32)])
-        ctx_padded = np.concatenate([ctx_lens, np.zeros(extra, dtype=np.int32)])
-        parts = [slots, starts, q_padded, ctx_padded]
-        sections = [(name, part.shape[0]) for name, part in zip(("slots", "starts", "q_lens", "ctx_lens"), parts)]
-        dense = np.zeros(batch, dtype=bool)
-        if pad_to is None:  # graph-captured steps keep every sequence on the paged kernel
-            dense[:real] = self.dense.takes(q_lens, ctx_lens)
-        counts = None if tokens is None else mixed_tile_counts(self.small, self.large, tokens, batch)
-        for config, seqs, firsts in self._tiles(q_padded, ~dense, counts):
-            sections.append((config, len(seqs)))
-            parts += [seqs, firsts]
-        sections.append(("tables", tables.size))
-        parts.append(tables.reshape(-1))
-        packed = _packed(parts)
-        dense_rows = tuple((int(starts[i]), int(q_lens[i])) for i in np.flatnonzero(dense))
-        return torch.from_numpy(packed), sections, width, dense_rows
-
-    def _tiles(self, q_lens: np.ndarray, paged: np.ndarray, fixed: tuple[int, int] | None = None):
-        """Per tile config: (config, sequence of each tile, first query offset of each tile)
-        over the sequences marked `paged`. With `fixed` (small, large) counts, both launches
-        come padded to exactly those, the padding tiles on the last (zero-length) sequence, so
-        that a graph's grids never change."""
-        plans = []
-        small = q_lens <= small_tile_tokens(self.small)
-        for index, (config, chosen) in enumerate(((self.small, small & paged), (self.large, ~small & paged))):
-            seqs = np.flatnonzero(chosen).astype(np.int32)
-            if not len(seqs) and fixed is None:
-                continue
-            counts = -(-q_lens[seqs] // config.block_q)  # 0 for a zero-length sequence
-            tile_seq = np.repeat(seqs, counts)
-            first_tile = np.repeat(np.cumsum(counts) - counts, counts)
-            firsts = (np.arange(len(tile_seq), dtype=np.int32) - first_tile).astype(np.int32) * config.block_q
-            if fixed is not None:
-                if len(tile_seq) > fixed[index]:
-                    raise ValueError(f"{len(tile_seq)} tiles exceed the fixed {fixed[index]}")  # a bound's bug
-                extra = fixed[index] - len(tile_seq)
-                tile_seq = np.concatenate([tile_seq, np.full(extra, len(q_lens) - 1, dtype=np.int32)])
-                firsts = np.concatenate([firsts, np.zeros(extra, dtype=np.int32)])
-            plans.append((config, tile_seq.astype(np.int32), firsts))
-        return plans
+    def _pack(self, layout: StepLayout, pad_to: int | None, width: int | None, only_used_columns: bool = False,
+              tokens: int | None = None) -> PackedStep:  # fmt: skip
+        """The step's metadata on the host (triton_packing.py); with a token bucket (`tokens`),
+        every section but the tables has the same size for any layout that fits it."""
+        fixed = None if tokens is None else mixed_tile_counts(self.small, self.large, tokens, pad_to)
+        return pack_step(layout, self.tile_plan, pad_to, width, only_used_columns, tokens, fixed, self.dense.takes)
 
     @staticmethod
     def _views(packed: torch.Tensor, sections, pad_to, width) -> TritonMetadata:
@@ -324,12 +238,12 @@ class TritonPagedAttention(AttentionBackend):
         for name, size in sections:
             if isinstance(name, TileConfig):
                 seqs = packed[offset : offset + size]
-                offset += _aligned(size)
+                offset += aligned(size)
                 firsts = packed[offset : offset + size]
                 launches.append(TileLaunch(name, seqs, firsts))
             else:
                 named[name] = packed[offset : offset + size]
-            offset += _aligned(size)
+            offset += aligned(size)
         batch = named["starts"].shape[0]
         return TritonMetadata(
             packed=packed,
@@ -435,25 +349,6 @@ class TritonPagedAttention(AttentionBackend):
                 SPLITS=splits, GROUP=self.group, GROUP_P=self.group_p, BLOCK_Q=config.block_q,
                 HEAD_DIM=shape.head_dim, HEAD_DIM_P=self.head_dim_p, num_warps=4, **launch_args(q),
             )  # fmt: skip
-
-
-def _packed(parts: list[np.ndarray]) -> np.ndarray:
-    """The int32 sections one after another, each from a 16-byte boundary, zeros between. (One
-    np.pad a section took ~35 us: a batch-1 step's seven, half its host packing.)"""
-    sizes = [_aligned(len(part)) for part in parts]
-    packed = np.zeros(sum(sizes), dtype=np.int32)
-    offset = 0
-    for part, size in zip(parts, sizes):
-        packed[offset : offset + len(part)] = part
-        offset += size
-    return packed
-
-
-def _aligned(count: int) -> int:
-    """`count` int32s rounded up to 16 bytes. Every section of the packed buffer starts 16-byte
-    aligned: Triton specialises a kernel on each pointer's 16-byte alignment, so sections at
-    offsets that follow the batch size would compile new variants mid-serving (~1 s each)."""
-    return -(-count // 4) * 4
 
 
 def _rows_contiguous(x: torch.Tensor) -> torch.Tensor:
