@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from .step_plan import ScheduledWork
 
 NGRAM_MAX = 4
-NGRAM_MIN = 2
+NGRAM_MIN = 2  # NgramIndex._extend writes the 4-, 3- and 2-grams ending at a position
 # From this many new tokens on (a prompt), the index is extended by zipping shifted slices:
 # 3x faster on a 1,000-token prompt than a tuple slice at a time, which cost ~1.1 ms a prompt
 # (in a burst of 256, the steps that carried prompt chunks spent 10 ms each drafting, mostly
@@ -33,28 +33,32 @@ BULK_TOKENS = 16
 
 @dataclass
 class NgramIndex:
-    """For each n, the latest position where each n-gram ended, over a sequence's tokens.
+    """The latest position where each n-gram (NGRAM_MIN <= n <= NGRAM_MAX) ended, over a
+    sequence's tokens, in one dict: n-grams of different lengths are different keys.
 
     Extended lazily as the sequence grows, so each token is indexed once. An n-gram is indexed
     only once a token follows it, so a lookup never matches the suffix with itself.
     """
 
     indexed: int = 0  # tokens[:indexed] have had their following token seen
-    last_end: list[dict[tuple[int, ...], int]] = field(
-        default_factory=lambda: [{} for _ in range(NGRAM_MAX + 1)]
-    )
+    last_end: dict[tuple[int, ...], int] = field(default_factory=dict)
 
     def _extend(self, tokens: list[int]) -> None:
         stop = len(tokens) - 1  # n-grams ending before the last token
+        last_end = self.last_end
         if stop - self.indexed < BULK_TOKENS:  # a step's few new tokens
+            # The longest n-gram ending at each position, the shorter ones its suffixes.
             for end in range(self.indexed, stop):
-                for n in range(NGRAM_MIN, min(NGRAM_MAX, end + 1) + 1):
-                    self.last_end[n][tuple(tokens[end - n + 1 : end + 1])] = end
+                gram = tuple(tokens[max(0, end - NGRAM_MAX + 1) : end + 1])
+                if len(gram) == NGRAM_MAX:
+                    last_end[gram] = last_end[gram[1:]] = last_end[gram[2:]] = end
+                else:  # the first positions
+                    last_end.update((gram[cut:], end) for cut in range(len(gram) - NGRAM_MIN + 1))
         else:  # a prompt: the n-grams as tuples zipped from n shifted slices, in C loops
             for n in range(NGRAM_MIN, NGRAM_MAX + 1):
                 first = max(self.indexed, n - 1)
                 columns = [tokens[first - n + 1 + i : stop - n + 1 + i] for i in range(n)]
-                self.last_end[n].update(zip(zip(*columns), range(first, stop)))
+                last_end.update(zip(zip(*columns), range(first, stop)))
         self.indexed = max(self.indexed, stop)
 
     def propose(self, tokens: list[int], k: int) -> list[int]:
@@ -62,8 +66,10 @@ class NgramIndex:
         if k <= 0 or len(tokens) < NGRAM_MIN + 1:
             return []
         self._extend(tokens)
-        for n in range(min(NGRAM_MAX, len(tokens) - 1), NGRAM_MIN - 1, -1):
-            end = self.last_end[n].get(tuple(tokens[-n:]))
+        longest = min(NGRAM_MAX, len(tokens) - 1)
+        suffix = tuple(tokens[-longest:])
+        for cut in range(longest - NGRAM_MIN + 1):
+            end = self.last_end.get(suffix[cut:])
             if end is not None:
                 return tokens[end + 1 : end + 1 + k]
         return []
