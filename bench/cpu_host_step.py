@@ -18,7 +18,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -35,6 +38,7 @@ from shard_server.mixed_graphs import MIXED_TOKEN_BUCKETS  # noqa: E402
 from shard_server.models.config import RopeScaling  # noqa: E402
 from shard_server.pb import generate_pb2 as pb  # noqa: E402
 from shard_server.runner import ModelRunner  # noqa: E402
+from shard_server.step_pipeline import StepPipeline, StreamedStep  # noqa: E402
 
 BLOCK = 16
 PERIOD = 37  # the prompts' token cycle: prompt lookup drafts its continuation
@@ -50,6 +54,7 @@ class StubGraphs:
         pad_to = size if tokens is None else size + 1  # a mixed graph's padding sequence
         self.metadata = backend.build_metadata(empty, torch.device("cpu"), pad_to=pad_to, width=width, tokens=tokens)
         self.inputs = torch.zeros(2 * (tokens or size) + size, dtype=torch.long)
+        self.on_replay = lambda: None
 
     def size_for(self, layout):
         return self.size
@@ -68,6 +73,7 @@ class StubGraphs:
         self.inputs.copy_(torch.from_numpy(host))
         if fill is not None:
             fill(self.inputs[:rows])
+        self.on_replay()
         # The model continues each prompt's cycle, so every draft is the token it chooses.
         ids = torch.tensor([100 + (positions[row] + 1) % PERIOD for row in outputs], dtype=torch.long)
         return DecodeOutputs(torch.zeros(len(ids), 8), ids, torch.zeros(len(ids)))
@@ -110,24 +116,71 @@ def main() -> None:
     for i in range(args.batch):
         decode.sequences.add(id=i, num_tokens=1, sample=True, max_draft_tokens=args.speculate)
     wire = decode.SerializeToString()
-    tokens = 0
-
-    def one_step() -> None:
-        nonlocal tokens
-        response = runner.step(pb.StepRequest.FromString(wire))
-        response.SerializeToString()
-        tokens += sum(1 + len(output.next_tokens) for output in response.outputs)
-
-    for _ in range(5):
-        one_step()
-    tokens = 0
-    began = time.perf_counter()
-    for _ in range(args.steps):
-        one_step()
-    ms = 1e3 * (time.perf_counter() - began) / args.steps
+    timeline = measure(runner, wire, 5 + args.steps)[5:]
+    host_ms = 1e3 * (timeline[-1].answered - timeline[0].launched) / (len(timeline) - 1)
     print(json.dumps({"batch": args.batch, "context": args.context, "width": args.width, "speculate": args.speculate,
-                      "host_ms_per_step": ms, "tokens_per_step": tokens / args.steps}))  # fmt: skip
+                      "host_ms_per_step": host_ms, "idle_ms_per_step": mean_idle_ms(timeline),
+                      "tokens_per_step": sum(t.tokens for t in timeline) / len(timeline)}))  # fmt: skip
 
+
+@dataclass
+class StepTimes:
+    launched: float = 0.0  # the pipeline took the step
+    replayed: float = 0.0  # its "graph" was launched
+    completing: float = 0.0  # the pipeline began settling it (on a GPU: waiting for it)
+    answered: float = 0.0
+    tokens: int = 0
+
+
+def measure(runner: ModelRunner, wire: bytes, steps: int) -> list[StepTimes]:
+    """Runs `steps` copies of a step through the shard's StepPipeline as a GPU shard runs them
+    (overlapped: step N+1 launched before N is settled), and times each."""
+    times = [StepTimes() for _ in range(steps)]
+    launching, settling, answering = iter(times), iter(times), iter(times)
+    launch, settle = runner.launch, runner.settle
+    current: list[StepTimes] = []  # the step being launched
+
+    def timed_launch(request, settle=None):
+        current[:] = [next(launching)]
+        current[0].launched = time.perf_counter()
+        return launch(request, settle)
+
+    def timed_settle(launched):
+        next(settling).completing = time.perf_counter()
+        return settle(launched)
+
+    def replayed():
+        current[0].replayed = time.perf_counter()
+
+    runner.launch, runner.settle = timed_launch, timed_settle
+    runner.graphs.on_replay = runner.mixed_graphs.on_replay = replayed
+    finished = threading.Event()
+
+    def on_done(response, error):
+        step = next(answering)
+        step.answered = time.perf_counter()
+        if error is not None:
+            raise error
+        response.SerializeToString()
+        step.tokens = sum(1 + len(output.next_tokens) for output in response.outputs)
+        if step is times[-1]:
+            finished.set()
+
+    with ThreadPoolExecutor(1) as worker:
+        pipeline = StepPipeline(runner, worker, overlap=True)
+        for _ in range(steps):
+            pipeline.submit(StreamedStep(pb.StepRequest.FromString(wire), on_done))
+        finished.wait()
+    return times
+
+
+def mean_idle_ms(timeline: list[StepTimes]) -> float:
+    """The GPU's idle time before each step's replay, with steps that take longer on the GPU
+    than on the host: from the moment the host began settling the step before (on a GPU, it
+    waits there until that step is done) to this step's replay, when that came first; else
+    none (the step was queued while the one before ran)."""
+    gaps = [max(0.0, now.replayed - before.completing) for before, now in zip(timeline, timeline[1:])]
+    return 1e3 * sum(gaps) / len(gaps)
 
 if __name__ == "__main__":
     main()

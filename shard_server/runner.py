@@ -2,10 +2,12 @@
 
 The runner owns the model, the KV pool and the sequence table. A step is launched, then
 completed: `launch` validates the StepRequest before touching state, prepares the inputs and
-queues the forward pass and sampling on the device; `complete` waits for the results and
-writes the StepResponse. Between the two, the next step can be launched (step_pipeline.py):
-a decode whose input token is still on the device reads it there, so the GPU goes from one
-step to the next without waiting for the host. `step` does both at once.
+queues the forward pass and sampling on the device; `complete` waits for the results
+(`settle`: each sampled token into its sequence) and writes the StepResponse (`answer`).
+Between the two, the next step can be launched (step_pipeline.py): a decode whose input
+token is still on the device reads it there, so the GPU goes from one step to the next
+without waiting for the host. A step that must settle the one before first (after a
+verification) can be launched before that one is answered. `step` does it all at once.
 """
 
 from __future__ import annotations
@@ -62,6 +64,27 @@ class StepInputs:
 
 
 @dataclass
+class HostRows:
+    """A settled step's sampled rows on the host: ids, logprobs[, top ids, top logprobs]."""
+
+    ids: list[int]
+    logprobs: list[float]
+    top_ids: list[list[int]] | None = None
+    top_logprobs: list[list[float]] | None = None
+
+
+@dataclass
+class Outcome:
+    """What settling one work item gave: its first sampled row and the tokens it kept (a
+    plain decode's one, or a verification's), or the reason it failed; no row: only prefill
+    logprobs to answer."""
+
+    row: int | None = None
+    kept: list[int] = field(default_factory=list)
+    error: str | None = None
+
+
+@dataclass
 class LaunchedStep:
     """A step whose device work is queued; `ModelRunner.complete` turns it into its response."""
 
@@ -78,6 +101,9 @@ class LaunchedStep:
     token_mask: TokenMask | None = None
     dead_ends: dict[int, str] = field(default_factory=dict)
     mask_ns: int = 0  # host time spent filling the masks
+    # Once settled: the sampled rows on the host, and each settled item's outcome.
+    host_rows: HostRows | None = None
+    outcomes: dict[int, Outcome] = field(default_factory=dict)
     # On a GPU, timing events around the step's device work: `began` before its first queued
     # work (the device reaches it once the step before is done), `prepared` once the host has
     # prepared its inputs, `done` after its copies.
@@ -233,7 +259,7 @@ class ModelRunner:
                     work[i].state.pending.append(token)
             launched.host = self._to_host(tokens)
         for item in work:  # last: `item.end` is relative to computed_len
-            # A verification's drafts count once kept (`_finish`); its input's KV is in now.
+            # A verification's drafts count once kept (`_take_tokens`); its input's KV is in now.
             item.state.computed_len = item.end - len(item.drafts)
         launched.done = self._device_event()
 
@@ -269,9 +295,14 @@ class ModelRunner:
 
     def complete(self, launched: LaunchedStep) -> pb.StepResponse:
         """Waits for a launched step's results and writes its response."""
+        return self.answer(self.settle(launched))
+
+    def settle(self, launched: LaunchedStep) -> LaunchedStep:
+        """Waits for a launched step's results and moves each sampled token to its sequence:
+        all that planning the next step needs. `answer` writes the response."""
         response = launched.response
         if not launched.work:
-            return response
+            return launched
         if launched.done is not None:
             launched.done.synchronize()
             response.device_ns = int(launched.began.elapsed_time(launched.done) * 1e6)
@@ -279,9 +310,18 @@ class ModelRunner:
         results_at = time.perf_counter_ns()
         # On a GPU the sampling kernels run inside this span; sample_ns is the host's share.
         response.forward_ns = results_at - launched.started_ns
-        self._finish(launched)
+        self._take_tokens(launched)
         response.sample_ns = max(1, time.perf_counter_ns() - results_at)
-        response.mask_ns = launched.mask_ns
+        return launched
+
+    def answer(self, launched: LaunchedStep) -> pb.StepResponse:
+        """The response of a settled step."""
+        response = launched.response
+        if launched.work:
+            writing_at = time.perf_counter_ns()
+            self._write_outputs(launched)
+            response.sample_ns += time.perf_counter_ns() - writing_at
+            response.mask_ns = launched.mask_ns
         return response
 
     def _device_event(self) -> torch.cuda.Event | None:
@@ -420,50 +460,62 @@ class ModelRunner:
         )
         return self.sampler(decoded.logits, rows)
 
-    def _finish(self, launched: LaunchedStep) -> None:
-        """Moves each sampled token to its sequence on the host and writes the outputs."""
-        response, work, prefill = launched.response, launched.work, launched.prefill
+    def _take_tokens(self, launched: LaunchedStep) -> None:
+        """Moves each sampled token to its sequence on the host (a verification's kept ones)."""
+        work = launched.work
+        host = launched.host
+        if host:
+            launched.host_rows = HostRows(*(t.tolist() for t in host))
+        ids = launched.host_rows.ids if host else []
         row_of: dict[int, int] = {}  # each sampling item's first row
         for row, i in enumerate(launched.row_items):
             row_of.setdefault(i, row)
-        ids = logprobs = top_ids = top_lps = None
-        if launched.host:
-            ids, logprobs = launched.host[0].tolist(), launched.host[1].tolist()
-            if len(launched.host) > 2:
-                top_ids, top_lps = launched.host[2].tolist(), launched.host[3].tolist()
         for i, item in enumerate(work):
             state = item.state
             row = row_of.get(i)
-            if row is None and i not in prefill:
+            if row is None:
+                if i in launched.prefill:
+                    launched.outcomes[i] = Outcome()
                 continue
-            output = response.outputs.add(id=state.id)
-            if row is not None:
-                if state.pending and state.pending[0] is launched.sampled[row]:
-                    state.pending.pop(0)
-                error = launched.dead_ends.get(i) or _consume(state, ids[row])
-                if error is not None:
-                    output.error = error
-                    self._fail(state)
-                    continue
-                kept = kept_tokens(ids[row : row + 1 + len(item.drafts)], item.drafts)
-                state.token_ids.extend(kept)
-                if item.drafts:  # the KV of kept drafts is the sequence's; the rest is overwritten later
-                    state.computed_len += len(kept) - 1
-                    state.verifying = False
+            if state.pending and state.pending[0] is launched.sampled[row]:
+                state.pending.pop(0)
+            error = launched.dead_ends.get(i) or _consume(state, ids[row])
+            if error is not None:
+                launched.outcomes[i] = Outcome(row, error=error)
+                self._fail(state)
+                continue
+            kept = kept_tokens(ids[row : row + 1 + len(item.drafts)], item.drafts)
+            state.token_ids.extend(kept)
+            if item.drafts:  # the KV of kept drafts is the sequence's; the rest is overwritten later
+                state.computed_len += len(kept) - 1
+                state.verifying = False
+            launched.outcomes[i] = Outcome(row, kept)
+
+    def _write_outputs(self, launched: LaunchedStep) -> None:
+        """Writes each settled item's output: its tokens, or why it failed, and prefill logprobs."""
+        response, work, rows = launched.response, launched.work, launched.host_rows
+        for i, outcome in launched.outcomes.items():
+            item = work[i]
+            output = response.outputs.add(id=item.state.id)
+            if outcome.error is not None:
+                output.error = outcome.error
+                continue
+            if outcome.row is not None:
+                if item.drafts:
                     output.drafted = len(item.drafts)
-                for k in range(len(kept)):
+                for k in range(len(outcome.kept)):
                     token = output.token if k == 0 else output.next_tokens.add()
-                    self._write_token(token, state, row + k, ids, logprobs, top_ids, top_lps)
-            if i in prefill:
-                output.prefill_logprobs.extend(prefill[i])
+                    self._write_token(token, item.state, outcome.row + k, rows)
+            if i in launched.prefill:
+                output.prefill_logprobs.extend(launched.prefill[i])
 
     @staticmethod
-    def _write_token(token, state, row: int, ids, logprobs, top_ids, top_lps) -> None:
+    def _write_token(token, state, row: int, rows: HostRows) -> None:
         """Fills one output Token from sampled row `row`, with its top-n alternatives."""
-        token.id, token.logprob = ids[row], logprobs[row]
+        token.id, token.logprob = rows.ids[row], rows.logprobs[row]
         n = state.top_n_tokens
-        if n and top_ids is not None:
-            alternatives = list(zip(top_ids[row][:n], top_lps[row][:n]))
+        if n and rows.top_ids is not None:
+            alternatives = list(zip(rows.top_ids[row][:n], rows.top_logprobs[row][:n]))
             if state.grammar is not None:  # fewer allowed tokens than n: no forbidden filler
                 alternatives = [(t, lp) for t, lp in alternatives if lp != float("-inf")]
             token.top_ids.extend(t for t, _ in alternatives)

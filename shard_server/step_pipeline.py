@@ -11,6 +11,10 @@ comes first: the next step (launched at once, so it queues behind the running on
 of the running step (answered, which is what lets the router send more). Waiting on the
 running step alone would leave the GPU idle after it for the whole host launch of the next.
 
+A step the runner must settle the running one for before it can plan (after a verification,
+runner.py) settles it there, but answers it only once its own work is queued: writing and
+sending the answer is host work the idle GPU would otherwise wait for.
+
 Steps are answered in the order they were submitted; a step that fails is answered with its
 exception, after the step launched before it.
 """
@@ -50,8 +54,10 @@ class StepPipeline:
         self._queue: deque[StreamedStep] = deque()
         self._lock = threading.Condition()
         self._draining = False  # a drain job is queued or running on the worker
-        # Worker thread only: the step launched and not yet answered.
+        # Worker thread only: the step launched and not yet answered, and once settled, its
+        # settled step or the exception settling raised.
         self._launched: tuple[StreamedStep, LaunchedStep] | None = None
+        self._settled: tuple[LaunchedStep | None, BaseException | None] | None = None
 
     def submit(self, step: StreamedStep) -> None:
         """Queues a step (from any thread); the worker runs it after those submitted before."""
@@ -93,7 +99,7 @@ class StepPipeline:
                 if not self._overlap:
                     self._settle()
                 try:
-                    launched = self._runner.launch(step.request, settle=self._settle)
+                    launched = self._runner.launch(step.request, settle=self._settle_only)
                 except BaseException as exc:  # answered in order, after the step before it
                     self._settle()
                     step.on_done(None, exc)
@@ -106,14 +112,28 @@ class StepPipeline:
                 self._draining = False
             raise
 
+    def _settle_only(self) -> None:
+        """Settles the launched step, if any, without answering it yet."""
+        if self._launched is None or self._settled is not None:
+            return
+        try:
+            self._settled = (self._runner.settle(self._launched[1]), None)
+        except BaseException as exc:
+            self._settled = (None, exc)
+
     def _settle(self) -> None:
-        """Completes and answers the launched step, if any."""
+        """Settles (unless done already) and answers the launched step, if any."""
         if self._launched is None:
             return
-        step, launched = self._launched
-        self._launched = None
+        self._settle_only()
+        step = self._launched[0]
+        settled, error = self._settled
+        self._launched = self._settled = None
+        if error is not None:
+            step.on_done(None, error)
+            return
         try:
-            response = self._runner.complete(launched)
+            response = self._runner.answer(settled)
         except BaseException as exc:
             step.on_done(None, exc)
             return

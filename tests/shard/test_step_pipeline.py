@@ -78,12 +78,18 @@ class Recorder:
         assert self._done.wait(timeout=120), f"only {len(self.answers)} answers"
 
 
-def run_pipelined(runner, steps: list[pb.StepRequest], overlap: bool = True) -> Recorder:
-    order: list[str] = []
-    launch, complete, prepare = runner.launch, runner.complete, runner._prepare
+def record_order(runner, order: list[str]) -> None:
+    """Has the runner note each launch, input preparation, settling and answer in `order`."""
+    launch, settle, answer, prepare = runner.launch, runner.settle, runner.answer, runner._prepare
     runner._prepare = lambda work: (order.append("prepare"), prepare(work))[1]
     runner.launch = lambda request, settle=None: (order.append(f"launch {request.step_id}"), launch(request, settle))[1]
-    runner.complete = lambda launched: (order.append(f"complete {launched.response.step_id}"), complete(launched))[1]
+    runner.settle = lambda launched: (order.append(f"settle {launched.response.step_id}"), settle(launched))[1]
+    runner.answer = lambda launched: (order.append(f"answer {launched.response.step_id}"), answer(launched))[1]
+
+
+def run_pipelined(runner, steps: list[pb.StepRequest], overlap: bool = True) -> Recorder:
+    order: list[str] = []
+    record_order(runner, order)
     recorder = Recorder(len(steps))
     with ThreadPoolExecutor(max_workers=1) as worker:
         pipeline = StepPipeline(runner, worker, overlap=overlap)
@@ -115,7 +121,44 @@ def test_overlapped_steps_give_the_tokens_of_steps_run_one_by_one(tiny_model_dir
 def test_the_next_step_is_launched_before_the_previous_completes(runner):
     steps = scripted_steps({1: GREEDY, 2: SEEDED, 3: GREEDY}, decodes=3)
     order = run_pipelined(runner, steps).order
-    assert order[:6] == ["launch 1", "prepare", "launch 2", "prepare", "complete 1", "launch 3"]
+    assert order[:7] == ["launch 1", "prepare", "launch 2", "prepare", "settle 1", "answer 1", "launch 3"]
+
+
+def test_a_step_after_a_verification_answers_it_once_its_own_work_is_queued(runner):
+    """Drafting and planning the step after a verification need its kept tokens: that step is
+    settled first, but its answer (host work the GPU would wait for) comes after."""
+
+    class ConstantDrafts:  # every decode verifies k drafts, whatever the model says
+        bytes_per_block = 0
+
+        def allocate(self, num_blocks):
+            pass
+
+        def draft(self, items):
+            for item in items:
+                item.drafts = [7] * item.draft_budget
+
+    runner.drafter = ConstantDrafts()
+    prompt = [3, 4, 5, 6] * 4
+    first = pb.StepRequest(step_id=1)
+    first.new_sequences.add(id=1, input_ids=prompt, prompt_len=len(prompt), sampling=GREEDY)
+    first.sequences.add(id=1, num_tokens=len(prompt), new_block_ids=range(8), sample=True)
+    steps = [first]
+    for step_id in (2, 3, 4):
+        step = pb.StepRequest(step_id=step_id)
+        step.sequences.add(id=1, num_tokens=1, sample=True, max_draft_tokens=3, new_block_ids=[8 + step_id])
+        steps.append(step)
+    recorder = run_pipelined(runner, steps)
+    assert recorder.order == [
+        "launch 1", "prepare",
+        "launch 2", "settle 1", "prepare", "answer 1",
+        "launch 3", "settle 2", "prepare", "answer 2",
+        "launch 4", "settle 3", "prepare", "answer 3",
+        "settle 4", "answer 4",
+    ]  # fmt: skip
+    assert all(error is None for _, _, error in recorder.answers)
+    assert [step_id for step_id, _, _ in recorder.answers] == [1, 2, 3, 4]
+    assert [output.drafted for _, response, _ in recorder.answers[1:] for output in response.outputs] == [3, 3, 3]
 
 
 def test_a_step_arriving_while_the_launched_one_runs_is_launched_before_that_one_completes(runner):
@@ -123,9 +166,7 @@ def test_a_step_arriving_while_the_launched_one_runs_is_launched_before_that_one
     for the running step then would leave the device idle for the next step's whole launch."""
     steps = scripted_steps({1: GREEDY, 2: SEEDED, 3: GREEDY}, decodes=1)
     order: list[str] = []
-    launch, complete = runner.launch, runner.complete
-    runner.launch = lambda request, settle=None: (order.append(f"launch {request.step_id}"), launch(request, settle))[1]
-    runner.complete = lambda launched: (order.append(f"complete {launched.response.step_id}"), complete(launched))[1]
+    record_order(runner, order)
     # Step 1 "runs on the device" until step 2 has been launched (or 10 s pass, so a pipeline
     # that waits for it instead cannot hang the test).
     started = time.monotonic()
@@ -138,7 +179,7 @@ def test_a_step_arriving_while_the_launched_one_runs_is_launched_before_that_one
         for step in steps[1:]:
             pipeline.submit(recorder.step(step))
         recorder.wait()
-    assert order[:3] == ["launch 1", "launch 2", "complete 1"]
+    assert [event for event in order if event != "prepare"][:3] == ["launch 1", "launch 2", "settle 1"]
     assert time.monotonic() - started < 10
     assert [step_id for step_id, _, _ in recorder.answers] == [s.step_id for s in steps]
 
@@ -156,15 +197,16 @@ def test_a_finished_step_is_answered_while_the_queue_stays_empty(runner):
 def test_a_sequence_needing_its_tokens_on_the_host_settles_the_step_before(runner):
     steps = scripted_steps({1: GREEDY, 2: PENALISED, 3: GREEDY}, decodes=2)
     order = run_pipelined(runner, steps).order
-    # The repetition penalty reads every token: step 1 completes before step 2 samples, but
-    # after step 2 is prepared and its forward queued, so the GPU has work while it waits.
-    assert order[:5] == ["launch 1", "prepare", "launch 2", "prepare", "complete 1"]
+    # The repetition penalty reads every token: step 1 settles before step 2 samples, but
+    # after step 2 is prepared and its forward queued, so the GPU has work while it waits;
+    # it is answered once step 2's sampling is queued too.
+    assert order[:6] == ["launch 1", "prepare", "launch 2", "prepare", "settle 1", "answer 1"]
 
 
 def test_without_overlap_each_step_completes_before_the_next_launches(runner):
     steps = scripted_steps({1: GREEDY, 2: SEEDED, 3: GREEDY}, decodes=2)
     order = run_pipelined(runner, steps, overlap=False).order
-    assert order[:6] == ["launch 1", "prepare", "complete 1", "launch 2", "prepare", "complete 2"]
+    assert order[:8] == ["launch 1", "prepare", "settle 1", "answer 1", "launch 2", "prepare", "settle 2", "answer 2"]
 
 
 def test_a_failed_step_is_answered_in_its_place(runner):
