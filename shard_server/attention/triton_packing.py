@@ -137,7 +137,7 @@ def _tiles(q_lens: list[int], paged: list[bool], plan: TilePlan, fixed: tuple[in
     """Per tile config: (config, sequence of each tile, first query offset of each tile) over
     the `paged` sequences. With `fixed` (small, large) counts, both launches come padded to
     exactly those, the padding tiles on the last (zero-length) sequence, so that a graph's
-    grids never change."""
+    grids never change; a fixed count of 0 is no launch."""
     launches = []
     for index, config in enumerate((plan.small, plan.large)):
         on_small, block_q = index == 0, config.block_q
@@ -153,6 +153,8 @@ def _tiles(q_lens: list[int], paged: list[bool], plan: TilePlan, fixed: tuple[in
         if fixed is not None:
             if len(seqs) > fixed[index]:
                 raise ValueError(f"{len(seqs)} tiles exceed the fixed {fixed[index]}")  # a bound's bug
+            if not fixed[index]:  # no launch
+                continue
             padding = fixed[index] - len(seqs)
             seqs += [len(q_lens) - 1] * padding
             firsts += [0] * padding

@@ -126,11 +126,14 @@ def mixed_tile_counts(small: TileConfig, large: TileConfig, tokens: int, seqs: i
     sequence rows (the last a padding one). Small tiles: each holds a real token, and a
     sequence of S = small_tile_tokens or fewer takes at most ceil(S / block_q); plus a padding
     tile. Large tiles: sum(ceil(q / L)) < tokens / L + n over the n sequences longer than S,
-    n <= tokens // (S + 1)."""
+    n <= tokens // (S + 1); none in a bucket of S tokens or fewer, which then launches no
+    large tiles at all: that launch of padding tiles alone took ~5.4 us a layer in a batch-1
+    verification (H100, 8B, bench/results/kernel_profile_verify_h100.json)."""
     most = small_tile_tokens(small)
     per_sequence = -(-most // small.block_q)
     longer = min(seqs - 1, tokens // (most + 1))
-    return min(tokens, (seqs - 1) * per_sequence) + 1, -(-tokens // large.block_q) + longer
+    large_tiles = -(-tokens // large.block_q) + longer if tokens > most else 0
+    return min(tokens, (seqs - 1) * per_sequence) + 1, large_tiles
 
 
 def _next_power_of_two(n: int) -> int:

@@ -145,6 +145,16 @@ def test_the_large_tile_bound_holds_for_the_worst_layouts():
             backend.build_metadata(layout, torch.device("cpu"), pad_to=count + 1, width=200, tokens=tokens)
 
 
+def test_a_bucket_no_longer_than_a_small_tile_sequence_launches_small_tiles_only():
+    backend = TritonPagedAttention(AttentionShape(8, 2, 16, 0.25))  # small tiles take up to 8 tokens
+    assert mixed_tile_counts(backend.small, backend.large, 8, 9)[1] == 0
+    assert mixed_tile_counts(backend.small, backend.large, 9, 9)[1] > 0
+    metadata = mixed_metadata(backend, 8, 8)
+    assert [launch.config for launch in metadata.launches] == [backend.small]
+    backend.refill(metadata, StepLayout([5, 1], [40, 4], [list(range(10)), [10]], BLOCK))  # a verification, a decode
+    assert metadata.launches[0].tile_seq.tolist()[:3] == [0, 0, 1]
+
+
 def test_layouts_that_do_not_fit_are_refused():
     backend = TritonPagedAttention(AttentionShape(HEADS, KV_HEADS, DIM, 0.25))
     metadata = mixed_metadata(backend, 32, 4, width=4)
