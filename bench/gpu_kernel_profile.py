@@ -14,9 +14,10 @@ decode shapes (batch 256 at context 512, batch 80 at context 1280), one 2048-tok
 8,128 prompt tokens) and one prefill step as the 256-request mix runs them (again paged only).
 
     python3 bench/gpu_kernel_profile.py MODEL_DIR OUT_JSON [--quantize fp8] [--kv-cache-dtype fp8_e4m3fn]
-        [--pdl | --pdl-prefetch] [CASE ...]
+        [--pdl | --pdl-prefetch] [--merge-in-kernel] [CASE ...]
 
-`--pdl`: the decoder's Triton kernels launch with programmatic dependent launch
+`--merge-in-kernel`: split attention merged by each tile's last program, no combine launch
+(`MERGE_SPLITS_IN_KERNEL`). `--pdl`: the decoder's Triton kernels launch with programmatic dependent launch
 (`shard_server/kernels/pdl.py`), graphs captured so; `--pdl-prefetch`: and the skinny matmul
 asks L2 for its weights before it waits. Run with and without to compare step times (kernel
 durations overlap under it: compare `step_ms`).
@@ -39,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.gpu_parity import parity_runner  # noqa: E402
 from bench.gpu_step_profile import _prefill_batch  # noqa: E402
 from shard_server import cuda_graphs  # noqa: E402
+from shard_server.attention import triton_paged  # noqa: E402
 from shard_server.kernels.pdl import programmatic_launch  # noqa: E402
 from shard_server.kv_cache import KV_CACHE_DTYPES  # noqa: E402
 from shard_server.pb import generate_pb2 as pb  # noqa: E402
@@ -251,8 +253,11 @@ def main() -> None:
     launch.add_argument("--pdl-prefetch", action="store_true")
     parser.add_argument("--pdl-up-to", type=int, default=cuda_graphs.PDL_UP_TO_BATCH,
                         help="with fp8 weights, decode graphs of up to this batch launch with PDL (default: shipped)")
+    parser.add_argument("--merge-in-kernel", action="store_true",
+                        help="split attention merged by each tile's last program (MERGE_SPLITS_IN_KERNEL)")
     args = parser.parse_intermixed_args()  # cases may follow the options
     cuda_graphs.PDL_UP_TO_BATCH = args.pdl_up_to  # read when the graphs are captured
+    triton_paged.MERGE_SPLITS_IN_KERNEL = args.merge_in_kernel  # read when the backend is built
     kv_dtype = KV_CACHE_DTYPES[args.kv_cache_dtype] if args.kv_cache_dtype else None
     with programmatic_launch(args.pdl or args.pdl_prefetch, prefetch_weights=args.pdl_prefetch):
         profile(args.model_dir, args.out, args.quantize, kv_dtype, set(args.cases))

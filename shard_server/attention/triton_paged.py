@@ -56,6 +56,11 @@ MIN_PROGRAMS = 128
 # SPLITS ranges of its own length / SPLITS.
 MIN_SPLIT_KEYS = 0
 MAX_SPLITS_SMALL = 16
+# The last program of a split tile merges the partials itself (`triton_kernels.py`), instead of
+# a `combine_splits` launch after the attention's (2.6 us a layer, ~83 us of a batch-1 step on
+# an H100, kernel_profile_verify_h100.json). Off until measured on a GPU: turning it on needs
+# the CUDA tests of test_triton_attention.py and a profile (`gpu_kernel_profile.py --merge-in-kernel`).
+MERGE_SPLITS_IN_KERNEL = False
 # Decode launches over an fp8 pool with this many programs (tiles x KV heads x splits) take the
 # light word-read tile (`small_fp8_words`): the band where it measured faster on an H200, from
 # batch 80 (640 programs) to the batch-96 graph of the mix's batch-77 phase (768), both
@@ -100,6 +105,7 @@ class TritonMetadata:
     pad_to: int | None
     width: int
     splits: int = 1  # key ranges per small (decode) tile
+    arrivals: torch.Tensor | None = None  # merged in the kernel: int32 [small tiles, KV heads], zeros
     tokens: int | None = None  # a mixed graph's token bucket: rows padded to it, fixed tile counts
     dense_rows: tuple[tuple[int, int], ...] = ()  # (first row, length) of each dense-path prompt
     dense_batches: tuple[DenseBatch, ...] = ()  # those prompts as the dense path batches them
@@ -180,6 +186,7 @@ class TritonPagedAttention(AttentionBackend):
         # at 1280 0.074 -> 0.058, batch 256 at 512 0.121 -> 0.116, attention_tiles_fp8_band_h200.json;
         # in the mix, batch-256 steps 9.17 -> 8.91 ms, run12_series).
         self.small_fp8_words_wide = replace(self.small, block_n=128, num_warps=4, num_stages=3)
+        self.merge_splits_in_kernel = MERGE_SPLITS_IN_KERNEL  # read when metadata is built
 
     # -- per-step planning -------------------------------------------------------------
     @property
@@ -211,6 +218,9 @@ class TritonPagedAttention(AttentionBackend):
         small = [launch for launch in metadata.launches if launch.config == self.small]
         if pad_to is not None and small:
             metadata.splits = split_count(small[0].num_tiles, self.shape.num_kv_heads)
+            if metadata.splits > 1 and self.merge_splits_in_kernel:
+                tiles = small[0].num_tiles * self.shape.num_kv_heads
+                metadata.arrivals = torch.zeros(tiles, dtype=torch.int32, device=device)
         return metadata
 
     def refill(self, metadata: TritonMetadata, layout: StepLayout) -> None:
@@ -327,12 +337,14 @@ class TritonPagedAttention(AttentionBackend):
             config = self.fp8_decode_tile(value_load, launch.num_tiles * shape.num_kv_heads * splits)
         tokens, heads, dim = q.shape
         target, ml = out, out  # unsplit: the kernel writes the output itself (ml unused)
+        merge_in_kernel = splits > 1 and metadata.arrivals is not None
+        arrivals = metadata.arrivals if merge_in_kernel else launch.tile_seq  # (unused unless merging)
         if splits > 1:
             target = torch.empty((splits, tokens, heads, dim), dtype=torch.float32, device=q.device)
             ml = torch.empty((2, splits, tokens, heads), dtype=torch.float32, device=q.device)
         strides = (tokens * heads * dim, heads, tokens * heads)  # split, ml token, ml split
         kernels.paged_attention[(launch.num_tiles, shape.num_kv_heads, splits)](
-            q, k_cache, v_cache, target, ml,
+            q, k_cache, v_cache, target, ml, arrivals, out,
             launch.tile_seq, launch.tile_first,
             metadata.query_starts, metadata.query_lens, metadata.context_lens, metadata.block_tables,
             q.stride(0), q.stride(1), out.stride(0), out.stride(1),
@@ -341,11 +353,11 @@ class TritonPagedAttention(AttentionBackend):
             BLOCK_Q=config.block_q, BLOCK_N=config.block_n, PAGE=k_cache.shape[1],
             HEAD_DIM=shape.head_dim, HEAD_DIM_P=self.head_dim_p,
             IEEE=q.dtype == torch.float32, WINDOW=shape.sliding_window or 0, SPLITS=splits,
-            MIN_SPLIT_KEYS=MIN_SPLIT_KEYS if splits > 1 else 0,
+            MIN_SPLIT_KEYS=MIN_SPLIT_KEYS if splits > 1 else 0, MERGE_IN_KERNEL=merge_in_kernel,
             FP16_DOTS=fp16_dots, V_LOAD=value_load, SOFTCAP=shape.logit_softcap or 0.0,
             num_warps=config.num_warps, num_stages=config.num_stages, **launch_args(q),
         )  # fmt: skip
-        if splits > 1:
+        if splits > 1 and not merge_in_kernel:
             kernels.combine_splits[(launch.num_tiles, shape.num_kv_heads)](
                 target, ml, out, launch.tile_seq, launch.tile_first, metadata.query_starts, metadata.query_lens,
                 out.stride(0), out.stride(1), *strides,

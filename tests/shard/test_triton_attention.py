@@ -197,21 +197,29 @@ def test_refill_writes_only_the_block_table_columns_the_step_reads():
 
 
 def compare_split(specs, pad_to, heads=4, kv_heads=2, dim=16, block=4, dtype=torch.float32, device=DEVICE,
-                  atol=1e-4, seed=0):  # fmt: skip
-    """A decode step padded as a CUDA graph pads it: its keys split over several programs."""
+                  atol=1e-4, seed=0, merge_in_kernel=False, launches=1):  # fmt: skip
+    """A decode step padded as a CUDA graph pads it: its keys split over several programs,
+    merged by a launch of their own or (`merge_in_kernel`) by each tile's last program; the
+    step runs `launches` times on the same metadata, as a graph replays it."""
     device = torch.device(device)
     layout, q, k, v, k_cache, v_cache = make_step(specs, heads, kv_heads, dim, block, dtype, device, seed)
     shape = AttentionShape(heads, kv_heads, dim, dim**-0.5)
     reference, triton_backend = ReferenceAttention(shape), TritonPagedAttention(shape)
+    triton_backend.merge_splits_in_kernel = merge_in_kernel
     ref_k, ref_v = k_cache.clone(), v_cache.clone()
     expected = reference.forward(q, k, v, ref_k, ref_v, reference.build_metadata(layout, device))
     width = max(-(-c // block) for _, c in specs) + 2
     metadata = triton_backend.build_metadata(layout, device, pad_to=pad_to, width=width)
     assert metadata.splits > 1
+    assert (metadata.arrivals is not None) == merge_in_kernel
     pad = lambda t: torch.cat([t, torch.randn(pad_to - len(specs), *t.shape[1:], device=device).to(dtype)])  # noqa: E731
-    got = triton_backend.forward(pad(q), pad(k), pad(v), k_cache, v_cache, metadata)
-    torch.testing.assert_close(got[: len(specs)].float(), expected.float(), atol=atol, rtol=0)
-    assert got[len(specs) :].abs().max() == 0  # padding attends to nothing
+    q, k, v = pad(q), pad(k), pad(v)
+    for _ in range(launches):
+        got = triton_backend.forward(q, k, v, k_cache, v_cache, metadata)
+        torch.testing.assert_close(got[: len(specs)].float(), expected.float(), atol=atol, rtol=0)
+        assert got[len(specs) :].abs().max() == 0  # padding attends to nothing
+        if merge_in_kernel:  # each tile's last program set its count back for the next launch
+            assert not metadata.arrivals.any()
     torch.testing.assert_close(k_cache, ref_k, atol=0, rtol=0)
     return metadata.splits
 
@@ -238,8 +246,14 @@ def test_split_kv_decodes_equal_reference(specs):
     assert splits >= 8  # the longest context spreads over several non-empty splits
 
 
+@pytest.mark.parametrize("specs", [[(1, 200)], [(1, 5), (1, 64), (1, 65), (1, 200), (1, 130)]])
+def test_split_kv_merged_by_each_tiles_last_program_equals_reference(specs):
+    assert compare_split(specs, pad_to=len(specs) + 1, merge_in_kernel=True, launches=2) >= 8
+
+
+@pytest.mark.parametrize("merge_in_kernel", [False, True])
 @pytest.mark.parametrize("min_keys", [64, 128, 512])
-def test_split_kv_with_a_least_range_equals_reference(monkeypatch, min_keys):
+def test_split_kv_with_a_least_range_equals_reference(monkeypatch, min_keys, merge_in_kernel):
     # Contexts shorter than SPLITS ranges of min_keys leave trailing programs with no keys: they
     # write no partial output, and the combine must not read one. Uninitialised buffers come
     # out NaN here, so a partial read where none was written poisons the output.
@@ -254,7 +268,7 @@ def test_split_kv_with_a_least_range_equals_reference(monkeypatch, min_keys):
 
     monkeypatch.setattr(torch, "empty", nan_empty)
     specs = [(1, 5), (1, 64), (1, 65), (1, 200), (1, 130), (1, 700)]
-    assert compare_split(specs, pad_to=len(specs) + 1) >= 8
+    assert compare_split(specs, pad_to=len(specs) + 1, merge_in_kernel=merge_in_kernel) >= 8
 
 
 # (rotary width, dense prefill threshold): full rotary takes the fused rotary + KV store
@@ -318,6 +332,16 @@ def test_gpu_many_tiny_sequences(dtype):
 def test_gpu_split_kv_long_contexts(dtype):
     compare_split([(1, 8192), (1, 3000), (1, 17)], pad_to=4, heads=32, kv_heads=8, dim=128, block=16,
                   dtype=dtype, device="cuda", atol=2e-2)  # fmt: skip
+
+
+@needs_cuda
+@pytest.mark.parametrize("batch", [1, 4])
+def test_gpu_split_kv_merged_in_kernel_over_many_launches(batch):
+    """The last program's merge reads partials other SMs wrote: repeated launches would show a
+    merge that ran before every partial was visible."""
+    specs = [(1, 8192), (1, 3000), (1, 17), (1, 1024)][:batch]
+    compare_split(specs, pad_to=batch + 1, heads=32, kv_heads=8, dim=128, block=16, dtype=torch.bfloat16,
+                  device="cuda", atol=2e-2, merge_in_kernel=True, launches=200)  # fmt: skip
 
 
 @needs_cuda
