@@ -3,7 +3,8 @@
 The runner owns the model, the KV pool and the sequence table. A step is launched, then
 completed: `launch` validates the StepRequest before touching state, prepares the inputs and
 queues the forward pass and sampling on the device; `complete` waits for the results
-(`settle`: each sampled token into its sequence) and writes the StepResponse (`answer`).
+(`settle`: each sampled token into its sequence) and writes the StepResponse (`answer`; both in
+step_results.py).
 Between the two, the next step can be launched (step_pipeline.py): a decode whose input
 token is still on the device reads it there, so the GPU goes from one step to the next
 without waiting for the host. A step that must settle the one before first (after a
@@ -33,8 +34,9 @@ from .models.causal_lm import CausalLM
 from .pb import generate_pb2 as pb
 from .requests import InvalidStepError, SequenceTable
 from .sampling import SampledTokens, Sampler, SamplingRows, TokenMask
-from .speculation import Drafter, PromptLookup, kept_tokens
+from .speculation import Drafter, PromptLookup
 from .step_plan import PoolLimits, ScheduledWork, apply_plan, plan_step
+from .step_results import HostRows, Outcome, take_tokens, write_outputs
 
 log = logging.getLogger(__name__)
 
@@ -61,27 +63,6 @@ class StepInputs:
     query_starts: list[int]
     # (input row, token) for inputs still on the device; `input_ids` holds 0 there.
     on_device: list[tuple[int, PendingToken]] = field(default_factory=list)
-
-
-@dataclass
-class HostRows:
-    """A settled step's sampled rows on the host: ids, logprobs[, top ids, top logprobs]."""
-
-    ids: list[int]
-    logprobs: list[float]
-    top_ids: list[list[int]] | None = None
-    top_logprobs: list[list[float]] | None = None
-
-
-@dataclass
-class Outcome:
-    """What settling one work item gave: its first sampled row and the tokens it kept (a
-    plain decode's one, or a verification's), or the reason it failed; no row: only prefill
-    logprobs to answer."""
-
-    row: int | None = None
-    kept: list[int] = field(default_factory=list)
-    error: str | None = None
 
 
 @dataclass
@@ -259,7 +240,7 @@ class ModelRunner:
                     work[i].state.pending.append(token)
             launched.host = self._to_host(tokens)
         for item in work:  # last: `item.end` is relative to computed_len
-            # A verification's drafts count once kept (`_take_tokens`); its input's KV is in now.
+            # A verification's drafts count once kept (`take_tokens`); its input's KV is in now.
             item.state.computed_len = item.end - len(item.drafts)
         launched.done = self._device_event()
 
@@ -310,7 +291,7 @@ class ModelRunner:
         results_at = time.perf_counter_ns()
         # On a GPU the sampling kernels run inside this span; sample_ns is the host's share.
         response.forward_ns = results_at - launched.started_ns
-        self._take_tokens(launched)
+        take_tokens(launched, self._fail)
         response.sample_ns = max(1, time.perf_counter_ns() - results_at)
         return launched
 
@@ -319,7 +300,7 @@ class ModelRunner:
         response = launched.response
         if launched.work:
             writing_at = time.perf_counter_ns()
-            self._write_outputs(launched)
+            write_outputs(launched)
             response.sample_ns += time.perf_counter_ns() - writing_at
             response.mask_ns = launched.mask_ns
         return response
@@ -460,76 +441,10 @@ class ModelRunner:
         )
         return self.sampler(decoded.logits, rows)
 
-    def _take_tokens(self, launched: LaunchedStep) -> None:
-        """Moves each sampled token to its sequence on the host (a verification's kept ones)."""
-        work = launched.work
-        host = launched.host
-        if host:
-            launched.host_rows = HostRows(*(t.tolist() for t in host))
-        ids = launched.host_rows.ids if host else []
-        row_of: dict[int, int] = {}  # each sampling item's first row
-        for row, i in enumerate(launched.row_items):
-            row_of.setdefault(i, row)
-        for i, item in enumerate(work):
-            state = item.state
-            row = row_of.get(i)
-            if row is None:
-                if i in launched.prefill:
-                    launched.outcomes[i] = Outcome()
-                continue
-            if state.pending and state.pending[0] is launched.sampled[row]:
-                state.pending.pop(0)
-            error = launched.dead_ends.get(i) or _consume(state, ids[row])
-            if error is not None:
-                launched.outcomes[i] = Outcome(row, error=error)
-                self._fail(state)
-                continue
-            kept = kept_tokens(ids[row : row + 1 + len(item.drafts)], item.drafts)
-            state.token_ids.extend(kept)
-            if item.drafts:  # the KV of kept drafts is the sequence's; the rest is overwritten later
-                state.computed_len += len(kept) - 1
-                state.verifying = False
-            launched.outcomes[i] = Outcome(row, kept)
-
-    def _write_outputs(self, launched: LaunchedStep) -> None:
-        """Writes each settled item's output: its tokens, or why it failed, and prefill logprobs."""
-        response, work, rows = launched.response, launched.work, launched.host_rows
-        for i, outcome in launched.outcomes.items():
-            item = work[i]
-            output = response.outputs.add(id=item.state.id)
-            if outcome.error is not None:
-                output.error = outcome.error
-                continue
-            if outcome.row is not None:
-                if item.drafts:
-                    output.drafted = len(item.drafts)
-                for k in range(len(outcome.kept)):
-                    token = output.token if k == 0 else output.next_tokens.add()
-                    self._write_token(token, item.state, outcome.row + k, rows)
-            if i in launched.prefill:
-                output.prefill_logprobs.extend(launched.prefill[i])
-
-    @staticmethod
-    def _write_token(token, state, row: int, rows: HostRows) -> None:
-        """Fills one output Token from sampled row `row`, with its top-n alternatives."""
-        token.id, token.logprob = rows.ids[row], rows.logprobs[row]
-        n = state.top_n_tokens
-        if n and rows.top_ids is not None:
-            alternatives = list(zip(rows.top_ids[row][:n], rows.top_logprobs[row][:n]))
-            if state.grammar is not None:  # fewer allowed tokens than n: no forbidden filler
-                alternatives = [(t, lp) for t, lp in alternatives if lp != float("-inf")]
-            token.top_ids.extend(t for t, _ in alternatives)
-            token.top_logprobs.extend(lp for _, lp in alternatives)
-
     def _fail(self, state) -> None:
         """Drops a sequence whose grammar failed, unless the router released it meanwhile."""
         if self.table.sequences.get(state.id) is state:
             self.table.fail(state.id)
-
-
-def _consume(state, token: int) -> str | None:
-    """Advances a constrained sequence's grammar past its sampled token; the reason it fails."""
-    return None if state.grammar is None else state.grammar.consume(token)
 
 
 def _sampled_rows(work: list[ScheduledWork], samplers: list[int], query_starts: list[int]) -> list[int]:
