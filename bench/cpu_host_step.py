@@ -137,7 +137,7 @@ def measure(runner: ModelRunner, wire: bytes, steps: int) -> list[StepTimes]:
     (overlapped: step N+1 launched before N is settled), and times each."""
     times = [StepTimes() for _ in range(steps)]
     launching, settling, answering = iter(times), iter(times), iter(times)
-    launch, settle = runner.launch, runner.settle
+    launch, settle_step = runner.launch, runner.settle
     current: list[StepTimes] = []  # the step being launched
 
     def timed_launch(request, settle=None):
@@ -147,7 +147,7 @@ def measure(runner: ModelRunner, wire: bytes, steps: int) -> list[StepTimes]:
 
     def timed_settle(launched):
         next(settling).completing = time.perf_counter()
-        return settle(launched)
+        return settle_step(launched)
 
     def replayed():
         current[0].replayed = time.perf_counter()
@@ -181,6 +181,7 @@ def mean_idle_ms(timeline: list[StepTimes]) -> float:
     none (the step was queued while the one before ran)."""
     gaps = [max(0.0, now.replayed - before.completing) for before, now in zip(timeline, timeline[1:])]
     return 1e3 * sum(gaps) / len(gaps)
+
 
 if __name__ == "__main__":
     main()

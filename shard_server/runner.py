@@ -3,11 +3,10 @@
 The runner owns the model, the KV pool and the sequence table. A step is launched, then
 completed: `launch` validates the StepRequest before touching state, prepares the inputs and
 queues the forward pass and sampling on the device; `complete` waits for the results
-(`settle`: each sampled token into its sequence) and writes the StepResponse (`answer`; both in
-step_results.py).
-Between the two, the next step can be launched (step_pipeline.py): a decode whose input
-token is still on the device reads it there, so the GPU goes from one step to the next
-without waiting for the host. A step that must settle the one before first (after a
+(`settle`: each sampled token into its sequence) and writes the StepResponse (`answer`; both
+in step_results.py). Between the two, the next step can be launched (step_pipeline.py): a
+decode whose input token is still on the device reads it there, so the GPU goes from one
+step to the next without waiting for the host. A step that must settle the one before first (after a
 verification) can be launched before that one is answered. `step` does it all at once.
 """
 
