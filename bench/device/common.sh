@@ -1,23 +1,27 @@
-# Sourced at the start of a device call (repository root): the router, the tokenizer, a GPU
-# line in $OUT, and `stage NAME SECONDS CMD...`, which caps a stage and logs it to $OUT/NAME.log.
+# Sourced at the start of a device call (repository root): the router, the tokenizer, and
+# `stage NAME SECONDS CMD...`, which caps a stage, logs it and prints its tail. At most 8 files
+# come back from $OUT, so the logs travel as one $OUT/logs.tgz, refreshed after every stage.
 set -uo pipefail
 : "${OUT:?OUT must name the folder that comes back}"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 TOKENIZER=$PWD/.gpurun/tokenizer
 ROUTER=/tmp/textgen-router
+LOGS=/tmp/device-logs
+mkdir -p "$LOGS"
 if [ -e .gpurun/textgen-router.xz ]; then
   xz -dc .gpurun/textgen-router.xz > "$ROUTER" && chmod +x "$ROUTER"
 fi
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$LOGS/gpu.txt"
 
 stage() {
   local name=$1 seconds=$2; shift 2
   local started=$SECONDS
   echo "== $name (cap ${seconds}s)"
-  timeout --kill-after=10 "$seconds" "$@" > "$OUT/$name.log" 2>&1
+  timeout --kill-after=10 "$seconds" "$@" > "$LOGS/$name.log" 2>&1
   local rc=$?
-  echo "== $name rc=$rc after $((SECONDS - started))s" | tee -a "$OUT/$name.log"
-  tail -n 15 "$OUT/$name.log"
+  echo "== $name rc=$rc after $((SECONDS - started))s" >> "$LOGS/$name.log"
+  tail -n "${TAIL_LINES:-12}" "$LOGS/$name.log"
+  tar -C "$LOGS" -czf "$OUT/logs.tgz" .
   return $rc
 }
