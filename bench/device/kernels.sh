@@ -3,24 +3,26 @@
 # with and without MERGE_SPLITS_IN_KERNEL: the predictable 8B's batch-1 verification and
 # decodes, and with FAMILY=phi3-medium (or another gpu_model shape) that family's batch-1 decode
 # beside its served batch-1 tok/s (gpu_vs_vllm, textgen alone).
-# Caps: TESTS_S (150), MODEL_S (240), PROFILE_S (100 a profile), FAMILY_S (150).
+# SKIP_8B=1 runs the family part alone. Caps: TESTS_S (150), MODEL_S (240), PROFILE_S (100 a
+# profile), FAMILY_S (150).
 source "$(dirname "$0")/common.sh"
 MODEL=${MODEL:-/tmp/llama8b-predictable}
+profile() {  # NAME MODEL_DIR CASES... [--merge-in-kernel]
+  local name=$1 model=$2; shift 2
+  stage "$name" "${PROFILE_S:-100}" python3 bench/gpu_kernel_profile.py "$model" "$OUT/$name.json" "$@"
+}
 CASES=${CASES:-verify_b1_ctx1024 decode_b1_ctx1024 decode_b8_ctx512}
+if [ "${SKIP_8B:-0}" != 1 ]; then
 # The 16 GB model is written while the tests run (bench/gpu_speculation.py's model child).
 python3 bench/gpu_speculation.py --write-models --tokenizer-dir "$TOKENIZER" --router-binary /bin/true \
   --out /tmp/spec-models --servers off --model-dir "$MODEL" > "$LOGS/model.log" 2>&1 &
 writer=$!
 stage tests "${TESTS_S:-150}" python3 -m pytest -q -x -p no:cacheprovider tests/shard/test_triton_attention.py -k gpu_split
 timeout "${MODEL_S:-240}" tail --pid=$writer -f /dev/null; wait $writer; echo "model rc=$?" >> "$LOGS/model.log"
-profile() {  # NAME MODEL_DIR CASES... [--merge-in-kernel]
-  local name=$1 model=$2; shift 2
-  stage "$name" "${PROFILE_S:-100}" python3 bench/gpu_kernel_profile.py "$model" "$OUT/$name.json" "$@"
-}
 profile profile_split "$MODEL" $CASES
 profile profile_merged "$MODEL" $CASES --merge-in-kernel
+fi
 [ -n "${FAMILY:-}" ] || exit 0
-rm -rf "$MODEL"  # disk for the family's model
 family_dir=/tmp/$FAMILY-random
 stage "${FAMILY}_batch1" "${FAMILY_S:-150}" python3 bench/gpu_vs_vllm.py --tokenizer-dir "$TOKENIZER" \
   --router-binary "$ROUTER" --out /tmp/family-out --engines textgen --workloads batch1 --shape "$FAMILY" \
