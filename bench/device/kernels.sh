@@ -1,32 +1,40 @@
 #!/usr/bin/env bash
-# The split-KV attention's CUDA tests (the in-kernel merge among them), then kernel profiles
-# with and without MERGE_SPLITS_IN_KERNEL: the predictable 8B's batch-1 verification and
-# decodes, and with FAMILY=phi3-medium (or another gpu_model shape) that family's batch-1 decode
-# beside its served batch-1 tok/s (gpu_vs_vllm, textgen alone).
-# SKIP_8B=1 runs the family part alone. Caps: TESTS_S (150), MODEL_S (240), PROFILE_S (100 a
-# profile), FAMILY_S (150).
+# PARTS (default "tests profiles"), each optional:
+#   tests     the split-KV attention's CUDA tests (the in-kernel merge among them);
+#   profiles  kernel profiles of the predictable 8B's batch-1 verification and decodes, with and
+#             without MERGE_SPLITS_IN_KERNEL (the model written first if missing);
+#   family    with FAMILY=phi3-medium (or another gpu_model shape): that family's served batch-1
+#             tok/s (gpu_vs_vllm, textgen alone) and its batch-1 decode profiled both ways.
+# Caps: TESTS_S (150), MODEL_S (240), PROFILE_S (100 a profile), FAMILY_S (150).
 source "$(dirname "$0")/common.sh"
+PARTS=${PARTS:-tests profiles}
 MODEL=${MODEL:-/tmp/llama8b-predictable}
+CASES=${CASES:-verify_b1_ctx1024 decode_b1_ctx1024 decode_b8_ctx512}
+wants() { [[ " $PARTS " == *" $1 "* ]]; }
 profile() {  # NAME MODEL_DIR CASES... [--merge-in-kernel]
   local name=$1 model=$2; shift 2
   stage "$name" "${PROFILE_S:-100}" python3 bench/gpu_kernel_profile.py "$model" "$OUT/$name.json" "$@"
 }
-CASES=${CASES:-verify_b1_ctx1024 decode_b1_ctx1024 decode_b8_ctx512}
-if [ "${SKIP_8B:-0}" != 1 ]; then
-# The 16 GB model is written while the tests run (bench/gpu_speculation.py's model child).
-python3 bench/gpu_speculation.py --write-models --tokenizer-dir "$TOKENIZER" --router-binary /bin/true \
-  --out /tmp/spec-models --servers off --model-dir "$MODEL" > "$LOGS/model.log" 2>&1 &
-writer=$!
-stage tests "${TESTS_S:-150}" python3 -m pytest -q -x -p no:cacheprovider tests/shard/test_triton_attention.py -k gpu_split
-timeout "${MODEL_S:-240}" tail --pid=$writer -f /dev/null; wait $writer; echo "model rc=$?" >> "$LOGS/model.log"
-profile profile_split "$MODEL" $CASES
-profile profile_merged "$MODEL" $CASES --merge-in-kernel
+if wants profiles; then  # the 16 GB model is written while the tests run (gpu_speculation's model child)
+  python3 bench/gpu_speculation.py --write-models --tokenizer-dir "$TOKENIZER" --router-binary /bin/true \
+    --out /tmp/spec-models --servers off --model-dir "$MODEL" > "$LOGS/model.log" 2>&1 &
+  writer=$!
 fi
-[ -n "${FAMILY:-}" ] || exit 0
-family_dir=/tmp/$FAMILY-random
-stage "${FAMILY}_batch1" "${FAMILY_S:-150}" python3 bench/gpu_vs_vllm.py --tokenizer-dir "$TOKENIZER" \
-  --router-binary "$ROUTER" --out /tmp/family-out --engines textgen --workloads batch1 --shape "$FAMILY" \
-  --model-dir "$family_dir"
-cp /tmp/family-out/gpu_vs_vllm.json "$OUT/${FAMILY}_batch1.json"
-profile "${FAMILY}_split" "$family_dir" decode_b1_ctx256
-profile "${FAMILY}_merged" "$family_dir" decode_b1_ctx256 --merge-in-kernel
+if wants tests; then
+  stage tests "${TESTS_S:-150}" python3 -m pytest -q -x -p no:cacheprovider tests/shard/test_triton_attention.py -k gpu_split
+fi
+if wants profiles; then
+  timeout "${MODEL_S:-240}" tail --pid=$writer -f /dev/null; wait $writer; echo "model rc=$?" >> "$LOGS/model.log"
+  profile profile_split "$MODEL" $CASES
+  profile profile_merged "$MODEL" $CASES --merge-in-kernel
+fi
+if wants family; then
+  family_dir=/tmp/$FAMILY-random
+  stage "${FAMILY}_batch1" "${FAMILY_S:-150}" python3 bench/gpu_vs_vllm.py --tokenizer-dir "$TOKENIZER" \
+    --router-binary "$ROUTER" --out /tmp/family-out --engines textgen --workloads batch1 --shape "$FAMILY" \
+    --model-dir "$family_dir"
+  cp /tmp/family-out/gpu_vs_vllm.json "$OUT/${FAMILY}_batch1.json"
+  profile "${FAMILY}_split" "$family_dir" decode_b1_ctx256
+  profile "${FAMILY}_merged" "$family_dir" decode_b1_ctx256 --merge-in-kernel
+fi
+exit 0
