@@ -14,4 +14,6 @@ fi
 stage speculation "${SPEC_S:-540}" python3 bench/gpu_speculation.py --tokenizer-dir "$TOKENIZER" \
   --router-binary "$ROUTER" --out "$OUT" --servers "$SERVERS" --workloads "${WORKLOADS:-batch1,burst64}" "${peer[@]}"
 mkdir -p /tmp/spec-keep && cp "$OUT"/gpu_speculation_plan.json /tmp/spec-keep/ 2>/dev/null
+# The servers' logs join logs.tgz, leaving room in $OUT for a later script's files.
+mv "$OUT"/*.log "$LOGS"/ 2>/dev/null; tar -C "$LOGS" -czf "$OUT/logs.tgz" .
 exit 0
