@@ -4,7 +4,9 @@
 An fp8 pool (KV_MAX > 0) gets the values saturated at +-KV_MAX, then cast.
 
 `rotary_store_kv`: the same with rotary applied on the way, and each token's q heads rotated
-in place: one pass instead of an in-place rotary kernel followed by the store.
+in place: one pass instead of an in-place rotary kernel followed by the store. With HEAD_NORM
+(Qwen3's and Gemma 3's q_norm / k_norm) each q and k head is RMS-normed first, rounded as
+`kernels/norm.py`'s per-head kernel rounds: that kernel's launch a layer fewer.
 
 `paged_attention`: one kernel for every kind of query in a step. A program takes one tile
 of BLOCK_Q consecutive query tokens of one sequence and one KV head, with all the query
@@ -85,16 +87,21 @@ def _rotary_store_kv(
     positions_ptr,
     cos_ptr,  # [positions, 2 * HALF] tables
     sin_ptr,
+    q_norm_ptr,  # [2 * HALF] per-head norm weights (HEAD_NORM), else unused
+    k_norm_ptr,
     q_row_stride,
     k_row_stride,
     v_row_stride,
     table_stride,
+    q_eps,
+    k_eps,
     Q_HEADS: tl.constexpr,
     Q_HEADS_P: tl.constexpr,
     KV_HEADS: tl.constexpr,
     KV_HEADS_P: tl.constexpr,
     HALF: tl.constexpr,
     KV_MAX: tl.constexpr,  # as in _store_kv
+    HEAD_NORM: tl.constexpr,
     PDL: tl.constexpr,
 ):
     wait_for_previous_kernel(PDL)
@@ -109,6 +116,8 @@ def _rotary_store_kv(
     q1 = tl.load(q_first, mask=q_mask, other=0.0)
     q2 = tl.load(q_first + HALF, mask=q_mask, other=0.0)
     qa, qb = q1.to(tl.float32), q2.to(tl.float32)
+    if HEAD_NORM:
+        qa, qb = _normed_halves(qa, qb, q_norm_ptr, dims, q_eps, q1.dtype, HALF)
     tl.store(q_first, (qa * cos - qb * sin).to(q1.dtype), mask=q_mask)
     tl.store(q_first + HALF, (qb * cos + qa * sin).to(q1.dtype), mask=q_mask)
     slot = tl.load(slots_ptr + token).to(tl.int64)
@@ -119,6 +128,8 @@ def _rotary_store_kv(
         k1 = tl.load(k_ptr + token * k_row_stride + within, mask=kv_mask, other=0.0)
         k2 = tl.load(k_ptr + token * k_row_stride + within + HALF, mask=kv_mask, other=0.0)
         ka, kb = k1.to(tl.float32), k2.to(tl.float32)  # new names: a branch may not reshape qa, qb
+        if HEAD_NORM:
+            ka, kb = _normed_halves(ka, kb, k_norm_ptr, dims, k_eps, k1.dtype, HALF)
         k_slot = k_cache_ptr + slot * (KV_HEADS * 2 * HALF) + within
         # Rounded to the model dtype first, as the unfused rotary would leave them.
         k_lo, k_hi = (ka * cos - kb * sin).to(k1.dtype), (kb * cos + ka * sin).to(k1.dtype)
@@ -128,6 +139,18 @@ def _rotary_store_kv(
         v_row = v_ptr + token * v_row_stride + within
         tl.store(v_slot, _for_pool(tl.load(v_row, mask=kv_mask), v_cache_ptr, KV_MAX), mask=kv_mask)
         tl.store(v_slot + HALF, _for_pool(tl.load(v_row + HALF, mask=kv_mask), v_cache_ptr, KV_MAX), mask=kv_mask)
+
+
+@triton.jit
+def _normed_halves(a, b, weight_ptr, dims, eps, dtype: tl.constexpr, HALF: tl.constexpr):
+    """Each head's halves (rows of a and b, float32) RMS-normed over the whole head and scaled by
+    the norm's weight, rounded to `dtype` after each as `_norm_heads` rounds, back in float32."""
+    rstd = tl.rsqrt((tl.sum(a * a, axis=1) + tl.sum(b * b, axis=1)) / (2 * HALF) + eps)[:, None]
+    w1 = tl.load(weight_ptr + dims).to(tl.float32)[None, :]
+    w2 = tl.load(weight_ptr + HALF + dims).to(tl.float32)[None, :]
+    a = (a * rstd).to(dtype).to(tl.float32) * w1
+    b = (b * rstd).to(dtype).to(tl.float32) * w2
+    return a.to(dtype).to(tl.float32), b.to(dtype).to(tl.float32)
 
 
 @triton.jit

@@ -294,7 +294,7 @@ class TritonPagedAttention(AttentionBackend):
 
     def _store(self, kernels, q, k, v, k_cache, v_cache, metadata: TritonMetadata, rotary) -> None:
         """Writes the step's k/v into their slots; with rotary (fusable), rotates q in place and
-        k on its way into the cache."""
+        k on its way into the cache, each head RMS-normed first where the rotation has head norms."""
         shape = self.shape
         tokens = q.shape[0]
         if rotary is None:
@@ -305,12 +305,17 @@ class TritonPagedAttention(AttentionBackend):
             )  # fmt: skip
             return
         cos, sin = rotary.rotary.cos, rotary.rotary.sin
+        norms = rotary.head_norms  # (q_norm, k_norm) or None
+        q_norm, k_norm = norms or (None, None)
         kernels.rotary_store_kv[(tokens,)](
             q, k, v, k_cache, v_cache, metadata.slot_mapping, rotary.positions, cos, sin,
+            cos if norms is None else q_norm.weight, cos if norms is None else k_norm.weight,
             q.stride(0), k.stride(0), v.stride(0), cos.stride(0),
+            0.0 if norms is None else q_norm.eps, 0.0 if norms is None else k_norm.eps,
             Q_HEADS=shape.num_heads, Q_HEADS_P=_next_power_of_two(shape.num_heads),
             KV_HEADS=shape.num_kv_heads, KV_HEADS_P=_next_power_of_two(shape.num_kv_heads),
-            HALF=shape.head_dim // 2, KV_MAX=fp8_max(k_cache.dtype), num_warps=4, **launch_args(q),
+            HALF=shape.head_dim // 2, KV_MAX=fp8_max(k_cache.dtype), HEAD_NORM=norms is not None,
+            num_warps=4, **launch_args(q),
         )  # fmt: skip
 
     def _value_load(self, device: torch.device) -> str:

@@ -31,12 +31,15 @@ from __future__ import annotations
 import math
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
 from ..kernels.dispatch import use_fused
+from ..kernels.norm import heads_fusable
 from ..kernels.rotary import fused_rotary_
 from ..models.config import RopeScaling
+from .norm import RMSNorm, norm_heads
 
 
 def inverse_frequencies(head_dim: int, theta: float, scaling: RopeScaling) -> torch.Tensor:
@@ -153,6 +156,7 @@ class RotaryStep:
     rotary: RotaryEmbedding
     positions: torch.Tensor
     _gathered: tuple[torch.Tensor, torch.Tensor] | None = None
+    head_norms: ClassVar[None] = None  # no per-head norms first (`HeadNormedRotation` has them)
 
     def fusable(self, q: torch.Tensor) -> bool:
         """Whether the triton backend's fused rotary + KV store kernel may rotate this step
@@ -173,6 +177,31 @@ class RotaryStep:
             self._gathered = self.rotary.lookup(self.positions)
         cos, sin = self._gathered
         return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+
+
+@dataclass(frozen=True)
+class HeadNormedRotation:
+    """A layer's per-head q_norm / k_norm (Qwen3, Gemma 3), then the step's rotation. The triton
+    backend does both in its rotary + KV store launch (reading `head_norms`); any other path
+    through `apply`, one after the other."""
+
+    step: RotaryStep
+    head_norms: tuple[RMSNorm, RMSNorm]  # (q_norm, k_norm)
+
+    @property
+    def rotary(self) -> RotaryEmbedding:
+        return self.step.rotary
+
+    @property
+    def positions(self) -> torch.Tensor:
+        return self.step.positions
+
+    def fusable(self, q: torch.Tensor) -> bool:
+        """`RotaryStep.fusable`, with each token's heads packed (the fused kernel's layout)."""
+        return self.step.fusable(q) and heads_fusable(q)
+
+    def apply(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.step.apply(*norm_heads(q, k, *self.head_norms))
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:

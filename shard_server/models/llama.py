@@ -16,8 +16,8 @@ from ..kernels.dispatch import use_fused
 from ..kv_cache import KVCache
 from ..layers.embedding import LMHead, VocabParallelEmbedding
 from ..layers.linear import ColumnParallelLinear, RowParallelLinear
-from ..layers.norm import RMSNorm, norm_heads
-from ..layers.rotary import RotaryEmbedding, RotaryStep
+from ..layers.norm import RMSNorm
+from ..layers.rotary import HeadNormedRotation, RotaryEmbedding, RotaryStep
 from ..weights import WeightStore
 from .config import ModelConfig
 from .sharding import even_rows, shard_heads
@@ -63,8 +63,8 @@ class LlamaAttention(nn.Module):
         q = q.view(tokens, self.num_heads, self.head_dim)
         k = k.view(tokens, self.num_kv_heads, self.head_dim)
         v = v.view(tokens, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
-            q, k = norm_heads(q, k, self.q_norm, self.k_norm)
+        if self.q_norm is not None:  # normed on the way, in the backend's rotary launch where it fuses
+            rotary = HeadNormedRotation(rotary, (self.q_norm, self.k_norm))
         out = self.backend.forward(q, k, v, k_cache, v_cache, metadata, rotary)
         return self.o_proj(out.reshape(tokens, -1))
 

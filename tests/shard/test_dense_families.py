@@ -289,49 +289,31 @@ def test_unsupported_configs_are_refused_by_name(raw, message):
         ModelConfig.from_dict({**COMMON, **raw})
 
 
-def test_gemma2_through_the_triton_backend_matches_transformers(dense_dirs):
-    """Gemma 2's soft-capped attention in the triton kernels and its fused GeGLU (compiled on a
-    GPU, Triton's interpreter on CPU): the prefill logits and the greedy tokens of the runner,
-    all prompts in flight together."""
+# Families whose attention takes a triton path of its own, each checked there with the fused
+# kernels on (compiled on a GPU, Triton's interpreter on CPU): Gemma 2's soft-capped scores and
+# fused GeGLU; Gemma 3's per-head q/k norms inside the rotary + KV store launch; Phi-4-mini's
+# partial rotary (12 of 16 dims: the in-place rotary kernel, then the plain KV store).
+TRITON_PATHS = {
+    "gemma2": lambda model: model.attention_backend.shape.logit_softcap == 4.0,
+    "gemma3_text": lambda model: all(layer.self_attn.q_norm is not None for layer in model.layers),
+    "phi3_partial": lambda model: model.config.rotary_dim == 12 and model.rotary.dim == 12,
+}
+
+
+@pytest.mark.parametrize("family", sorted(TRITON_PATHS))
+def test_through_the_triton_backend_matches_transformers(dense_dirs, family):
+    """The prefill logits and the greedy tokens of the runner (5 x 32, 12 interpreted), all
+    prompts in flight together."""
     from shard_server.kernels.dispatch import fused_kernels
 
-    directory, reference = dense_dirs["gemma2"]
+    directory, reference = dense_dirs[family]
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     runner = load_runner(directory, block_size=4, num_blocks=256, attention="triton", device=device)
     assert {layer.self_attn.backend.name for layer in runner.model.layers} == {"triton"}
-    assert runner.model.attention_backend.shape.logit_softcap == 4.0
-    n = 37  # beyond the sliding window
-    ids = torch.randint(0, reference.config.get_text_config().vocab_size, (n,), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        expected = reference(ids[None]).logits[0]
-    table = list(range(40, 50))
-    metadata = runner.backend.build_metadata(StepLayout([n], [n], [table], 4), device)
-    with fused_kernels(True, on_cpu=True), torch.inference_mode():
-        logits = runner.model.compute_logits(runner.model(ids.to(device), torch.arange(n, device=device),
-                                                          runner.kv_cache, metadata))  # fmt: skip
-    torch.testing.assert_close(logits.cpu(), expected, atol=LOGITS_ATOL, rtol=1e-4)
-    prompts = _prompts(reference.config.get_text_config().vocab_size)
-    wanted = _transformers_greedy(reference, prompts)
-    runner.clear()
-    new_tokens = NEW_TOKENS if device.type == "cuda" else INTERPRETED_NEW_TOKENS
-    with fused_kernels(True, on_cpu=True):
-        got = generate_together(StepDriver(runner), prompts, new_tokens, chunk=6)
-    for i in range(PROMPTS):
-        assert got[i] == wanted[i][:new_tokens], f"prompt {i}"
-
-
-def test_phi3_partial_rotary_through_the_triton_backend_matches_transformers(dense_dirs):
-    """Phi-4-mini's partial rotary (12 of 16 dims) in the triton backend with the fused kernels on
-    (compiled on a GPU, Triton's interpreter on CPU): the in-place rotary kernel, then the plain KV
-    store; prefill logits and 5 x 32 greedy tokens (12 interpreted), all prompts in flight together."""
-    from shard_server.kernels.dispatch import fused_kernels
-
-    directory, reference = dense_dirs["phi3_partial"]
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    runner = load_runner(directory, block_size=4, num_blocks=256, attention="triton", device=device)
-    assert runner.model.config.rotary_dim == 12 and runner.model.rotary.dim == 12
-    n = 37
-    ids = torch.randint(0, reference.config.vocab_size, (n,), generator=torch.Generator().manual_seed(1))
+    assert TRITON_PATHS[family](runner.model)
+    vocab = reference.config.get_text_config().vocab_size
+    n = 37  # beyond Gemma 2's sliding window
+    ids = torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         expected = reference(ids[None]).logits[0]
     metadata = runner.backend.build_metadata(StepLayout([n], [n], [list(range(40, 50))], 4), device)
@@ -339,7 +321,7 @@ def test_phi3_partial_rotary_through_the_triton_backend_matches_transformers(den
         logits = runner.model.compute_logits(runner.model(ids.to(device), torch.arange(n, device=device),
                                                           runner.kv_cache, metadata))  # fmt: skip
     torch.testing.assert_close(logits.cpu(), expected, atol=LOGITS_ATOL, rtol=1e-4)
-    prompts = _prompts(reference.config.vocab_size)
+    prompts = _prompts(vocab)
     wanted = _transformers_greedy(reference, prompts)
     runner.clear()
     new_tokens = NEW_TOKENS if device.type == "cuda" else INTERPRETED_NEW_TOKENS

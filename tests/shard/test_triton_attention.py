@@ -299,6 +299,55 @@ def test_rotary_in_the_triton_backend_equals_rotary_then_reference(width, dense_
     torch.testing.assert_close(v_cache, ref_v, atol=0, rtol=0)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_head_norms_in_the_rotary_store_equal_norming_first(dtype):
+    # Qwen3's and Gemma 3's q_norm / k_norm inside the rotary + KV store launch, against the
+    # per-head norm kernel's launch and then the plain rotation (and, in float32, the torch
+    # norms, rotation and reference backend): same outputs, same cache.
+    from shard_server.kernels.dispatch import fused_kernels
+    from shard_server.layers.norm import RMSNorm, norm_heads
+    from shard_server.layers.rotary import HeadNormedRotation, RotaryEmbedding
+    from shard_server.models.config import RopeScaling
+
+    heads, kv_heads, dim, block = 6, 2, 16, 4
+    device = torch.device(DEVICE)
+    specs = [(1, 30), (9, 9), (6, 17)]
+    layout, q, k, v, k_cache, v_cache = make_step(specs, heads, kv_heads, dim, block, dtype, device)
+    q, k = q * 3.0, k * 0.5  # rows far from unit RMS: the norm matters
+    positions = torch.tensor([p for n, c in specs for p in range(c - n, c)], device=device)
+    step = RotaryEmbedding(dim, 64, 10000.0, RopeScaling(), dtype, device).for_step(positions)
+    generator = torch.Generator().manual_seed(3)
+    norms = []
+    for eps in (1e-6, 1e-5):
+        norm = RMSNorm(dim, eps, dtype, device)
+        norm.weight.copy_(1.0 + 0.5 * torch.randn(dim, generator=generator))
+        norms.append(norm)
+    rotation = HeadNormedRotation(step, tuple(norms))
+    shape = AttentionShape(heads, kv_heads, dim, dim**-0.5)
+    backend = TritonPagedAttention(shape)
+    metadata = backend.build_metadata(layout, device)
+    original_k, original_v = k_cache.clone(), v_cache.clone()  # the contexts' keys and values
+    first_k, first_v = k_cache.clone(), v_cache.clone()
+    with fused_kernels(True, on_cpu=True):
+        assert rotation.fusable(q)
+        normed_q, normed_k = norm_heads(q.clone(), k.clone(), *norms)  # the per-head norm launch
+        expected = backend.forward(normed_q, normed_k, v, first_k, first_v, metadata, step)
+        got = backend.forward(q.clone(), k.clone(), v, k_cache, v_cache, metadata, rotation)
+    exact = dict(atol=1e-6, rtol=0) if dtype == torch.float32 else dict(atol=0, rtol=2**-7)  # bf16: one rounding apart
+    torch.testing.assert_close(got, expected, **exact)
+    torch.testing.assert_close(k_cache, first_k, **exact)
+    torch.testing.assert_close(v_cache, first_v, atol=0, rtol=0)
+    if dtype == torch.float32:
+        reference = ReferenceAttention(shape)
+        ref_k, ref_v = original_k, original_v
+        with fused_kernels(False):
+            assert not rotation.fusable(q)
+            want = reference.forward(q.clone(), k.clone(), v, ref_k, ref_v, reference.build_metadata(layout, device),
+                                     rotation)  # fmt: skip
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
+        torch.testing.assert_close(k_cache, ref_k, atol=1e-5, rtol=0)
+
+
 def test_refill_rejects_a_different_shape():
     backend = TritonPagedAttention(AttentionShape(4, 2, 16, 0.25))
     metadata = backend.build_metadata(StepLayout([1], [3], [[0]], 4), torch.device(DEVICE), pad_to=2, width=4)
