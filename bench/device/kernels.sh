@@ -21,7 +21,7 @@ if wants profiles; then  # the 16 GB model is written while the tests run (gpu_s
   writer=$!
 fi
 if wants tests; then
-  stage tests "${TESTS_S:-150}" python3 -m pytest -q -x -p no:cacheprovider tests/shard/test_triton_attention.py -k gpu_split
+  stage tests "${TESTS_S:-150}" python3 -m pytest -q -x -p no:cacheprovider tests/shard/test_triton_attention.py -k "${TESTS_K:-gpu_split or head_norms}"
 fi
 if wants profiles; then
   timeout "${MODEL_S:-240}" tail --pid=$writer -f /dev/null; wait $writer; echo "model rc=$?" >> "$LOGS/model.log"
