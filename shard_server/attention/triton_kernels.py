@@ -29,7 +29,8 @@ ranges than SPLITS; a program whose range is empty writes only its max (-inf) an
 and `combine_splits` reads no partial output where the max is -inf. With MERGE_IN_KERNEL the
 last of a tile's SPLITS programs to finish (counted on an int32 per tile and KV head, which it
 sets back to 0 for the next launch) merges the partials itself, and no `combine_splits`
-launch follows: one kernel a layer fewer at small batches (a launch there costs ~2.6 us).
+launch follows: one kernel a layer fewer at small batches, but measured slower on an H100
+(`MERGE_SPLITS_IN_KERNEL`, off).
 
 On CPU both kernels run only through Triton's interpreter (slowly), which the tests use.
 """

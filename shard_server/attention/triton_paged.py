@@ -57,9 +57,10 @@ MIN_PROGRAMS = 128
 MIN_SPLIT_KEYS = 0
 MAX_SPLITS_SMALL = 16
 # The last program of a split tile merges the partials itself (`triton_kernels.py`), instead of
-# a `combine_splits` launch after the attention's (2.6 us a layer, ~83 us of a batch-1 step on
-# an H100, kernel_profile_verify_h100.json). Off until measured on a GPU: turning it on needs
-# the CUDA tests of test_triton_attention.py and a profile (`gpu_kernel_profile.py --merge-in-kernel`).
+# a `combine_splits` launch after the attention's (2.5 us a layer on an H100). Off: measured
+# slower. It passes the CUDA tests, but the attention launch grows by more than the combine
+# it saves (batch 1, context 1024, 32 layers: 222 + 81 us -> 336 us; the step 5.979 -> 5.994
+# ms, three runs each; batch 8 level; bench/results/kernel_profile_merge_in_kernel_h100.json).
 MERGE_SPLITS_IN_KERNEL = False
 # Decode launches over an fp8 pool with this many programs (tiles x KV heads x splits) take the
 # light word-read tile (`small_fp8_words`): the band where it measured faster on an H200, from
