@@ -307,12 +307,13 @@ class TritonPagedAttention(AttentionBackend):
             return
         cos, sin = rotary.rotary.cos, rotary.rotary.sin
         norms = rotary.head_norms  # (q_norm, k_norm) or None
-        q_norm, k_norm = norms or (None, None)
+        if norms is None:  # HEAD_NORM off: the kernel reads neither
+            (q_weight, k_weight), (q_eps, k_eps) = (cos, cos), (0.0, 0.0)
+        else:
+            (q_weight, k_weight), (q_eps, k_eps) = (n.weight for n in norms), (n.eps for n in norms)
         kernels.rotary_store_kv[(tokens,)](
-            q, k, v, k_cache, v_cache, metadata.slot_mapping, rotary.positions, cos, sin,
-            cos if norms is None else q_norm.weight, cos if norms is None else k_norm.weight,
-            q.stride(0), k.stride(0), v.stride(0), cos.stride(0),
-            0.0 if norms is None else q_norm.eps, 0.0 if norms is None else k_norm.eps,
+            q, k, v, k_cache, v_cache, metadata.slot_mapping, rotary.positions, cos, sin, q_weight, k_weight,
+            q.stride(0), k.stride(0), v.stride(0), cos.stride(0), q_eps, k_eps,
             Q_HEADS=shape.num_heads, Q_HEADS_P=_next_power_of_two(shape.num_heads),
             KV_HEADS=shape.num_kv_heads, KV_HEADS_P=_next_power_of_two(shape.num_kv_heads),
             HALF=shape.head_dim // 2, KV_MAX=fp8_max(k_cache.dtype), HEAD_NORM=norms is not None,
