@@ -24,7 +24,8 @@ if wants tests; then
   stage tests "${TESTS_S:-150}" python3 -m pytest -q -x -p no:cacheprovider tests/shard/test_triton_attention.py -k "${TESTS_K:-gpu_split or head_norms}"
 fi
 if wants profiles; then
-  timeout "${MODEL_S:-240}" tail --pid=$writer -f /dev/null; wait $writer; echo "model rc=$?" >> "$LOGS/model.log"
+  timeout "${MODEL_S:-240}" tail --pid=$writer -f /dev/null || kill $writer  # past the cap: stop writing
+  wait $writer; echo "model rc=$?" >> "$LOGS/model.log"
   profile profile_split "$MODEL" $CASES
   profile profile_merged "$MODEL" $CASES --merge-in-kernel
 fi

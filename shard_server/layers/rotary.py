@@ -36,7 +36,6 @@ from typing import ClassVar
 import torch
 
 from ..kernels.dispatch import use_fused
-from ..kernels.norm import heads_fusable
 from ..kernels.rotary import fused_rotary_
 from ..models.config import RopeScaling
 from .norm import RMSNorm, norm_heads
@@ -197,8 +196,7 @@ class HeadNormedRotation:
         return self.step.positions
 
     def fusable(self, q: torch.Tensor) -> bool:
-        """`RotaryStep.fusable`, with each token's heads packed (the fused kernel's layout)."""
-        return self.step.fusable(q) and heads_fusable(q)
+        return self.step.fusable(q)  # the backend packs each row's heads before its fused launch
 
     def apply(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.step.apply(*norm_heads(q, k, *self.head_norms))
