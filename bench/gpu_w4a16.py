@@ -70,10 +70,11 @@ COMPILE_THREADS = 12
 DEVICE = "cuda"
 
 
-def _tiles(specs, splits=(1,), by_row=(False, True)) -> list[W4A16Tile]:
-    """Each (block_m, block_n, block_k, warps, stages) at each split count, unpacked each way."""
-    return [W4A16Tile(m, n, k, w, s, split, unpack) for m, n, k, w, s in specs for split in splits
-            for unpack in by_row]  # fmt: skip
+def _tiles(specs, splits=(1,), by_row=(False, True), swaps=(False, True)) -> list[W4A16Tile]:
+    """Each (block_m, block_n, block_k, warps, stages) at each split count, unpacked each way,
+    in either operand order (`swap_ab`)."""
+    return [W4A16Tile(m, n, k, w, s, split, unpack, swap) for m, n, k, w, s in specs for split in splits
+            for unpack in by_row for swap in swaps]  # fmt: skip
 
 
 # (most rows, candidates), as TILES is keyed. Decode rows stream the weight (memory-bound: deep
@@ -95,6 +96,19 @@ CANDIDATES = (
      # By row these need more than the 227 KB of shared memory a program may have (sm_90 compiles).
      + _tiles([(128, 256, 64, 8, 4), (128, 128, 128, 8, 3), (128, 256, 128, 8, 2)], by_row=(False,))),
 )  # fmt: skip
+# Swapped tiles keep no dequantized weight in shared memory, which leaves room for deeper
+# pipelines and wider feature tiles (the wgmma's 64-row side): candidates of their own.
+SWAPPED = (
+    (16, _tiles([(16, 128, 128, 4, 4), (16, 256, 128, 8, 3), (16, 128, 64, 4, 6)], (1, 4, 8), swaps=(True,))),
+    (32, _tiles([(32, 128, 128, 4, 4), (32, 256, 128, 8, 3), (32, 128, 64, 4, 6)], (1, 4), swaps=(True,))),
+    (64, _tiles([(64, 128, 128, 4, 4), (64, 256, 128, 8, 3), (64, 128, 64, 4, 5), (32, 256, 64, 8, 4)], (1, 4),
+                swaps=(True,))),
+    (256, _tiles([(128, 128, 128, 8, 3), (128, 256, 64, 8, 4), (64, 256, 128, 8, 3), (256, 128, 64, 8, 3)], (1, 4),
+                 swaps=(True,))),
+    (None, _tiles([(128, 256, 64, 8, 4), (256, 128, 64, 8, 3), (128, 128, 128, 8, 4), (256, 256, 64, 8, 3)],
+                  swaps=(True,))),
+)  # fmt: skip
+CANDIDATES = tuple((bound, tiles + extra) for (bound, tiles), (_, extra) in zip(CANDIDATES, SWAPPED, strict=True))
 
 
 # One row: the CUDA-core kernel's tiles (kernels/w4a16_row.py), each split count as given.
@@ -125,7 +139,7 @@ def label(tile: W4A16Tile | W4A16Row) -> str:
     if isinstance(tile, W4A16Row):
         return f"row n{tile.block_n} words{tile.words} w{tile.num_warps} s{tile.num_stages} split{tile.split_k}"
     name = f"{tile.block_m}x{tile.block_n}x{tile.block_k} w{tile.num_warps} s{tile.num_stages} split{tile.split_k}"
-    return name + (" by-row" if tile.unpack_by_row else "")
+    return name + (" by-row" if tile.unpack_by_row else "") + (" swapped" if tile.swap_ab else "")
 
 
 def packed_weight(n: int, k: int, generator: torch.Generator, device) -> tuple[torch.Tensor, ...]:

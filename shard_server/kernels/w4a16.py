@@ -62,6 +62,11 @@ class W4A16Tile:
     # the word holding it (the pack rows sharing a word hit L1, not HBM) and shifts its value
     # out: no reshape. Which is faster is for bench/gpu_w4a16.py to tell.
     unpack_by_row: bool = False
+    # Which operand the tensor cores take from registers: False, x @ w; True, the transposed
+    # product w^T @ x^T, so the weight's features fill the instruction's 64-row side (sm_90's
+    # wgmma) and the few activation rows its narrow side, with the dequantized weight fed from
+    # registers instead of staged through shared memory.
+    swap_ab: bool = False
 
 
 # (most rows, tile), first match wins: bench/gpu_w4a16.py's suggestion on an H100 (8B projections,
@@ -143,7 +148,7 @@ def _exact_difference(q, zero):
 def _w4a16_kernel(x_ptr, qweight_ptr, zeros_ptr, scales_ptr, g_idx_ptr, out_ptr, M, N, K, group_rows, x_stride,
                   out_stride, split_stride, BITS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, TILE_GROUP: tl.constexpr, IEEE: tl.constexpr,
-                  UNPACK_BY_ROW: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
+                  UNPACK_BY_ROW: tl.constexpr, SWAP_AB: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
     # Row tiles are the grid's first axis: programs reading one weight slice run together and
     # all but the first find its words in L2. With SPLIT_K > 1 program (.., .., s) reduces the
     # s-th range of K and writes its float32 partial at s * split_stride into out_ptr.
@@ -159,7 +164,10 @@ def _w4a16_kernel(x_ptr, qweight_ptr, zeros_ptr, scales_ptr, g_idx_ptr, out_ptr,
     shifts = tl.arange(0, PACK) * BITS  # value i of a word sits in bits [i*BITS, (i+1)*BITS)
     x_rows = x_ptr + rows.to(tl.int64)[:, None] * x_stride
     wait_for_previous_kernel(PDL)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    if SWAP_AB:
+        acc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
         k_ok = ks < k_hi
@@ -188,8 +196,12 @@ def _w4a16_kernel(x_ptr, qweight_ptr, zeros_ptr, scales_ptr, g_idx_ptr, out_ptr,
         w = (_exact_difference(q, zero) * scale).to(x.dtype)  # the reference's weight, rounded once
         if IEEE:  # float32 activations: exact float32 products, not tf32
             acc += tl.dot(x, w, input_precision="ieee")
+        elif SWAP_AB:
+            acc += tl.dot(tl.trans(w), tl.trans(x))
         else:
             acc += tl.dot(x, w)
+    if SWAP_AB:
+        acc = tl.trans(acc)
     out = out_ptr + rows.to(tl.int64)[:, None] * out_stride + cols[None, :]
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
 
@@ -287,6 +299,7 @@ def w4a16_matmul(x: torch.Tensor, qweight: torch.Tensor, zeros: torch.Tensor, sc
         x, qweight, zeros, scales, g_idx, target, rows, features, depth, max(step, 1), x.stride(0), features,
         rows * features, BITS=bits, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k,
         SPLIT_K=splits, TILE_GROUP=one_group, IEEE=x.dtype == torch.float32, UNPACK_BY_ROW=tile.unpack_by_row,
+        SWAP_AB=tile.swap_ab and x.dtype != torch.float32,
         num_warps=tile.num_warps, num_stages=tile.num_stages, **launch_args(x),
     )  # fmt: skip
     if splits > 1:

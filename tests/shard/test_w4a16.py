@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -203,17 +204,28 @@ def test_float32_activations_get_exact_products(rows):
 SMALL = W4A16Tile(block_m=16, block_n=16, block_k=32, num_warps=4, num_stages=2)
 
 
+@pytest.mark.parametrize("swap_ab", [False, True], ids=["x@w", "swapped"])
 @pytest.mark.parametrize("unpack_by_row", [False, True], ids=["reshape", "by-row"])
 @pytest.mark.parametrize("split_k", [1, 3])
 @pytest.mark.parametrize("layout", ["4bit-g32", "4bit-channel", "4bit-g64-actorder", "8bit-g128"])
-def test_small_tiles_cover_masked_edges_many_tiles_and_split_k(layout, split_k, unpack_by_row):
+def test_small_tiles_cover_masked_edges_many_tiles_and_split_k(layout, split_k, unpack_by_row, swap_ab):
     """16x16x32 tiles over 17 rows x 37 columns x 200 inputs: row, column and K tails masked,
-    several programs per axis, K split in 3 ranges (the last one shorter); either unpacking."""
+    several programs per axis, K split in 3 ranges (the last one shorter); either unpacking,
+    either operand order."""
     bits, group_size, act_order, sym = LAYOUTS[layout]
     weight = make_weight(bits, group_size, act_order, sym)
     x = activations(17, 200, torch.float16)
-    tile = W4A16Tile(**{**SMALL.__dict__, "split_k": split_k, "unpack_by_row": unpack_by_row})
+    tile = W4A16Tile(**{**SMALL.__dict__, "split_k": split_k, "unpack_by_row": unpack_by_row, "swap_ab": swap_ab})
     assert_matches(kernel(weight, x, tile), reference(weight, x), torch.float16, layout)
+
+
+@pytest.mark.parametrize("rows", [1, 17, 40])
+def test_swapped_tiles_match_in_bf16_with_rows_unlike_the_tile(rows):
+    """The transposed product (w^T @ x^T) in bf16, with fewer and more rows than its 32-row tile."""
+    weight = make_weight(4, 64, depth=256, features=72)
+    x = activations(rows, 256, torch.bfloat16)
+    tile = W4A16Tile(block_m=32, block_n=32, block_k=64, num_warps=4, num_stages=2, swap_ab=True)
+    assert_matches(kernel(weight, x, tile), reference(weight, x), torch.bfloat16)
 
 
 # One row: the CUDA-core kernel (kernels/w4a16_row.py).
@@ -475,18 +487,23 @@ def test_a_tiny_int4_model_gives_the_reference_paths_greedy_tokens(checkpoints, 
 
 COMPILE_CASES = {  # name: (constexprs, pointer types)
     "w4a16_decode_split_pdl": (dict(BITS=4, BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, SPLIT_K=4, TILE_GROUP=True,
-                                    IEEE=False, UNPACK_BY_ROW=False, PDL=True), {"out_ptr": "*fp32"}),  # fmt: skip
+                                    IEEE=False, UNPACK_BY_ROW=False, SWAP_AB=False, PDL=True), {"out_ptr": "*fp32"}),  # fmt: skip
     "w4a16_prefill_gathered": (dict(BITS=4, BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, SPLIT_K=1, TILE_GROUP=False,
-                                    IEEE=False, UNPACK_BY_ROW=False, PDL=False), {}),  # fmt: skip
+                                    IEEE=False, UNPACK_BY_ROW=False, SWAP_AB=False, PDL=False), {}),  # fmt: skip
     "w4a16_prefill_tile_group": (dict(BITS=4, BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, SPLIT_K=1, TILE_GROUP=True,
-                                      IEEE=False, UNPACK_BY_ROW=False, PDL=False), {}),  # fmt: skip
+                                      IEEE=False, UNPACK_BY_ROW=False, SWAP_AB=False, PDL=False), {}),  # fmt: skip
     "w4a16_decode_by_row": (dict(BITS=4, BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, SPLIT_K=4, TILE_GROUP=True,
-                                 IEEE=False, UNPACK_BY_ROW=True, PDL=False), {"out_ptr": "*fp32"}),  # fmt: skip
+                                 IEEE=False, UNPACK_BY_ROW=True, SWAP_AB=False, PDL=False), {"out_ptr": "*fp32"}),  # fmt: skip
     "w4a16_float32_ieee": (dict(BITS=4, BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, SPLIT_K=1, TILE_GROUP=True,
-                                IEEE=True, UNPACK_BY_ROW=False, PDL=False),
+                                IEEE=True, UNPACK_BY_ROW=False, SWAP_AB=False, PDL=False),
                            {"x_ptr": "*fp32", "out_ptr": "*fp32"}),  # fmt: skip
+    "w4a16_decode_swapped_split_pdl": (dict(BITS=4, BLOCK_M=16, BLOCK_N=128, BLOCK_K=128, SPLIT_K=4,
+                                            TILE_GROUP=True, IEEE=False, UNPACK_BY_ROW=False, SWAP_AB=True,
+                                            PDL=True), {"out_ptr": "*fp32"}),  # fmt: skip
+    "w4a16_swapped_by_row_gathered": (dict(BITS=4, BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, SPLIT_K=1, TILE_GROUP=False,
+                                           IEEE=False, UNPACK_BY_ROW=True, SWAP_AB=True, PDL=False), {}),  # fmt: skip
     "w8a16_fp16_gathered": (dict(BITS=8, BLOCK_M=32, BLOCK_N=64, BLOCK_K=128, SPLIT_K=1, TILE_GROUP=False,
-                                 IEEE=False, UNPACK_BY_ROW=True, PDL=False),
+                                 IEEE=False, UNPACK_BY_ROW=True, SWAP_AB=False, PDL=False),
                             {"x_ptr": "*fp16", "out_ptr": "*fp16"}),  # fmt: skip
 }
 
@@ -504,6 +521,8 @@ def _compile_all() -> None:
         compiled, _ = compile_module.compile_for_hopper(name, aligned=True)
         if not constants["IEEE"]:  # exact float32 dots are FMAs; half tiles must reach the tensor cores
             assert "mma" in compiled.asm["ptx"], f"{name}: no tensor-core instruction in the PTX"
+        if constants["SWAP_AB"]:  # the dequantized weight is wgmma's A operand, a register list
+            assert re.search(r"wgmma\.mma_async[^;]*\}, \{%r", compiled.asm["ptx"]), f"{name}: A not from registers"
     for name, constants in (
         ("w4a16_row_split_pdl", dict(BITS=4, BLOCK_N=128, WORDS=16, SPLIT_K=4, PDL=True)),
         ("w8a16_row", dict(BITS=8, BLOCK_N=64, WORDS=8, SPLIT_K=1, PDL=False)),
