@@ -70,15 +70,20 @@ class W4A16Tile:
 
 
 # (most rows, tile), first match wins: bench/gpu_w4a16.py's suggestion on an H100 (8B projections,
-# bench/results/w4a16_tiles_h100.json), µs over qkv, o, gate_up and down: 16 rows 135.7 (cuBLAS
-# on bf16 weights 159.8; the untuned tiles took 158.9), 64 194.8 (162.7; 250.5), 128 257.0
-# (171.3; dequantize + cuBLAS 445.4), 256 438.3 (197.3; 472.3). Past 16 rows the tiles lose to
-# bf16 weights: the dequantization in the loop halves the tensor cores' rate (340 against
-# cuBLAS's 770 TFLOP/s at 2,048 rows). One row takes the row kernel below.
+# bench/results/w4a16_tiles_swapped_h100.json), µs over qkv, o, gate_up and down, against the
+# table before swapped tiles (w4a16_tiles_h100.json) and cuBLAS on bf16 weights: 16 rows 134.1
+# (135.0; 159.8), 32 168.2 (189.7; 163.5), 64 193.3 (192.7; 162.5), 128 241.2 (254.6; 171.1),
+# 256 398.0 (437.4; 198.0). Past 32 rows the tiles still lose to bf16 weights: each tile's
+# dequantization (~8 instructions a value) runs between its tensor-core instructions, which
+# wait for each other (the sm_90 code waits on every wgmma), so the two never overlap.
+# One row takes the row kernel below.
 TILES = (
-    (16, W4A16Tile(block_m=16, block_n=128, block_k=128, num_warps=4, num_stages=3, split_k=8)),
+    (16, W4A16Tile(block_m=16, block_n=256, block_k=128, num_warps=8, num_stages=3, split_k=8, swap_ab=True)),
+    (32, W4A16Tile(block_m=32, block_n=64, block_k=128, num_warps=4, num_stages=4, split_k=4, swap_ab=True)),
     (64, W4A16Tile(block_m=64, block_n=128, block_k=128, num_warps=8, num_stages=3, split_k=4)),
-    (None, W4A16Tile(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=3, split_k=4)),
+    (128, W4A16Tile(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=3, split_k=4, swap_ab=True)),
+    (256, W4A16Tile(block_m=256, block_n=128, block_k=64, num_warps=8, num_stages=3, split_k=4, swap_ab=True)),
+    (None, W4A16Tile(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=3, split_k=2, swap_ab=True)),
 )
 
 # One row (a batch-1 decode) with contiguous groups takes the CUDA-core kernel (`w4a16_row.py`):
