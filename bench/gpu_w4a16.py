@@ -47,7 +47,9 @@ from bench.gpu_skinny_matmul import graph_us  # noqa: E402
 from shard_server.kernels import w4a16  # noqa: E402
 from shard_server.kernels.w4a16 import (  # noqa: E402
     DEQUANTIZE_FROM_ROWS,
+    FILL_PROGRAMS,
     ROW_TILE,
+    SMS,
     W4A16Tile,
     dequantize_packed,
     tile_for,
@@ -70,11 +72,11 @@ COMPILE_THREADS = 12
 DEVICE = "cuda"
 
 
-def _tiles(specs, splits=(1,), by_row=(False, True), swaps=(False, True)) -> list[W4A16Tile]:
+def _tiles(specs, splits=(1,), by_row=(False, True), swaps=(False, True), fills=(FILL_PROGRAMS,)) -> list[W4A16Tile]:
     """Each (block_m, block_n, block_k, warps, stages) at each split count, unpacked each way,
-    in either operand order (`swap_ab`)."""
-    return [W4A16Tile(m, n, k, w, s, split, unpack, swap) for m, n, k, w, s in specs for split in splits
-            for unpack in by_row for swap in swaps]  # fmt: skip
+    in either operand order (`swap_ab`), splitting until each fill."""
+    return [W4A16Tile(m, n, k, w, s, split, unpack_by_row=unpack, swap_ab=swap, fill=fill) for m, n, k, w, s in specs for split in splits
+            for unpack in by_row for swap in swaps for fill in fills]  # fmt: skip
 
 
 # (most rows, candidates), as TILES is keyed. Decode rows stream the weight (memory-bound: deep
@@ -96,11 +98,14 @@ CANDIDATES = (
      # By row these need more than the 227 KB of shared memory a program may have (sm_90 compiles).
      + _tiles([(128, 256, 64, 8, 4), (128, 128, 128, 8, 3), (128, 256, 128, 8, 2)], by_row=(False,))),
 )  # fmt: skip
+DECODE_FILLS = (FILL_PROGRAMS, 4 * SMS, 8 * SMS, 16 * SMS)  # decode rows stream the weight: more programs may help
 # Swapped tiles keep no dequantized weight in shared memory, which leaves room for deeper
 # pipelines and wider feature tiles (the wgmma's 64-row side): candidates of their own.
 SWAPPED = (
-    (16, _tiles([(16, 128, 128, 4, 4), (16, 256, 128, 8, 3), (16, 128, 64, 4, 6)], (1, 4, 8), swaps=(True,))),
-    (32, _tiles([(32, 128, 128, 4, 4), (32, 256, 128, 8, 3), (32, 128, 64, 4, 6)], (1, 4), swaps=(True,))),
+    (16, _tiles([(16, 128, 128, 4, 3), (16, 128, 128, 4, 4), (16, 256, 128, 8, 3), (16, 128, 64, 4, 6)], (4, 8),
+                by_row=(False,), swaps=(True,), fills=DECODE_FILLS)),
+    (32, _tiles([(32, 64, 128, 4, 4), (32, 128, 128, 4, 4), (32, 256, 128, 8, 3), (32, 128, 64, 4, 6)], (4,),
+                by_row=(False,), swaps=(True,), fills=DECODE_FILLS)),
     (64, _tiles([(64, 128, 128, 4, 4), (64, 256, 128, 8, 3), (64, 128, 64, 4, 5), (32, 256, 64, 8, 4)], (1, 4),
                 swaps=(True,))),
     (256, _tiles([(128, 128, 128, 8, 3), (128, 256, 64, 8, 4), (64, 256, 128, 8, 3), (256, 128, 64, 8, 3)], (1, 4),
@@ -139,7 +144,8 @@ def label(tile: W4A16Tile | W4A16Row) -> str:
     if isinstance(tile, W4A16Row):
         return f"row n{tile.block_n} words{tile.words} w{tile.num_warps} s{tile.num_stages} split{tile.split_k}"
     name = f"{tile.block_m}x{tile.block_n}x{tile.block_k} w{tile.num_warps} s{tile.num_stages} split{tile.split_k}"
-    return name + (" by-row" if tile.unpack_by_row else "") + (" swapped" if tile.swap_ab else "")
+    fill = f" fill{tile.fill}" if tile.fill != FILL_PROGRAMS else ""
+    return name + (" by-row" if tile.unpack_by_row else "") + (" swapped" if tile.swap_ab else "") + fill
 
 
 def packed_weight(n: int, k: int, generator: torch.Generator, device) -> tuple[torch.Tensor, ...]:

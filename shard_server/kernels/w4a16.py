@@ -46,7 +46,8 @@ from .w4a16_row import W4A16Row, row_tile_for, w4a16_row_matmul
 
 BITS = (4, 8)
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-FILL_PROGRAMS = 2 * 132  # split K until about this many programs run (two per H200 SM)
+SMS = 132  # an H100's or H200's streaming multiprocessors
+FILL_PROGRAMS = 2 * SMS  # by default split K until about this many programs run (two per SM)
 
 
 @dataclass(frozen=True)
@@ -67,19 +68,27 @@ class W4A16Tile:
     # wgmma) and the few activation rows its narrow side, with the dequantized weight fed from
     # registers instead of staged through shared memory.
     swap_ab: bool = False
+    # Programs that fill the GPU: splitting stops at about this many. Decode rows stream the
+    # weight, and there more programs in flight (up to 16 a SM) keep more loads going.
+    fill: int = FILL_PROGRAMS
 
 
-# (most rows, tile), first match wins: bench/gpu_w4a16.py's suggestion on an H100 (8B projections,
+# (most rows, tile), first match wins: from bench/gpu_w4a16.py's sweep on an H100 (8B projections,
 # bench/results/w4a16_tiles_swapped_h100.json), µs over qkv, o, gate_up and down, against the
-# table before swapped tiles (w4a16_tiles_h100.json) and cuBLAS on bf16 weights: 16 rows 134.1
-# (135.0; 159.8), 32 168.2 (189.7; 163.5), 64 193.3 (192.7; 162.5), 128 241.2 (254.6; 171.1),
-# 256 398.0 (437.4; 198.0). Past 32 rows the tiles still lose to bf16 weights: each tile's
+# table before swapped tiles (w4a16_tiles_h100.json) and cuBLAS on bf16 weights: 16 rows 118.4
+# (135.0; 159.8), 32 151.8 (189.7; 163.5), 64 193.3 (192.7; 162.5), 128 241.2 (254.6; 171.1),
+# 256 398.0 (437.4; 198.0). At 16 and 32 rows the fill is the sweep's best split per
+# projection: with two programs a SM, gate_up's 16 rows took 66.2 µs unsplit, 53.8 split in 4
+# (the sweep tried fills of 2, 4, 8 and 16 a SM on its measured forms; past 64 rows more
+# splits cost more than they gain). Past 32 rows the tiles still lose to bf16 weights: each tile's
 # dequantization (~8 instructions a value) runs between its tensor-core instructions, which
 # wait for each other (the sm_90 code waits on every wgmma), so the two never overlap.
 # One row takes the row kernel below.
 TILES = (
-    (16, W4A16Tile(block_m=16, block_n=256, block_k=128, num_warps=8, num_stages=3, split_k=8, swap_ab=True)),
-    (32, W4A16Tile(block_m=32, block_n=64, block_k=128, num_warps=4, num_stages=4, split_k=4, swap_ab=True)),
+    (16, W4A16Tile(block_m=16, block_n=128, block_k=128, num_warps=4, num_stages=3, split_k=8, swap_ab=True,
+                   fill=8 * SMS)),
+    (32, W4A16Tile(block_m=32, block_n=64, block_k=128, num_warps=4, num_stages=4, split_k=4, swap_ab=True,
+                   fill=16 * SMS)),
     (64, W4A16Tile(block_m=64, block_n=128, block_k=128, num_warps=8, num_stages=3, split_k=4)),
     (128, W4A16Tile(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=3, split_k=4, swap_ab=True)),
     (256, W4A16Tile(block_m=256, block_n=128, block_k=64, num_warps=8, num_stages=3, split_k=4, swap_ab=True)),
@@ -132,7 +141,7 @@ def tile_for(rows: int, features: int, depth: int, group_rows: int | None) -> tu
         if group_rows % 32 == 0 and tile.block_k % group_rows == 0:
             tile = replace(tile, block_k=group_rows)
     programs = triton.cdiv(rows, tile.block_m) * triton.cdiv(features, tile.block_n)
-    splits = min(tile.split_k, max(1, FILL_PROGRAMS // programs), triton.cdiv(depth, tile.block_k))
+    splits = min(tile.split_k, max(1, tile.fill // programs), triton.cdiv(depth, tile.block_k))
     tile = replace(tile, split_k=max(1, splits))
     return tile, _tile_in_one_group(tile, depth, group_rows)
 

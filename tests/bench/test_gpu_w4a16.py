@@ -24,7 +24,8 @@ EIGHT_B = ["8b.qkv", "8b.o", "8b.gate_up", "8b.down"]
 @pytest.mark.parametrize("rows", [*bench.ROWS, 2, 8, 100, 300, 8192])
 def test_every_row_count_has_candidates_the_kernel_runs_in_one_group(rows):
     tiles = bench.candidates(rows)
-    assert 15 <= len(tiles) <= 30 if rows in bench.ROWS else tiles  # the default run's budget: ~4 GPU minutes
+    # The default run's budget: with 50-80 a row count, the 8B's six row counts took 70 s on an H100.
+    assert 15 <= len(tiles) <= 100 if rows in bench.ROWS else tiles
     assert {tile.unpack_by_row for tile in tiles} == {False, True}
     for tile in tiles:
         assert tile.block_k % 32 == 0 and tile.block_m <= max(16, rows), tile

@@ -316,9 +316,10 @@ def test_tile_table_is_ordered_and_fits_the_packing():
 def test_decode_splits_k_until_the_gpu_is_full_and_prefill_does_not():
     tile, one_group = tile_for(16, 4096, 14336, 128)
     most = TILES[0][1].split_k
-    assert one_group and 1 < tile.split_k == min(most, FILL_PROGRAMS // (4096 // tile.block_n))  # few output tiles
+    assert one_group and 1 < tile.split_k == min(most, tile.fill // (4096 // tile.block_n))  # few output tiles
     wide = tile_for(16, 28672, 4096, 128)[0]  # 7x the output tiles: split only until the GPU is full
-    assert wide.split_k == max(1, FILL_PROGRAMS // (28672 // wide.block_n)) < tile.split_k
+    assert wide.split_k == max(1, wide.fill // (28672 // wide.block_n)) < tile.split_k
+    assert tile_for(64, 28672, 4096, 128)[0].split_k == max(1, FILL_PROGRAMS // (28672 // 128 * 1))  # the default fill
     assert tile_for(16, 4096, 128, 128)[0].split_k == 1  # one K tile: nothing to split
     programs = (4096 // 128) * (4096 // 128)  # the prefill tile over 4096 rows
     assert programs > FILL_PROGRAMS and tile_for(4096, 4096, 4096, 128)[0].split_k == 1
