@@ -80,9 +80,12 @@ class W4A16Tile:
 # 256 398.0 (437.4; 198.0). At 16 and 32 rows the fill is the sweep's best split per
 # projection: with two programs a SM, gate_up's 16 rows took 66.2 µs unsplit, 53.8 split in 4
 # (the sweep tried fills of 2, 4, 8 and 16 a SM on its measured forms; past 64 rows more
-# splits cost more than they gain). Past 32 rows the tiles still lose to bf16 weights: each tile's
-# dequantization (~8 instructions a value) runs between its tensor-core instructions, which
-# wait for each other (the sm_90 code waits on every wgmma), so the two never overlap.
+# splits cost more than they gain). Past 32 rows the tiles still lose to bf16 weights: a tile's
+# dequantization takes ~8 instructions a value (sm_90 SASS: shift, and/or, subtract, multiply,
+# pack, plus moves), about as long as its share of tensor-core work. Which configs ptxas keeps
+# asynchronous (it serializes some, info C7515) made no difference to their times, so those
+# instructions, not the wait, bound the tile; fewer a value (nibbles pre-arranged at load for
+# two-at-a-time conversion) is the next step.
 # One row takes the row kernel below.
 TILES = (
     (16, W4A16Tile(block_m=16, block_n=128, block_k=128, num_warps=4, num_stages=3, split_k=8, swap_ab=True,
