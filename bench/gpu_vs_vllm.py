@@ -66,7 +66,7 @@ ENGINES = ("textgen", "vllm")
 FP8_FLAGS = {"textgen": ["--quantize", "fp8", "--kv-cache-dtype", "fp8_e4m3fn"],
              "vllm": ["--quantization", "fp8", "--kv-cache-dtype", "fp8"]}
 POISSON_S = 15.0
-SHAPE_CHOICES = ("8b", "qwen3-30b-a3b", "mixtral-8x7b", "gemma2-9b", "phi3-medium", "tiny", "tiny-moe", "tiny-mixtral",
+SHAPE_CHOICES = ("8b", "70b", "qwen3-30b-a3b", "mixtral-8x7b", "gemma2-9b", "phi3-medium", "tiny", "tiny-moe", "tiny-mixtral",
                  "tiny-gemma2", "tiny-phi3")  # fmt: skip
 REPEATS = 3  # runs of the one-request workloads
 OPTIONAL_WORKLOADS = ("long_answer",)  # run only when named in --workloads
@@ -349,6 +349,8 @@ def main() -> None:
                         "figures are kept and the report covers them (device calls are capped at 10 minutes)")  # fmt: skip
     parser.add_argument("--write-model", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.shape == "70b" and args.checkpoint in (None, "fp8-block"):
+        parser.error("the 70B fits one GPU only in 4 bits: --checkpoint gptq or awq (about 38 GB)")
     args.spill = gpu_model.spill_from(args, parser)
     if args.model_dir is None:
         plain = args.shape == "8b" and args.checkpoint is None
