@@ -21,6 +21,8 @@ tells the kernel when the groups are contiguous from row 0 (no act-order, no mid
 
 Tensor parallelism: column-parallel parts read their output columns of qweight and scales, and
 the words of qzeros (AWQ: of qweight too) that cover them, unpacked and cut to the columns.
+GPTQ's qweight words are kept as read (a 70B checkpoint's 35 GB are never unpacked); AWQ's and
+pack-quantized ones are unpacked and repacked in GPTQ's order.
 Row-parallel slices read their input rows of qweight (GPTQ: whole words, so a rank's rows start
 at a multiple of `pack`), their entries of g_idx, and the rows of scales and qzeros for the
 groups those rows fall in (with act-order: every group from the lowest to the highest index any
@@ -66,16 +68,19 @@ def unpack_cols(packed: torch.Tensor, bits: int, order: tuple[int, ...] | None =
 def pack_rows(values: torch.Tensor, bits: int) -> torch.Tensor:
     """The inverse of unpack_rows: [R, C] values in [0, 2^bits) -> [R/pack, C] int32 words."""
     pack = 32 // bits
-    shifts = _shifts(bits, values.device).view(1, -1, 1).long()
-    words = (values.to(torch.int64).reshape(-1, pack, values.shape[1]) << shifts).sum(1)
+    rows = values.reshape(-1, pack, values.shape[1])
+    words = rows[:, 0].to(torch.int64, copy=True)  # never the caller's int64 values, OR-ed in place
+    for i in range(1, pack):  # one word-sized pass a value: no [R, C] int64 temporaries
+        words |= rows[:, i].to(torch.int64) << (i * bits)
     return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
 
 
 @dataclass
 class _Slice:
-    """A rank's part of one checkpoint linear, unpacked: values [in, out], zeros/scales [groups, out], g_idx [in]."""
+    """A rank's part of one checkpoint linear: qweight int32 words [in/pack, out] in GPTQ's order
+    (GPTQ's own words, as read: nothing is unpacked), zeros/scales [groups, out], g_idx [in]."""
 
-    values: torch.Tensor
+    qweight: torch.Tensor
     zeros: torch.Tensor
     scales: torch.Tensor
     g_idx: torch.Tensor
@@ -97,7 +102,7 @@ class PackedWeight(nn.Module):
                     g_idx: torch.Tensor, device="cpu") -> PackedWeight:  # fmt: skip
         """A weight from unpacked values [in, out], zero points and scales [groups, out], g_idx [in]."""
         weight = cls(scheme, (values.shape[1], values.shape[0]), scales.dtype, device)
-        weight._set(_Slice(values, zeros, scales, g_idx), "weight")
+        weight._set(_Slice(pack_rows(values, scheme.bits), zeros, scales, g_idx), "weight")
         return weight
 
     # The product.
@@ -117,7 +122,7 @@ class PackedWeight(nn.Module):
     # Loading.
     def load_columns(self, store: WeightStore, prefixes: list[str], parts) -> None:
         """Column-parallel: output columns [part.start, part.end) of each prefix, stacked."""
-        slices = [_read_columns(store, prefix, self.scheme, self.in_features, part.start, part.end)
+        slices = [_read_columns(store, prefix, self.scheme, self.in_features, part.start, part.end, self.device)
                   for prefix, part in zip(prefixes, parts)]  # fmt: skip
         for prefix, piece in zip(prefixes[1:], slices[1:]):
             if not torch.equal(piece.g_idx, slices[0].g_idx):
@@ -126,23 +131,23 @@ class PackedWeight(nn.Module):
                     "fused into one product need the same act-order groups"
                 )
         cat = lambda field: torch.cat([getattr(piece, field) for piece in slices], dim=1)  # noqa: E731
-        self._set(_Slice(cat("values"), cat("zeros"), cat("scales"), slices[0].g_idx), prefixes[0])
+        self._set(_Slice(cat("qweight"), cat("zeros"), cat("scales"), slices[0].g_idx), prefixes[0])
 
     def load_rows(self, store: WeightStore, prefix: str, start: int, end: int, in_features: int) -> None:
         """Row-parallel: input rows [start, end) of all output columns."""
-        self._set(_read_rows(store, prefix, self.scheme, in_features, start, end), prefix)
+        self._set(_read_rows(store, prefix, self.scheme, in_features, start, end, self.device), prefix)
 
     def _set(self, piece: _Slice, prefix: str) -> None:
-        want = (self.in_features, self.out_features)
-        if tuple(piece.values.shape) != want:
-            raise WeightsError(
-                f"{prefix}.qweight unpacks to {list(piece.values.shape)}, expected [in, out] = {list(want)}"
-            )
+        pack = self.scheme.pack
+        want = (self.in_features // pack, self.out_features)
+        if self.in_features % pack or tuple(piece.qweight.shape) != want:
+            raise WeightsError(f"{prefix}.qweight holds {list(piece.qweight.shape)} words, expected [in/{pack}, out] = "
+                               f"{list(want)} for {self.in_features} inputs")  # fmt: skip
         if piece.zeros.numel() and (int(piece.zeros.min()) < 0 or int(piece.zeros.max()) >= 2**15):
             raise WeightsError(f"{prefix}: zero points outside [0, 2^15) ({self.scheme.describe()})")
         device = self.device
         # Contiguous: slices read by columns are strided views, and the kernel reads rows of N.
-        self.qweight = pack_rows(piece.values, self.scheme.bits).to(device)
+        self.qweight = piece.qweight.to(device).contiguous()
         self.zeros = piece.zeros.to(torch.int16).to(device).contiguous()
         self.scales = piece.scales.to(device).contiguous()
         self.g_idx = piece.g_idx.to(torch.int32).to(device).contiguous()
@@ -217,29 +222,31 @@ def _g_idx(store: WeightStore, prefix: str, scheme: PackedScheme, in_features: i
     return torch.zeros_like(rows) if scheme.group_size == -1 else rows // scheme.group_size
 
 
-def _packed_columns(store, name, bits, start, end, order=None) -> torch.Tensor:
-    """Columns [start, end) of a tensor packed along its columns, unpacked."""
+def _packed_columns(store, name, bits, start, end, order=None, device="cpu") -> torch.Tensor:
+    """Columns [start, end) of a tensor packed along its columns, unpacked on `device`."""
     pack = 32 // bits
     first = start // pack
-    words = store.get_cols(name, first, -(-end // pack))
+    words = store.get_cols(name, first, -(-end // pack)).to(device)
     return unpack_cols(words, bits, order)[:, start - first * pack : end - first * pack]
 
 
-def _read_columns(store, prefix, scheme: PackedScheme, in_features, start, end) -> _Slice:
+def _read_columns(store, prefix, scheme: PackedScheme, in_features, start, end, device="cpu") -> _Slice:
+    """Output columns [start, end); repacking (AWQ) runs on `device`, where the layer will live."""
     out = _check(store, prefix, scheme, in_features)
     if end > out:
         raise WeightsError(f"{prefix}.scales has {out} output columns; this rank needs [{start}, {end})")
     bits, order = scheme.bits, AWQ_ORDER if scheme.method == "awq" else None
     if scheme.method == "gptq":
-        values = unpack_rows(store.get_cols(f"{prefix}.qweight", start, end), bits)
-    else:
-        values = _packed_columns(store, f"{prefix}.qweight", bits, start, end, order)
+        qweight = store.get_cols(f"{prefix}.qweight", start, end)
+    else:  # AWQ packs columns: its values are repacked by rows
+        qweight = pack_rows(_packed_columns(store, f"{prefix}.qweight", bits, start, end, order, device), bits)
     zeros = _packed_columns(store, f"{prefix}.qzeros", bits, start, end, order) + scheme.zero_offset
     scales = store.get_cols(f"{prefix}.scales", start, end)
-    return _Slice(values, zeros, scales, _g_idx(store, prefix, scheme, in_features, 0, in_features))
+    return _Slice(qweight, zeros, scales, _g_idx(store, prefix, scheme, in_features, 0, in_features))
 
 
-def _read_rows(store, prefix, scheme: PackedScheme, in_features, start, end) -> _Slice:
+def _read_rows(store, prefix, scheme: PackedScheme, in_features, start, end, device="cpu") -> _Slice:
+    """Input rows [start, end); repacking (AWQ) runs on `device`, where the layer will live."""
     out = _check(store, prefix, scheme, in_features)
     bits, pack = scheme.bits, scheme.pack
     if scheme.method == "gptq":
@@ -247,12 +254,13 @@ def _read_rows(store, prefix, scheme: PackedScheme, in_features, start, end) -> 
             raise WeightsError(f"{prefix}.qweight packs {pack} input rows per int32; this rank's rows [{start}, {end}) "
                                "split a word: use a --num-shard that splits the inputs in multiples of "
                                f"{pack}")  # fmt: skip
-        values = unpack_rows(store.get_rows(f"{prefix}.qweight", start // pack, end // pack), bits)
+        qweight = store.get_rows(f"{prefix}.qweight", start // pack, end // pack)
     else:
-        values = unpack_cols(store.get_rows(f"{prefix}.qweight", start, end), bits, AWQ_ORDER)[:, :out]
+        values = unpack_cols(store.get_rows(f"{prefix}.qweight", start, end).to(device), bits, AWQ_ORDER)[:, :out]
+        qweight = pack_rows(values, bits)
     g_idx = _g_idx(store, prefix, scheme, in_features, start, end)
     low, high = int(g_idx.min()), int(g_idx.max()) + 1
     order = AWQ_ORDER if scheme.method == "awq" else None
     zeros = unpack_cols(store.get_rows(f"{prefix}.qzeros", low, high), bits, order)[:, :out] + scheme.zero_offset
     scales = store.get_rows(f"{prefix}.scales", low, high)
-    return _Slice(values, zeros, scales, g_idx - low)
+    return _Slice(qweight, zeros, scales, g_idx - low)

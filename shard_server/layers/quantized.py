@@ -46,7 +46,7 @@ from ..kernels.fp8_matmul import FP8
 from ..kernels.skinny_matmul import config_for, skinny_matmul, skinny_rows
 from ..models.quantization import BlockFp8Scheme, Int8Scheme, PackedScheme
 from ..weights import WeightsError, WeightStore
-from .int4 import PackedWeight, _Slice, unpack_cols, unpack_rows
+from .int4 import PackedWeight, _Slice, pack_rows, unpack_cols, unpack_rows
 
 _FLOATS = ("F16", "BF16", "F32")
 INT8_TINY = 1e-10  # the smallest activation-row scale (an all-zero row)
@@ -91,7 +91,7 @@ class PackedCompressedWeight(PackedWeight):
                     "projections fused into one product need the same act-order groups"
                 )
         cat = lambda field: torch.cat([getattr(piece, field) for piece in slices], dim=1)  # noqa: E731
-        self._set(_Slice(cat("values"), cat("zeros"), cat("scales"), slices[0].g_idx), prefixes[0])
+        self._set(_Slice(cat("qweight"), cat("zeros"), cat("scales"), slices[0].g_idx), prefixes[0])
 
     def load_rows(self, store: WeightStore, prefix: str, start: int, end: int, in_features: int) -> None:
         out = self._check(store, prefix, in_features)
@@ -158,6 +158,7 @@ class PackedCompressedWeight(PackedWeight):
         bits, pack = scheme.bits, scheme.pack
         first = col_start // pack
         words = _read(store, f"{prefix}.weight_packed", (row_start, row_end), (first, -(-col_end // pack)))
+        words = words.to(self.device)  # unpacked and repacked where the layer will live (a GPU: fast)
         values = unpack_cols(words, bits)[:, col_start - first * pack : col_end - first * pack]  # [rows, cols]
         rows = torch.arange(col_start, col_end)
         if scheme.desc_act:
@@ -179,7 +180,7 @@ class PackedCompressedWeight(PackedWeight):
             zeros = unpack_rows(zwords, bits)[row_start - zfirst * pack : row_end - zfirst * pack]
         else:
             zeros = torch.full(scales.shape, 1 << (bits - 1), dtype=torch.int32)
-        return _Slice(values.t(), zeros.t(), scales.t().contiguous(), g_idx - low)
+        return _Slice(pack_rows(values.t(), bits), zeros.t(), scales.t().contiguous(), g_idx - low)
 
 
 # compressed-tensors int-quantized.

@@ -283,10 +283,18 @@ def test_row_tiles_are_fitted_to_the_groups_and_the_k_steps():
 
 def test_zero_points_outside_the_kernels_range_are_refused_at_load():
     weight = make_weight(4, 64)
-    piece = int4_module._Slice(int4_module.unpack_rows(weight.qweight, 4), weight.zeros.int() - 9,
-                               weight.scales, weight.g_idx)  # fmt: skip
+    piece = int4_module._Slice(weight.qweight, weight.zeros.int() - 9, weight.scales, weight.g_idx)
     with pytest.raises(WeightsError, match=r"zero points outside \[0, 2\^15\)"):
         weight._set(piece, "model.layers.0.mlp.down_proj")
+
+
+def test_words_of_the_wrong_shape_are_refused_at_load():
+    """A slice is held as GPTQ's words [in/pack, out]: unpacked values, or one word row short, are refused."""
+    weight = make_weight(4, 64)
+    for qweight in (int4_module.unpack_rows(weight.qweight, 4), weight.qweight[1:]):
+        piece = int4_module._Slice(qweight, weight.zeros, weight.scales, weight.g_idx)
+        with pytest.raises(WeightsError, match=r"qweight holds \[\d+, 37\] words, expected \[in/8, out\] = \[25, 37\]"):
+            weight._set(piece, "model.layers.0.mlp.down_proj")
 
 
 def test_strided_activations_and_leading_dims_and_bias():
