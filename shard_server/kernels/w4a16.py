@@ -6,7 +6,8 @@ int16 [groups, N] (true zero points), `scales` [groups, N], `g_idx` int32 [K]. E
 loads a [BLOCK_K/pack, BLOCK_N] tile of words, unpacks it in registers to [BLOCK_K, BLOCK_N],
 computes (q - zero) * scale in float32, rounds it to the activations' dtype (exactly the
 weight the reference `PackedWeight.dequantize` builds) and feeds it to `tl.dot` (tensor-core
-MMA for bf16/fp16; float32 activations get exact IEEE dots), accumulating in float32. The
+MMA for bf16/fp16; float32 activations get exact IEEE dots), accumulating in float32; a
+swapped tile (`swap_ab`) multiplies w^T x^T, so the weight is the MMA's register operand. The
 dequantized weight never exists in memory. `bits` is a constexpr: 8-bit GPTQ is the same code.
 
 Groups: where the groups are contiguous (`group_rows` rows each from row 0, which is what a
