@@ -329,7 +329,7 @@ def _packed_specs(prefix: str, out: int, depth: int, checkpoint: str) -> list[Te
         blocks = (-(-out // FP8_BLOCK), -(-depth // FP8_BLOCK))
         return [TensorSpec(prefix + ".weight", (out, depth), "fp8"),
                 TensorSpec(prefix + ".weight_scale_inv", blocks, "block_scales")]  # fmt: skip
-    groups = depth // GROUP_SIZE
+    groups = -(-depth // GROUP_SIZE)  # a last, shorter group (a tiny shape: one group of fewer rows)
     words = (depth // 8, out) if checkpoint == "gptq" else (depth, out // 8)
     specs = [TensorSpec(prefix + ".qweight", words, "words"), TensorSpec(prefix + ".qzeros", (groups, out // 8), "zeros"),
              TensorSpec(prefix + ".scales", (groups, out), "scales")]  # fmt: skip
