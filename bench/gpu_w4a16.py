@@ -75,8 +75,9 @@ DEVICE = "cuda"
 def _tiles(specs, splits=(1,), by_row=(False, True), swaps=(False, True), fills=(FILL_PROGRAMS,)) -> list[W4A16Tile]:
     """Each (block_m, block_n, block_k, warps, stages) at each split count, unpacked each way,
     in either operand order (`swap_ab`), splitting until each fill."""
-    return [W4A16Tile(m, n, k, w, s, split, unpack_by_row=unpack, swap_ab=swap, fill=fill) for m, n, k, w, s in specs for split in splits
-            for unpack in by_row for swap in swaps for fill in fills]  # fmt: skip
+    return [W4A16Tile(m, n, k, w, s, split, unpack_by_row=unpack, swap_ab=swap, fill=fill)
+            for m, n, k, w, s in specs for split in splits for unpack in by_row for swap in swaps
+            for fill in fills]  # fmt: skip
 
 
 # (most rows, candidates), as TILES is keyed. Decode rows stream the weight (memory-bound: deep

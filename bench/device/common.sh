@@ -25,3 +25,8 @@ stage() {
   tar -C "$LOGS" -czf "$OUT/logs.tgz" .
   return $rc
 }
+
+install_peer() {  # unpacks the carried vLLM bundle (after the .peer/c1 and c2 carry calls), or exits 3
+  # install.sh reads PEER as its parts folder: a caller's PEER=1 must not reach it
+  PEER=/tmp/peer bash .peer/tools/install.sh > "$LOGS/peer_install.log" 2>&1 || { cat "$LOGS/peer_install.log"; exit 3; }
+}

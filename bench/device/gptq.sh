@@ -19,8 +19,7 @@ if [ "${WRITE_ONLY:-0}" = 1 ]; then
 fi
 bench textgen_gptq /tmp/gptq-out --checkpoint gptq --engines textgen
 if [ "${PEER:-0}" = 1 ]; then
-  # install.sh reads PEER as its parts folder: this script's PEER=1 must not reach it
-  PEER=/tmp/peer bash .peer/tools/install.sh > "$LOGS/peer_install.log" 2>&1 || { cat "$LOGS/peer_install.log"; exit 3; }
+  install_peer
   bench vllm_gptq /tmp/gptq-out --checkpoint gptq --engines vllm --resume /tmp/gptq-out/gpu_vs_vllm.json
 fi
 bench textgen_bf16 /tmp/bf16-out --engines textgen

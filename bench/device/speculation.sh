@@ -13,8 +13,7 @@ speculation() {  # NAME SERVERS [extra flags]
 while pgrep -f -- --write-models > /dev/null; do sleep 2; done  # a model still being written (kernels.sh)
 [ -d /tmp/spec-keep ] && cp /tmp/spec-keep/gpu_speculation_plan.json "$OUT/" 2>/dev/null
 if [ "${PEER:-0}" = 1 ]; then
-  # install.sh reads PEER as its parts folder: this script's PEER=1 must not reach it
-  PEER=/tmp/peer bash .peer/tools/install.sh > "$LOGS/peer_install.log" 2>&1 || { cat "$LOGS/peer_install.log"; exit 3; }
+  install_peer
   speculation speculation_vllm vllm --peer-env .peer/tools/env.sh
 fi
 for servers in ${SERVERS:-off,on}; do

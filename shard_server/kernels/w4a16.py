@@ -80,8 +80,8 @@ class W4A16Tile:
 # (135.0; 159.8), 32 151.8 (189.7; 163.5), 64 193.3 (192.7; 162.5), 128 241.2 (254.6; 171.1),
 # 256 398.0 (437.4; 198.0). At 16 and 32 rows the fill is the sweep's best split per
 # projection: with two programs a SM, gate_up's 16 rows took 66.2 µs unsplit, 53.8 split in 4
-# (the sweep tried fills of 2, 4, 8 and 16 a SM on its measured forms; past 64 rows more
-# splits cost more than they gain). Past 32 rows the tiles still lose to bf16 weights: a tile's
+# (fills of 2, 4, 8 and 16 a SM replayed over the split counts the sweep measured; past 64
+# rows more splits cost more than they gain; bench/gpu_w4a16.py now sweeps the fills too). Past 32 rows the tiles still lose to bf16 weights: a tile's
 # dequantization takes ~8 instructions a value (sm_90 SASS: shift, and/or, subtract, multiply,
 # pack, plus moves), about as long as its share of tensor-core work. Which configs ptxas keeps
 # asynchronous (it serializes some, info C7515) made no difference to their times, so those

@@ -207,3 +207,15 @@ def test_bench_prompts_stay_inside_phi3s_vocabulary_and_long_prompt_is_skipped_a
     assert list(skipped) == ["long_prompt"] and "6001" in skipped["long_prompt"]
     assert set(kept) == set(phi3) - {"long_prompt"}
     assert fitting_plan(phi3, gpu_model.GEMMA2_9B["max_position_embeddings"])[1] == {}
+
+
+@pytest.mark.parametrize("checkpoint", [[], ["--checkpoint", "fp8-block"]], ids=["bf16", "fp8-block"])
+def test_the_70b_is_refused_unless_it_is_4_bit(checkpoint, monkeypatch, capsys):
+    """The 70B fits one GPU only as a 4-bit checkpoint: anything else stops before a model is written."""
+    from bench import gpu_vs_vllm
+
+    argv = ["gpu_vs_vllm.py", "--tokenizer-dir", "T", "--out", "O", "--shape", "70b", *checkpoint]
+    monkeypatch.setattr(sys, "argv", argv)
+    with pytest.raises(SystemExit) as stop:
+        gpu_vs_vllm.main()
+    assert stop.value.code == 2 and "fits one GPU only in 4 bits" in capsys.readouterr().err
