@@ -34,7 +34,7 @@ import math
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from unittest import mock
 
@@ -45,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.gpu_skinny_matmul import graph_us  # noqa: E402
 from shard_server.kernels import w4a16  # noqa: E402
+from shard_server.kernels.pair_order import to_gptq_order  # noqa: E402
 from shard_server.kernels.w4a16 import (  # noqa: E402
     DEQUANTIZE_FROM_ROWS,
     FILL_PROGRAMS,
@@ -135,10 +136,12 @@ def fitted(tile: W4A16Tile, rows: int, n: int, k: int) -> W4A16Tile:
 
 
 def case_tiles(rows: int, n: int, k: int, limit: int | None = None) -> tuple[W4A16Tile, list[W4A16Tile]]:
-    """The TILES entry (`tile_for`'s) and every tile a case times: it, the candidates, their fitted forms."""
+    """The TILES entry (`tile_for`'s) and every tile a case times: it, it on the float32 path (two values
+    at a time off), the candidates, their fitted forms."""
     entry = tile_for(rows, n, k, GROUP)[0]
     tiles = candidates(rows)[:limit]
-    return entry, list(dict.fromkeys([entry, *tiles, *(fitted(t, rows, n, k) for t in tiles)]))
+    return entry, list(dict.fromkeys([entry, replace(entry, pairs=False), *tiles,
+                                      *(fitted(t, rows, n, k) for t in tiles)]))  # fmt: skip
 
 
 def label(tile: W4A16Tile | W4A16Row) -> str:
@@ -146,11 +149,13 @@ def label(tile: W4A16Tile | W4A16Row) -> str:
         return f"row n{tile.block_n} words{tile.words} w{tile.num_warps} s{tile.num_stages} split{tile.split_k}"
     name = f"{tile.block_m}x{tile.block_n}x{tile.block_k} w{tile.num_warps} s{tile.num_stages} split{tile.split_k}"
     fill = f" fill{tile.fill}" if tile.fill != FILL_PROGRAMS else ""
-    return name + (" by-row" if tile.unpack_by_row else "") + (" swapped" if tile.swap_ab else "") + fill
+    float32 = " float32" if not tile.pairs else ""
+    return name + (" by-row" if tile.unpack_by_row else "") + (" swapped" if tile.swap_ab else "") + fill + float32
 
 
 def packed_weight(n: int, k: int, generator: torch.Generator, device) -> tuple[torch.Tensor, ...]:
-    """Random [K, N] 4-bit weight as `PackedWeight` holds a GPTQ one: (qweight, zeros, scales, g_idx)."""
+    """Random [K, N] 4-bit weight as `PackedWeight` holds a GPTQ one: (qweight, zeros, scales, g_idx);
+    random words are as random in pair order."""
     groups = k // GROUP
     qweight = torch.randint(-(2**31), 2**31, (k // 8, n), dtype=torch.int32, generator=generator, device=device)
     zeros = torch.full((groups, n), ZERO, dtype=torch.int16, device=device)
@@ -167,9 +172,10 @@ def dequantize(qweight, zeros, scales, g_idx, dtype=torch.bfloat16) -> torch.Ten
     """The [K, N] weight (`PackedWeight.dequantize`'s, transposed), in plain torch: contiguous groups
     broadcast their zero and scale to their rows instead of gathering them per row."""
     shifts = torch.arange(0, 32, BITS, dtype=torch.int32, device=qweight.device)
-    values = (qweight.unsqueeze(1) >> shifts.view(1, -1, 1)) & ((1 << BITS) - 1)  # [K/8, 8, N], row 8w+i
+    words = to_gptq_order(qweight, BITS)  # the layer keeps pair order
+    values = (words.unsqueeze(1) >> shifts.view(1, -1, 1)) & ((1 << BITS) - 1)  # [K/8, 8, N], row 8w+i
     values = values.view(-1, GROUP, qweight.shape[1])  # [groups, GROUP, N]
-    weight = (values - zeros.int().unsqueeze(1)).float() * scales.float().unsqueeze(1)
+    weight = (values - zeros.int().unsqueeze(1)).float() * scales.to(dtype).float().unsqueeze(1)
     return weight.view(-1, qweight.shape[1]).to(dtype)
 
 

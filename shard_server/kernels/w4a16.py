@@ -1,14 +1,24 @@
 """GPTQ/AWQ packed integer weights times half-precision activations (W4A16, and W8A16), in Triton.
 
 The weight stays packed in memory as `layers/int4.py`'s `PackedWeight` holds it: `qweight`
-int32 [K/pack, N] (pack = 32/bits consecutive input rows per word, low bits first), `zeros`
-int16 [groups, N] (true zero points), `scales` [groups, N], `g_idx` int32 [K]. Each program
-loads a [BLOCK_K/pack, BLOCK_N] tile of words, unpacks it in registers to [BLOCK_K, BLOCK_N],
-computes (q - zero) * scale in float32, rounds it to the activations' dtype (exactly the
-weight the reference `PackedWeight.dequantize` builds) and feeds it to `tl.dot` (tensor-core
-MMA for bf16/fp16; float32 activations get exact IEEE dots), accumulating in float32; a
-swapped tile (`swap_ab`) multiplies w^T x^T, so the weight is the MMA's register operand. The
-dequantized weight never exists in memory. `bits` is a constexpr: 8-bit GPTQ is the same code.
+int32 [K/pack, N] (pack = 32/bits consecutive input rows per word), `zeros` int16 [groups, N]
+(true zero points), `scales` [groups, N], `g_idx` int32 [K]. 8-bit words hold their rows in
+GPTQ's order (row i of a word in bits [8i, 8i+8)); 4-bit words in pair order (`slot_of_row`:
+rows 2j and 2j+1 at bits 4j and 16+4j), so that one shift and one logic op put two values side
+by side in the halves of a register. Each program loads a [BLOCK_K/pack, BLOCK_N] tile of
+words and unpacks it in registers to the weight (q - zero) * scale, the scale taken in the
+activations' dtype and the product rounded once to it (exactly the weight the reference
+`PackedWeight.dequantize` builds), and feeds it to `tl.dot` (tensor-core MMA for bf16/fp16;
+float32 activations get exact IEEE dots), accumulating in float32; a swapped tile (`swap_ab`)
+multiplies w^T x^T, so the weight is the MMA's register operand. The dequantized weight never
+exists in memory. `bits` is a constexpr: 8-bit GPTQ is the same code.
+
+Two at a time (`pairs`, 4-bit half activations with contiguous groups): each value of a pair
+is OR-ed under the exponent of a half-precision constant (bf16 128, fp16 1024, whose unit in
+the last place is 1), so the pair reads magic + q; one half2 FMA subtracts magic + zero
+(exact: small integers) and one multiplies by the scale (rounded once). Four instructions make
+two values, where the float32 path took about eight a value (sm_90 SASS). On the GPU that is
+inline PTX; Triton's interpreter runs the same arithmetic in plain ops.
 
 Groups: where the groups are contiguous (`group_rows` rows each from row 0, which is what a
 checkpoint without act-order gives at TP=1 and on column-parallel ranks) and a K tile never
@@ -41,6 +51,7 @@ import triton
 import triton.language as tl
 
 from .dispatch import use_fused
+from .pair_order import _slot_of_row
 from .pdl import launch_args, wait_for_previous_kernel
 from .skinny_matmul import SUM_BLOCK, _sum_splits_kernel, split_range
 from .w4a16_row import W4A16Row, row_tile_for, w4a16_row_matmul
@@ -72,6 +83,9 @@ class W4A16Tile:
     # Programs that fill the GPU: splitting stops at about this many. Decode rows stream the
     # weight, and there more programs in flight (up to 16 a SM) keep more loads going.
     fill: int = FILL_PROGRAMS
+    # Dequantize two values at a time in half2 arithmetic where it applies (`pairs_apply`);
+    # False keeps the float32 path, so a sweep can time both.
+    pairs: bool = True
 
 
 # (most rows, tile), first match wins: from bench/gpu_w4a16.py's sweep on an H100 (8B projections,
@@ -154,6 +168,84 @@ def _tile_in_one_group(tile: W4A16Tile, depth: int, group_rows: int | None) -> b
     return group_rows is not None and (group_rows >= depth or group_rows % tile.block_k == 0)
 
 
+def _pair_ptx(half: str, magic: int, one: int) -> str:
+    """PTX turning one pair-order word into its 8 weights: $8 the word, $9 the pair -(magic + zero),
+    $10 the pair (scale, scale); $0..$7 rows 0..7. fma forms (sm_80+ for bf16x2, sm_53+ for f16x2):
+    (magic + q) * 1 - (magic + zero) is exact, then * scale + (-0) rounds once."""
+    lines = [f"mov.b32 one, {one:#x};", "mov.b32 nz, 0x80008000;"]
+    for j in range(4):
+        source = "$8" if j == 0 else f"w{j}"
+        if j:
+            lines.append(f"shr.u32 w{j}, $8, {4 * j};")
+        lines += [f"lop3.b32 t{j}, {source}, 0x000F000F, {magic * 0x10001:#x}, 0xEA;",  # (a & b) | c
+                  f"fma.rn.{half} t{j}, t{j}, one, $9;", f"fma.rn.{half} t{j}, t{j}, $10, nz;",
+                  f"mov.b32 {{${2 * j}, ${2 * j + 1}}}, t{j};"]  # fmt: skip
+    return "{\n.reg .b32 w<4>, t<4>, one, nz;\n" + "\n".join(lines) + "\n}"
+
+
+# (magic, its bits): a half whose unit in the last place is 1, so magic | q reads magic + q.
+PAIR_MAGIC = {torch.bfloat16: 0x4300, torch.float16: 0x6400}  # 128.0, 1024.0
+# -(magic + zero) is zero + these bits (the sign bit set), for zeros below the magic.
+_MINUS_MAGIC_BF16 = tl.constexpr(0x8000 | PAIR_MAGIC[torch.bfloat16])
+_MINUS_MAGIC_F16 = tl.constexpr(0x8000 | PAIR_MAGIC[torch.float16])
+_PAIRS_BF16 = tl.constexpr(_pair_ptx("bf16x2", PAIR_MAGIC[torch.bfloat16], 0x3F803F80))
+_PAIRS_F16 = tl.constexpr(_pair_ptx("f16x2", PAIR_MAGIC[torch.float16], 0x3C003C00))
+
+
+def pairs_apply(x: torch.Tensor, bits: int, one_group: bool, tile: W4A16Tile) -> bool:
+    """Whether a tile dequantizes two values at a time: 4 bits, half activations, one group per
+    K tile (one zero and scale a column), words loaded once each, and the tile allows it."""
+    return tile.pairs and not tile.unpack_by_row and bits == 4 and one_group and x.dtype in PAIR_MAGIC
+
+
+@triton.jit
+def _rounded(v, dtype: tl.constexpr, ON_GPU: tl.constexpr):
+    """float32 v rounded to nearest even in `dtype`, as a GPU converts. Off the GPU (Triton's
+    interpreter, whose bfloat16 conversion truncates) the float32 bits are rounded first, so that
+    the conversion after is exact."""
+    if not ON_GPU and dtype == tl.bfloat16:
+        bits = v.to(tl.int32, bitcast=True)
+        v = ((bits + 0x7FFF + ((bits >> 16) & 1)) & -65536).to(tl.float32, bitcast=True)
+    return v.to(dtype)
+
+
+@triton.jit
+def _pair_value(packed, row: tl.constexpr, zero, scale):
+    """Row `row` of each pair-order word as the pair PTX makes it, in plain ops (the interpreter)."""
+    q = (packed >> ((row % 2) * 16 + (row // 2) * 4)) & 15
+    return _rounded((q - zero).to(tl.float32) * scale.to(tl.float32), scale.dtype, False)
+
+
+@triton.jit
+def _pairs_dequantized(packed, zero, scale, ASM: tl.constexpr):
+    """[WORDS, N] pair-order 4-bit words, their group's zero (int32) and scale (in the activations'
+    dtype) a column -> the [WORDS * 8, N] weight, row 8w + r from row r of word w."""
+    if ASM:
+        minus = (zero + (_MINUS_MAGIC_BF16 if scale.dtype == tl.bfloat16 else _MINUS_MAGIC_F16)) & 0xFFFF
+        halves = scale.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+        if scale.dtype == tl.bfloat16:
+            ptx: tl.constexpr = _PAIRS_BF16
+        else:
+            ptx: tl.constexpr = _PAIRS_F16
+        v = tl.inline_asm_elementwise(ptx, "=h,=h,=h,=h,=h,=h,=h,=h,r,r,r",
+                                      [packed, minus | (minus << 16), halves | (halves << 16)],
+                                      dtype=(scale.dtype,) * 8, is_pure=True, pack=1)  # fmt: skip
+        v0, v1, v2, v3, v4, v5, v6, v7 = v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]
+    else:
+        v0 = _pair_value(packed, 0, zero, scale)
+        v1 = _pair_value(packed, 1, zero, scale)
+        v2 = _pair_value(packed, 2, zero, scale)
+        v3 = _pair_value(packed, 3, zero, scale)
+        v4 = _pair_value(packed, 4, zero, scale)
+        v5 = _pair_value(packed, 5, zero, scale)
+        v6 = _pair_value(packed, 6, zero, scale)
+        v7 = _pair_value(packed, 7, zero, scale)
+    # Joined as [W, N, h, a, b]: row r = 4b + 2a + h; permuted to [W, b, a, h, N] for row order.
+    both = tl.join(tl.join(tl.join(v0, v1), tl.join(v2, v3)), tl.join(tl.join(v4, v5), tl.join(v6, v7)))
+    both = tl.permute(both, (0, 4, 3, 2, 1))
+    return tl.reshape(both, (packed.shape[0] * 8, packed.shape[1]))
+
+
 @triton.jit
 def _exact_difference(q, zero):
     """q - zero in float32, exact, with no int-to-float conversion: each as the float32 word
@@ -166,7 +258,8 @@ def _exact_difference(q, zero):
 def _w4a16_kernel(x_ptr, qweight_ptr, zeros_ptr, scales_ptr, g_idx_ptr, out_ptr, M, N, K, group_rows, x_stride,
                   out_stride, split_stride, BITS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, TILE_GROUP: tl.constexpr, IEEE: tl.constexpr,
-                  UNPACK_BY_ROW: tl.constexpr, SWAP_AB: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
+                  UNPACK_BY_ROW: tl.constexpr, SWAP_AB: tl.constexpr, PAIRS: tl.constexpr, ASM: tl.constexpr,
+                  PDL: tl.constexpr):  # fmt: skip
     # Row tiles are the grid's first axis: programs reading one weight slice run together and
     # all but the first find its words in L2. With SPLIT_K > 1 program (.., .., s) reduces the
     # s-th range of K and writes its float32 partial at s * split_stride into out_ptr.
@@ -179,7 +272,7 @@ def _w4a16_kernel(x_ptr, qweight_ptr, zeros_ptr, scales_ptr, g_idx_ptr, out_ptr,
     k_lo, k_hi = split_range(K, SPLIT_K, BLOCK_K, 2)
     if SPLIT_K > 1:
         out_ptr += tl.program_id(2).to(tl.int64) * split_stride
-    shifts = tl.arange(0, PACK) * BITS  # value i of a word sits in bits [i*BITS, (i+1)*BITS)
+    shifts = _slot_of_row(tl.arange(0, PACK), BITS) * BITS  # where each of a word's rows sits
     x_rows = x_ptr + rows.to(tl.int64)[:, None] * x_stride
     wait_for_previous_kernel(PDL)
     if SWAP_AB:
@@ -190,28 +283,34 @@ def _w4a16_kernel(x_ptr, qweight_ptr, zeros_ptr, scales_ptr, g_idx_ptr, out_ptr,
         ks = k0 + tl.arange(0, BLOCK_K)
         k_ok = ks < k_hi
         x = tl.load(x_rows + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-        # Row k is value k % PACK of word k // PACK (GPTQ's order). The arithmetic shift of a
-        # negative word smears its sign into the high bits; the mask drops them.
+        # Row k is row k % PACK of word k // PACK, at its slot (`slot_of_row`). The arithmetic
+        # shift of a negative word smears its sign into the high bits; the mask drops them.
         if UNPACK_BY_ROW:
             packed = tl.load(qweight_ptr + (ks // PACK)[:, None] * N + cols[None, :],
                              mask=k_ok[:, None] & col_ok[None, :], other=0)  # fmt: skip
-            q = (packed >> ((ks % PACK) * BITS)[:, None]) & ((1 << BITS) - 1)
+            q = (packed >> (_slot_of_row(ks % PACK, BITS) * BITS)[:, None]) & ((1 << BITS) - 1)
         else:
             words = k0 // PACK + tl.arange(0, WORDS)  # K is a multiple of PACK, so k_hi // PACK ends the words
             packed = tl.load(qweight_ptr + words[:, None] * N + cols[None, :],
                              mask=(words < k_hi // PACK)[:, None] & col_ok[None, :], other=0)  # fmt: skip
-            q = tl.reshape((packed[:, None, :] >> shifts[None, :, None]) & ((1 << BITS) - 1), (BLOCK_K, BLOCK_N))
         if TILE_GROUP:  # the whole tile in one group: one zero and scale per column
             group = k0 // group_rows
             zero = tl.load(zeros_ptr + group * N + cols, mask=col_ok, other=0).to(tl.int32)[None, :]
-            scale = tl.load(scales_ptr + group * N + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+            scale = _rounded(tl.load(scales_ptr + group * N + cols, mask=col_ok, other=0.0).to(tl.float32), x.dtype,
+                             ASM)[None, :]  # fmt: skip
         else:  # each row's own group (act-order): gathered through g_idx
             group = tl.load(g_idx_ptr + ks, mask=k_ok, other=0)
             at = group[:, None] * N + cols[None, :]
             both_ok = k_ok[:, None] & col_ok[None, :]
             zero = tl.load(zeros_ptr + at, mask=both_ok, other=0).to(tl.int32)
-            scale = tl.load(scales_ptr + at, mask=both_ok, other=0.0).to(tl.float32)
-        w = (_exact_difference(q, zero) * scale).to(x.dtype)  # the reference's weight, rounded once
+            scale = _rounded(tl.load(scales_ptr + at, mask=both_ok, other=0.0).to(tl.float32), x.dtype, ASM)
+        if PAIRS:  # 4-bit words, one group: two values at a time
+            w = _pairs_dequantized(packed, zero, scale, ASM)
+        else:
+            if not UNPACK_BY_ROW:
+                q = tl.reshape((packed[:, None, :] >> shifts[None, :, None]) & ((1 << BITS) - 1), (BLOCK_K, BLOCK_N))
+            # The reference's weight: the scale in x's dtype, the product rounded once.
+            w = _rounded(_exact_difference(q, zero) * scale.to(tl.float32), x.dtype, ASM)
         if IEEE:  # float32 activations: exact float32 products, not tf32
             acc += tl.dot(x, w, input_precision="ieee")
         elif SWAP_AB:
@@ -226,20 +325,22 @@ def _w4a16_kernel(x_ptr, qweight_ptr, zeros_ptr, scales_ptr, g_idx_ptr, out_ptr,
 
 @triton.jit
 def _dequantize_kernel(qweight_ptr, zeros_ptr, scales_ptr, g_idx_ptr, out_ptr, N, K, BITS: tl.constexpr,
-                       BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
-    # out [K, N] = (q - zero) * scale in float32, rounded once to out's dtype: the weight the
-    # reference `PackedWeight.dequantize` builds, transposed. Row k is value k % PACK of word k // PACK.
+                       BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr, ON_GPU: tl.constexpr):  # fmt: skip
+    # out [K, N] = (q - zero) * scale (in out's dtype) in float32, rounded once to out's dtype: the
+    # weight the reference `PackedWeight.dequantize` builds, transposed. Row k is row k % PACK of
+    # word k // PACK.
     PACK: tl.constexpr = 32 // BITS
     ks = tl.program_id(0) * BLOCK_K + tl.arange(0, BLOCK_K)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     ok = (ks < K)[:, None] & (cols < N)[None, :]
     packed = tl.load(qweight_ptr + (ks // PACK).to(tl.int64)[:, None] * N + cols[None, :], mask=ok, other=0)
-    q = (packed >> ((ks % PACK) * BITS)[:, None]) & ((1 << BITS) - 1)
+    q = (packed >> (_slot_of_row(ks % PACK, BITS) * BITS)[:, None]) & ((1 << BITS) - 1)
     at = tl.load(g_idx_ptr + ks, mask=ks < K, other=0).to(tl.int64)[:, None] * N + cols[None, :]
     zero = tl.load(zeros_ptr + at, mask=ok, other=0).to(tl.int32)
-    scale = tl.load(scales_ptr + at, mask=ok, other=0.0).to(tl.float32)
-    w = _exact_difference(q, zero) * scale
-    tl.store(out_ptr + ks.to(tl.int64)[:, None] * N + cols[None, :], w.to(out_ptr.dtype.element_ty), mask=ok)
+    half = out_ptr.dtype.element_ty
+    scale = _rounded(tl.load(scales_ptr + at, mask=ok, other=0.0).to(tl.float32), half, ON_GPU).to(tl.float32)
+    w = _rounded(_exact_difference(q, zero) * scale, half, ON_GPU)
+    tl.store(out_ptr + ks.to(tl.int64)[:, None] * N + cols[None, :], w, mask=ok)
 
 
 def dequantize_packed(qweight: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor, g_idx: torch.Tensor,
@@ -250,7 +351,7 @@ def dequantize_packed(qweight: torch.Tensor, zeros: torch.Tensor, scales: torch.
     block_k, block_n = DEQUANTIZE_TILE
     grid = (triton.cdiv(depth, block_k), triton.cdiv(features, block_n))
     _dequantize_kernel[grid](qweight, zeros, scales, g_idx, out, features, depth, BITS=bits, BLOCK_K=block_k,
-                             BLOCK_N=block_n, num_warps=4)  # fmt: skip
+                             BLOCK_N=block_n, ON_GPU=qweight.is_cuda, num_warps=4)  # fmt: skip
     return out
 
 
@@ -317,7 +418,7 @@ def w4a16_matmul(x: torch.Tensor, qweight: torch.Tensor, zeros: torch.Tensor, sc
         x, qweight, zeros, scales, g_idx, target, rows, features, depth, max(step, 1), x.stride(0), features,
         rows * features, BITS=bits, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k,
         SPLIT_K=splits, TILE_GROUP=one_group, IEEE=x.dtype == torch.float32, UNPACK_BY_ROW=tile.unpack_by_row,
-        SWAP_AB=tile.swap_ab and x.dtype != torch.float32,
+        SWAP_AB=tile.swap_ab and x.dtype != torch.float32, PAIRS=pairs_apply(x, bits, one_group, tile), ASM=x.is_cuda,
         num_warps=tile.num_warps, num_stages=tile.num_stages, **launch_args(x),
     )  # fmt: skip
     if splits > 1:

@@ -6,7 +6,8 @@ model's packed projections at 0.6-1.1 TB/s against cuBLAS's 2.0-2.9 TB/s for the
 weights (bench/results/w4a16_tiles_h100_untuned.json), so a 4-bit model decoded barely faster
 than bf16. Here each program holds [WORDS, BLOCK_N] packed words as they lie in memory (N
 contiguous, one coalesced load, the next step's asked for before this one is worked on) and
-takes each of the PACK values a word holds where it lies: masked under the exponent of 2^23,
+takes each of the PACK values a word holds where it lies (times its row's activation, the row
+`pair_order.py` puts in that value): masked under the exponent of 2^23,
 the float32 is 2^23 + q * 2^at exactly (at: the value's lowest bit; the values past the
 mantissa come from the word shifted by 16 once), and its activation is scaled by 2^-at. A value
 costs one logic op, one subtraction and one multiply-add; nothing changes layout and nothing
@@ -29,6 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .pair_order import _row_of_slot
 from .pdl import launch_args, wait_for_previous_kernel
 from .skinny_matmul import SUM_BLOCK, _sum_splits_kernel, split_range
 
@@ -104,8 +106,8 @@ def _w4a16_row_kernel(x_ptr, qweight_ptr, zeros_ptr, scales_ptr, out_ptr, N, K, 
         part = tl.zeros((WORDS, BLOCK_N), tl.float32)
         x_sum = tl.zeros((WORDS,), tl.float32)
         high = packed >> 16  # the values whose bits pass a float32's 23-bit mantissa, moved down once
-        for i in tl.static_range(PACK):  # input k = word * PACK + i is value i of its word
-            x = tl.load(x_ptr + words * PACK + i, mask=word_ok, other=0.0).to(tl.float32)
+        for i in tl.static_range(PACK):  # value i of a word holds its row _row_of_slot(i)
+            x = tl.load(x_ptr + words * PACK + _row_of_slot(i, BITS), mask=word_ok, other=0.0).to(tl.float32)
             x_sum += x
             part += _value_times_row(packed, high, x, i, BITS)
         group = k0 // group_rows

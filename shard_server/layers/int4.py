@@ -11,18 +11,22 @@ Hub layouts (int32 words, value i of a word in bits [i*bits, (i+1)*bits), low bi
 In both, weight[k, n] = (q[k, n] - zero[g(k), n]) * scale[g(k), n] for x @ weight.
 
 Whatever the checkpoint, a layer keeps one layout (`PackedWeight`): `qweight` int32
-[in/pack, out] in GPTQ's order, `zeros` int16 [groups, out] holding true zero points (the v1
-offset already added), `scales` [groups, out] as the checkpoint stores them, and `g_idx` int32
-[in] into this rank's groups. `PackedWeight.linear` is the one product: on CUDA the W4A16
-Triton kernel (`kernels/w4a16.py`: unpacks in registers, 4 or 8 bits, any group order), else
-(CPU, `fused_kernels(False)`, `w4a16_kernel(False)`) the reference, which dequantizes in float32
-and multiplies. Both build the same weight; they differ only in summation order. `group_rows`
+[in/pack, out] packing input rows as GPTQ does, the values of 4-bit words in pair order
+(`kernels/pair_order.py`), `zeros` int16 [groups, out] holding true zero points (the v1 offset
+already added), `scales` [groups, out] as the checkpoint stores them, and `g_idx` int32 [in]
+into this rank's groups. `PackedWeight.linear` is the one product: on CUDA the W4A16 Triton
+kernel (`kernels/w4a16.py`: unpacks in registers, 4 or 8 bits, any group order), else (CPU,
+`fused_kernels(False)`, `w4a16_kernel(False)`) the reference, which dequantizes and multiplies.
+Both build the same weight, (q - zero) * scale with the scale in the product's dtype, rounded
+once to that dtype (as vLLM's Marlin kernels take scales in the activations' dtype); they differ
+only in summation order. `group_rows`
 tells the kernel when the groups are contiguous from row 0 (no act-order, no mid-group slice).
 
 Tensor parallelism: column-parallel parts read their output columns of qweight and scales, and
 the words of qzeros (AWQ: of qweight too) that cover them, unpacked and cut to the columns.
-GPTQ's qweight words are kept as read (a 70B checkpoint's 35 GB are never unpacked); AWQ's and
-pack-quantized ones are unpacked and repacked in GPTQ's order.
+GPTQ's qweight words are kept as read (a 70B checkpoint's 35 GB are never unpacked on the
+host); AWQ's and pack-quantized ones are unpacked and repacked in GPTQ's order. 4-bit words are
+then put in pair order on the layer's device.
 Row-parallel slices read their input rows of qweight (GPTQ: whole words, so a rank's rows start
 at a multiple of `pack`), their entries of g_idx, and the rows of scales and qzeros for the
 groups those rows fall in (with act-order: every group from the lowest to the highest index any
@@ -37,6 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..kernels.pair_order import to_gptq_order, to_pair_order
 from ..kernels.w4a16 import w4a16_applies, w4a16_linear
 from ..models.quantization import PackedScheme
 from ..weights import WeightsError, WeightStore
@@ -113,10 +118,11 @@ class PackedWeight(nn.Module):
         return F.linear(x, self.dequantize(x.dtype), bias)
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """The [out, in] weight in `dtype`, computed in float32."""
+        """The [out, in] weight in `dtype`: (q - zero) * scale, the scale in `dtype`, the product
+        computed in float32 (exact for half scales) and rounded once."""
         groups = self.g_idx.long()
-        values = unpack_rows(self.qweight, self.scheme.bits)
-        weight = (values - self.zeros[groups].int()).float() * self.scales[groups].float()
+        values = unpack_rows(to_gptq_order(self.qweight, self.scheme.bits), self.scheme.bits)
+        weight = (values - self.zeros[groups].int()).float() * self.scales[groups].to(dtype).float()
         return weight.t().to(dtype)
 
     # Loading.
@@ -143,11 +149,14 @@ class PackedWeight(nn.Module):
         if self.in_features % pack or tuple(piece.qweight.shape) != want:
             raise WeightsError(f"{prefix}.qweight holds {list(piece.qweight.shape)} words, expected [in/{pack}, out] = "
                                f"{list(want)} for {self.in_features} inputs")  # fmt: skip
-        if piece.zeros.numel() and (int(piece.zeros.min()) < 0 or int(piece.zeros.max()) >= 2**15):
-            raise WeightsError(f"{prefix}: zero points outside [0, 2^15) ({self.scheme.describe()})")
+        # 4-bit zero points are 4-bit fields (+1 in GPTQ's v1): the half2 dequantization needs
+        # them below its magic constant (128).
+        most = 2**self.scheme.bits if self.scheme.bits == 4 else 2**15 - 1
+        if piece.zeros.numel() and (int(piece.zeros.min()) < 0 or int(piece.zeros.max()) > most):
+            raise WeightsError(f"{prefix}: zero points outside [0, {most}] ({self.scheme.describe()})")
         device = self.device
         # Contiguous: slices read by columns are strided views, and the kernel reads rows of N.
-        self.qweight = piece.qweight.to(device).contiguous()
+        self.qweight = to_pair_order(piece.qweight.to(device), self.scheme.bits).contiguous()
         self.zeros = piece.zeros.to(torch.int16).to(device).contiguous()
         self.scales = piece.scales.to(device).contiguous()
         self.g_idx = piece.g_idx.to(torch.int32).to(device).contiguous()

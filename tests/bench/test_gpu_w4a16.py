@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ sys.path.insert(0, str(REPO))
 
 from bench import gpu_w4a16 as bench  # noqa: E402
 from shard_server.kernels.w4a16 import W4A16Tile, _tile_in_one_group  # noqa: E402
+from shard_server.kernels.pair_order import to_gptq_order  # noqa: E402
 from shard_server.layers.int4 import PackedWeight, unpack_rows  # noqa: E402
 from shard_server.models.quantization import PackedScheme  # noqa: E402
 
@@ -33,6 +35,7 @@ def test_every_row_count_has_candidates_the_kernel_runs_in_one_group(rows):
     for shape in bench.SHAPES:
         entry, timed = bench.case_tiles(rows, *bench.SHAPES[shape])
         assert timed[0] == entry and len(set(timed)) == len(timed)
+        assert timed[1] == replace(entry, pairs=False)  # the float32 path, timed beside it
         assert {bench.fitted(tile, rows, *bench.SHAPES[shape]) for tile in tiles} <= set(timed)
 
 
@@ -46,7 +49,7 @@ def test_fitting_cuts_the_split_count_to_fill_the_gpu():
 def test_the_bench_weight_is_what_a_gptq_layer_holds():
     n, k = 64, 512
     qweight, zeros, scales, g_idx = bench.packed_weight(n, k, torch.Generator().manual_seed(0), "cpu")
-    values = unpack_rows(qweight, bench.BITS)
+    values = unpack_rows(to_gptq_order(qweight, bench.BITS), bench.BITS)  # the words as a layer keeps them
     assert sorted(values.unique().tolist()) == list(range(16))
     layer = PackedWeight.from_values(PackedScheme("gptq", 4, bench.GROUP), values, zeros, scales, g_idx)
     assert torch.equal(layer.qweight, qweight) and layer.group_rows == bench.GROUP

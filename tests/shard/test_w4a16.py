@@ -21,6 +21,7 @@ import os
 import re
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +34,7 @@ import triton.language as tl  # noqa: E402
 
 from shard_server.distributed import ParallelContext  # noqa: E402
 from shard_server.kernels.dispatch import fused_kernels  # noqa: E402
+from shard_server.kernels.pair_order import slot_of_row, to_gptq_order, to_pair_order  # noqa: E402
 from shard_server.kernels import w4a16 as w4a16_module  # noqa: E402
 from shard_server.kernels.w4a16 import (  # noqa: E402
     DEQUANTIZE_FROM_ROWS,
@@ -162,11 +164,8 @@ def test_the_dequantize_pass_builds_the_reference_weight(layout, dtype):
     weight = make_weight(bits, group_size, act_order, sym, depth=256, features=150)  # masked tile edges
     with fused_kernels(True, on_cpu=True):
         got = dequantize_packed(weight.qweight, weight.zeros, weight.scales, weight.g_idx, bits, dtype)
-    want = weight.dequantize(dtype).t()
-    if dtype == torch.bfloat16 and not CUDA:  # the interpreter truncates float32 to bf16; GPUs round
-        wide = weight.dequantize(torch.float32).t().contiguous()
-        want = (wide.view(torch.int32) & ~0xFFFF).view(torch.float32).to(dtype)
-    assert got.shape == (256, 150) and torch.equal(got, want)
+    # On the CPU too: the kernels round bf16 by hand where Triton's interpreter would truncate.
+    assert got.shape == (256, 150) and torch.equal(got, weight.dequantize(dtype).t())
 
 
 def test_many_rows_multiply_the_dequantized_weight(monkeypatch):
@@ -228,6 +227,35 @@ def test_swapped_tiles_match_in_bf16_with_rows_unlike_the_tile(rows):
     assert_matches(kernel(weight, x, tile), reference(weight, x), torch.bfloat16)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("swap_ab", [False, True], ids=["x@w", "swapped"])
+def test_two_at_a_time_builds_the_float32_paths_weight(dtype, swap_ab):
+    """Pairs (half2 arithmetic on pair-order words; on the CPU its plain-ops twin) and the float32
+    path build the same weight: their products are equal, over several groups and masked edges."""
+    weight = make_weight(4, 32, depth=256, features=150)
+    x = activations(21, 256, dtype)
+    tile = W4A16Tile(block_m=16, block_n=32, block_k=32, num_warps=4, num_stages=2, swap_ab=swap_ab)
+    float32_path = replace(tile, pairs=False)
+    assert w4a16_module.pairs_apply(x, 4, True, tile) and not w4a16_module.pairs_apply(x, 4, True, float32_path)
+    pairs = kernel(weight, x, tile)
+    assert torch.equal(pairs, kernel(weight, x, float32_path))
+    assert_matches(pairs, reference(weight, x), dtype)
+
+
+def test_pair_order_puts_rows_two_and_two_side_by_side():
+    """4-bit words in pair order hold rows 2j and 2j+1 at bits 4j and 16+4j; 8-bit words keep GPTQ's
+    order; the inverse restores the checkpoint's words."""
+    values = torch.arange(8).repeat(3, 1).t().contiguous()  # rows 0..7 of one word, three columns
+    words = int4_module.pack_rows(values, 4)
+    paired = to_pair_order(words, 4)
+    for row in range(8):
+        assert slot_of_row(row, 4) == {0: 0, 1: 4, 2: 1, 3: 5, 4: 2, 5: 6, 6: 3, 7: 7}[row]
+        assert bool(((paired >> (4 * slot_of_row(row, 4))) & 15 == row).all())
+    random = torch.randint(-(2**31), 2**31, (16, 9), dtype=torch.int32)
+    assert torch.equal(to_gptq_order(to_pair_order(random, 4), 4), random)
+    assert to_pair_order(random, 8) is random and [slot_of_row(row, 8) for row in range(4)] == [0, 1, 2, 3]
+
+
 # One row: the CUDA-core kernel (kernels/w4a16_row.py).
 
 ROW_LAYOUTS = ["4bit-g32", "4bit-g128-sym", "4bit-channel", "8bit-g128"]
@@ -281,10 +309,14 @@ def test_row_tiles_are_fitted_to_the_groups_and_the_k_steps():
                      weight.g_idx, 4, weight.group_rows, tile)  # fmt: skip
 
 
-def test_zero_points_outside_the_kernels_range_are_refused_at_load():
-    weight = make_weight(4, 64)
-    piece = int4_module._Slice(weight.qweight, weight.zeros.int() - 9, weight.scales, weight.g_idx)
-    with pytest.raises(WeightsError, match=r"zero points outside \[0, 2\^15\)"):
+@pytest.mark.parametrize("bits, shift, most", [(4, -9, 16), (4, 2, 16), (8, -9, 32767), (8, 2**15, 32767)])
+def test_zero_points_outside_the_kernels_range_are_refused_at_load(bits, shift, most):
+    """4-bit zero points are 4-bit fields (16 with GPTQ v1's +1); the half2 dequantization needs them
+    below 128. 8-bit ones below 2^15 (int16)."""
+    weight = make_weight(bits, 64)
+    assert int(weight.zeros.max()) + shift > most or int(weight.zeros.min()) + shift < 0
+    piece = int4_module._Slice(weight.qweight, weight.zeros.int() + shift, weight.scales, weight.g_idx)
+    with pytest.raises(WeightsError, match=rf"zero points outside \[0, {most}\]"):
         weight._set(piece, "model.layers.0.mlp.down_proj")
 
 
@@ -498,23 +530,32 @@ def test_a_tiny_int4_model_gives_the_reference_paths_greedy_tokens(checkpoints, 
 
 COMPILE_CASES = {  # name: (constexprs, pointer types)
     "w4a16_decode_split_pdl": (dict(BITS=4, BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, SPLIT_K=4, TILE_GROUP=True,
-                                    IEEE=False, UNPACK_BY_ROW=False, SWAP_AB=False, PDL=True), {"out_ptr": "*fp32"}),  # fmt: skip
+                                    IEEE=False, UNPACK_BY_ROW=False, SWAP_AB=False, PAIRS=False, ASM=True, PDL=True), {"out_ptr": "*fp32"}),  # fmt: skip
     "w4a16_prefill_gathered": (dict(BITS=4, BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, SPLIT_K=1, TILE_GROUP=False,
-                                    IEEE=False, UNPACK_BY_ROW=False, SWAP_AB=False, PDL=False), {}),  # fmt: skip
+                                    IEEE=False, UNPACK_BY_ROW=False, SWAP_AB=False, PAIRS=False, ASM=True, PDL=False), {}),  # fmt: skip
     "w4a16_prefill_tile_group": (dict(BITS=4, BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, SPLIT_K=1, TILE_GROUP=True,
-                                      IEEE=False, UNPACK_BY_ROW=False, SWAP_AB=False, PDL=False), {}),  # fmt: skip
+                                      IEEE=False, UNPACK_BY_ROW=False, SWAP_AB=False, PAIRS=False, ASM=True, PDL=False), {}),  # fmt: skip
     "w4a16_decode_by_row": (dict(BITS=4, BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, SPLIT_K=4, TILE_GROUP=True,
-                                 IEEE=False, UNPACK_BY_ROW=True, SWAP_AB=False, PDL=False), {"out_ptr": "*fp32"}),  # fmt: skip
+                                 IEEE=False, UNPACK_BY_ROW=True, SWAP_AB=False, PAIRS=False, ASM=True, PDL=False), {"out_ptr": "*fp32"}),  # fmt: skip
     "w4a16_float32_ieee": (dict(BITS=4, BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, SPLIT_K=1, TILE_GROUP=True,
-                                IEEE=True, UNPACK_BY_ROW=False, SWAP_AB=False, PDL=False),
+                                IEEE=True, UNPACK_BY_ROW=False, SWAP_AB=False, PAIRS=False, ASM=True, PDL=False),
                            {"x_ptr": "*fp32", "out_ptr": "*fp32"}),  # fmt: skip
     "w4a16_decode_swapped_split_pdl": (dict(BITS=4, BLOCK_M=16, BLOCK_N=128, BLOCK_K=128, SPLIT_K=4,
                                             TILE_GROUP=True, IEEE=False, UNPACK_BY_ROW=False, SWAP_AB=True,
-                                            PDL=True), {"out_ptr": "*fp32"}),  # fmt: skip
+                                            PAIRS=False, ASM=True, PDL=True), {"out_ptr": "*fp32"}),  # fmt: skip
     "w4a16_swapped_by_row_gathered": (dict(BITS=4, BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, SPLIT_K=1, TILE_GROUP=False,
-                                           IEEE=False, UNPACK_BY_ROW=True, SWAP_AB=True, PDL=False), {}),  # fmt: skip
+                                           IEEE=False, UNPACK_BY_ROW=True, SWAP_AB=True, PAIRS=False, ASM=True, PDL=False), {}),  # fmt: skip
+    # Two values at a time (4-bit pair order, one group a tile): half2 PTX, swapped or not, bf16 and fp16.
+    "w4a16_pairs_decode_swapped_split": (dict(BITS=4, BLOCK_M=16, BLOCK_N=128, BLOCK_K=128, SPLIT_K=4,
+                                              TILE_GROUP=True, IEEE=False, UNPACK_BY_ROW=False, SWAP_AB=True,
+                                              PAIRS=True, ASM=True, PDL=True), {"out_ptr": "*fp32"}),  # fmt: skip
+    "w4a16_pairs_prefill": (dict(BITS=4, BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, SPLIT_K=1, TILE_GROUP=True,
+                                 IEEE=False, UNPACK_BY_ROW=False, SWAP_AB=False, PAIRS=True, ASM=True, PDL=False), {}),  # fmt: skip
+    "w4a16_pairs_fp16_swapped": (dict(BITS=4, BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, SPLIT_K=1, TILE_GROUP=True,
+                                      IEEE=False, UNPACK_BY_ROW=False, SWAP_AB=True, PAIRS=True, ASM=True, PDL=False),
+                                 {"x_ptr": "*fp16", "out_ptr": "*fp16"}),  # fmt: skip
     "w8a16_fp16_gathered": (dict(BITS=8, BLOCK_M=32, BLOCK_N=64, BLOCK_K=128, SPLIT_K=1, TILE_GROUP=False,
-                                 IEEE=False, UNPACK_BY_ROW=True, SWAP_AB=False, PDL=False),
+                                 IEEE=False, UNPACK_BY_ROW=True, SWAP_AB=False, PAIRS=False, ASM=True, PDL=False),
                             {"x_ptr": "*fp16", "out_ptr": "*fp16"}),  # fmt: skip
 }
 
@@ -532,6 +573,10 @@ def _compile_all() -> None:
         compiled, _ = compile_module.compile_for_hopper(name, aligned=True)
         if not constants["IEEE"]:  # exact float32 dots are FMAs; half tiles must reach the tensor cores
             assert "mma" in compiled.asm["ptx"], f"{name}: no tensor-core instruction in the PTX"
+        if constants["PAIRS"]:  # two values a half2 FMA, none converted through float32
+            half = "f16x2" if pointers.get("x_ptr") == "*fp16" else "bf16x2"
+            assert f"fma.rn.{half}" in compiled.asm["ptx"], f"{name}: no {half} FMA in the PTX"
+            assert "sub.f32" not in compiled.asm["ptx"], f"{name}: weights still built in float32"
         if constants["SWAP_AB"]:  # the dequantized weight is wgmma's A operand, a register list
             assert re.search(r"wgmma\.mma_async[^;]*\}, \{%r", compiled.asm["ptx"]), f"{name}: A not from registers"
     for name, constants in (
@@ -542,7 +587,7 @@ def _compile_all() -> None:
                                       {**common, "x_ptr": "*bf16", "out_ptr": "*fp32" if constants["SPLIT_K"] > 1 else "*bf16"})  # fmt: skip
         compile_module.compile_case(name)
     compile_module.CASES["w4a16_dequantize"] = ("shard_server.kernels.w4a16", "_dequantize_kernel",
-                                                dict(BITS=4, BLOCK_K=64, BLOCK_N=128), {**common, "out_ptr": "*bf16"})
+                                                dict(BITS=4, BLOCK_K=64, BLOCK_N=128, ON_GPU=True), {**common, "out_ptr": "*bf16"})
     compile_module.compile_case("w4a16_dequantize")
 
 
