@@ -88,27 +88,21 @@ class W4A16Tile:
     pairs: bool = True
 
 
-# (most rows, tile), first match wins: from bench/gpu_w4a16.py's sweep on an H100 (8B projections,
-# bench/results/w4a16_tiles_swapped_h100.json), µs over qkv, o, gate_up and down, against the
-# table before swapped tiles (w4a16_tiles_h100.json) and cuBLAS on bf16 weights: 16 rows 118.4
-# (135.0; 159.8), 32 151.8 (189.7; 163.5), 64 193.3 (192.7; 162.5), 128 241.2 (254.6; 171.1),
-# 256 398.0 (437.4; 198.0). At 16 and 32 rows the fill is the sweep's best split per
-# projection: with two programs a SM, gate_up's 16 rows took 66.2 µs unsplit, 53.8 split in 4
-# (fills of 2, 4, 8 and 16 a SM replayed over the split counts the sweep measured; past 64
-# rows more splits cost more than they gain; bench/gpu_w4a16.py now sweeps the fills too). Past 32 rows the tiles still lose to bf16 weights: a tile's
-# dequantization takes ~8 instructions a value (sm_90 SASS: shift, and/or, subtract, multiply,
-# pack, plus moves), about as long as its share of tensor-core work. Which configs ptxas keeps
-# asynchronous (it serializes some, info C7515) made no difference to their times, so those
-# instructions, not the wait, bound the tile; fewer a value (nibbles pre-arranged at load for
-# two-at-a-time conversion) is the next step.
+# (most rows, tile), first match wins: from bench/gpu_w4a16.py's sweep on an H100 with two values
+# dequantized at a time (8B projections, bench/results/w4a16_tiles_pairs_h100.json), µs over qkv,
+# o, gate_up and down: 16 rows 101.6, 32 103.0, 64 132.0, 128 193.7, 256 327.4; the table before
+# (float32 dequantization, w4a16_tiles_swapped_h100.json) 118.4, 151.8, 193.3, 241.2, 398.0;
+# cuBLAS on bf16 weights 166.1, 167.0, 168.6, 178.2, 200.1. With the cheaper dequantization the
+# decode tiles no longer gain from more than two programs a SM (16 rows: 125.7 µs at 8 a SM).
+# Past 128 rows the tiles still lose to bf16 weights: the dequantized weight reaches wgmma
+# through shared memory (Triton's layout change) and is made once per row tile.
 # One row takes the row kernel below.
 TILES = (
-    (16, W4A16Tile(block_m=16, block_n=128, block_k=128, num_warps=4, num_stages=3, split_k=8, swap_ab=True,
-                   fill=8 * SMS)),
+    (16, W4A16Tile(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=4, split_k=4, swap_ab=True)),
     (32, W4A16Tile(block_m=32, block_n=64, block_k=128, num_warps=4, num_stages=4, split_k=4, swap_ab=True,
-                   fill=16 * SMS)),
-    (64, W4A16Tile(block_m=64, block_n=128, block_k=128, num_warps=8, num_stages=3, split_k=4)),
-    (128, W4A16Tile(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=3, split_k=4, swap_ab=True)),
+                   fill=4 * SMS)),
+    (64, W4A16Tile(block_m=64, block_n=128, block_k=128, num_warps=8, num_stages=3, split_k=4, swap_ab=True)),
+    (128, W4A16Tile(block_m=128, block_n=128, block_k=128, num_warps=8, num_stages=3, split_k=4, swap_ab=True)),
     (256, W4A16Tile(block_m=256, block_n=128, block_k=64, num_warps=8, num_stages=3, split_k=4, swap_ab=True)),
     (None, W4A16Tile(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=3, split_k=2, swap_ab=True)),
 )
@@ -119,11 +113,11 @@ TILES = (
 ROW_TILE = W4A16Row(block_n=128, words=16, num_warps=4, num_stages=2, split_k=8)
 
 # From this many rows a product dequantizes the packed weight to the rows' dtype in one pass
-# (`dequantize_packed`) and lets cuBLAS multiply it: on the H100 sweeps, µs over the four
-# projections, tiles against the pass plus cuBLAS, 256 rows 432-438 vs 472-480, 512 780 vs
-# 583 (w4a16_tiles_h100*.json); the lines cross near 300. The pass alone costs about 270 µs a
-# layer of the 8B model.
-DEQUANTIZE_FROM_ROWS = 320
+# (`dequantize_packed`) and lets cuBLAS multiply it. On the H100 sweep with pairs, µs over the
+# four 8B projections, tiles against the pass plus cuBLAS: 256 rows 327.4 vs 478.9, 512 604.2 vs
+# 589.0 (w4a16_tiles_pairs_h100.json); the lines between those two points cross near 490 rows.
+# The pass alone costs about 270 µs a layer of the 8B model.
+DEQUANTIZE_FROM_ROWS = 480
 DEQUANTIZE_TILE = (64, 128)  # [K rows, N columns] of the weight a program writes
 
 _SWITCH = {"enabled": True, "on_cpu": False}

@@ -42,6 +42,9 @@ class W4A16Row:
     num_warps: int
     num_stages: int
     split_k: int = 1  # K ranges, a program each (their float32 partials summed after)
+    # 4-bit values read near the mantissa's top (`_value_near_top`): two instructions a value
+    # instead of three. False keeps the exact-float path, so a sweep can time both.
+    near_top: bool = True
 
 
 def row_tile_for(tile: W4A16Row, features: int, depth: int, bits: int, group_rows: int | None) -> W4A16Row | None:
@@ -81,9 +84,21 @@ def _value_times_row(packed, high, x, I: tl.constexpr, BITS: tl.constexpr):
 
 
 @triton.jit
+def _value_near_top(source, x, AT: tl.constexpr):
+    """[WORDS, BLOCK_N] of the 4-bit value at bits [AT, AT+4) of `source` (a word shifted so it
+    lies there) times x [WORDS] * 2^(23-AT), plus that scaled x: masked under the exponent of 1.0,
+    the float is 1 + q * 2^(AT-23) exactly, one logic op, and one multiply-add takes it. The caller
+    subtracts the scaled x's sum once a word row. AT >= 11 keeps the products' rounding within
+    2^-12 of |x| (the offset is x * 2^(23-AT), at most 2^12 times x)."""
+    bits = (source & (15 << AT)) | 0x3F800000
+    scaled = x * tl.full((1,), (127 + 23 - AT) << 23, tl.int32).to(tl.float32, bitcast=True)
+    return bits.to(tl.float32, bitcast=True) * scaled[:, None], scaled
+
+
+@triton.jit
 def _w4a16_row_kernel(x_ptr, qweight_ptr, zeros_ptr, scales_ptr, out_ptr, N, K, group_rows, split_stride,
                       BITS: tl.constexpr, BLOCK_N: tl.constexpr, WORDS: tl.constexpr, SPLIT_K: tl.constexpr,
-                      PDL: tl.constexpr):  # fmt: skip
+                      NEAR_TOP: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
     # With SPLIT_K > 1 program (.., s) reduces the s-th range of K and writes its float32 partial
     # at s * split_stride into out_ptr.
     PACK: tl.constexpr = 32 // BITS
@@ -105,16 +120,33 @@ def _w4a16_row_kernel(x_ptr, qweight_ptr, zeros_ptr, scales_ptr, out_ptr, N, K, 
         upcoming = _load_words(qweight_ptr, words + WORDS, word_end, cols, col_ok, N)
         part = tl.zeros((WORDS, BLOCK_N), tl.float32)
         x_sum = tl.zeros((WORDS,), tl.float32)
-        high = packed >> 16  # the values whose bits pass a float32's 23-bit mantissa, moved down once
-        for i in tl.static_range(PACK):  # value i of a word holds its row _row_of_slot(i)
-            x = tl.load(x_ptr + words * PACK + _row_of_slot(i, BITS), mask=word_ok, other=0.0).to(tl.float32)
-            x_sum += x
-            part += _value_times_row(packed, high, x, i, BITS)
+        if NEAR_TOP:  # 4 bits: three shifted copies put every value at bit 11, 15 or 19
+            offset = tl.zeros((WORDS,), tl.float32)
+            copies = (packed << 11, packed >> 1, packed >> 13)  # values 0-2, 3-5, 6-7
+            for i in tl.static_range(PACK):
+                x = tl.load(x_ptr + words * PACK + _row_of_slot(i, BITS), mask=word_ok, other=0.0).to(tl.float32)
+                x_sum += x
+                product, scaled = _value_near_top(copies[i // 3], x, 11 + 4 * (i % 3))
+                part += product
+                offset += scaled
+            part -= offset[:, None]
+        else:
+            high = packed >> 16  # the values whose bits pass a float32's 23-bit mantissa, moved down once
+            for i in tl.static_range(PACK):  # value i of a word holds its row _row_of_slot(i)
+                x = tl.load(x_ptr + words * PACK + _row_of_slot(i, BITS), mask=word_ok, other=0.0).to(tl.float32)
+                x_sum += x
+                part += _value_times_row(packed, high, x, i, BITS)
         group = k0 // group_rows
         zero = tl.load(zeros_ptr + group * N + cols, mask=col_ok, other=0).to(tl.float32)
         scale = tl.load(scales_ptr + group * N + cols, mask=col_ok, other=0.0).to(tl.float32)
         acc += (part - x_sum[:, None] * zero[None, :]) * scale[None, :]
     tl.store(out_ptr + cols, tl.sum(acc, axis=0).to(out_ptr.dtype.element_ty), mask=col_ok)
+
+
+def near_top_applies(x: torch.Tensor, bits: int, tile: W4A16Row) -> bool:
+    """Whether the row kernel reads values near the mantissa's top: 4 bits and half activations,
+    whose outputs round far coarser than its 2^-12 (float32 rows keep the exact path)."""
+    return tile.near_top and bits == 4 and x.dtype in (torch.float16, torch.bfloat16)
 
 
 def w4a16_row_matmul(x: torch.Tensor, qweight: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor, bits: int,
@@ -127,7 +159,7 @@ def w4a16_row_matmul(x: torch.Tensor, qweight: torch.Tensor, zeros: torch.Tensor
     target = out if splits == 1 else torch.empty((splits, 1, features), dtype=torch.float32, device=x.device)
     _w4a16_row_kernel[(triton.cdiv(features, tile.block_n), splits)](
         x, qweight, zeros, scales, target, features, depth, group_step, features,
-        BITS=bits, BLOCK_N=tile.block_n, WORDS=tile.words, SPLIT_K=splits,
+        BITS=bits, BLOCK_N=tile.block_n, WORDS=tile.words, SPLIT_K=splits, NEAR_TOP=near_top_applies(x, bits, tile),
         num_warps=tile.num_warps, num_stages=tile.num_stages, **launch_args(x),
     )  # fmt: skip
     if splits > 1:

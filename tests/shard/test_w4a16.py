@@ -40,12 +40,14 @@ from shard_server.kernels.w4a16 import (  # noqa: E402
     DEQUANTIZE_FROM_ROWS,
     dequantize_packed,
     FILL_PROGRAMS,
+    ROW_TILE,
     TILES,
     W4A16Tile,
     tile_for,
     w4a16_kernel,
     w4a16_matmul,
 )
+from shard_server.kernels import w4a16_row as w4a16_row_module  # noqa: E402
 from shard_server.kernels.w4a16_row import W4A16Row, row_tile_for  # noqa: E402
 from shard_server.layers import int4 as int4_module  # noqa: E402
 from shard_server.layers.int4 import PackedWeight, contiguous_group_rows  # noqa: E402
@@ -231,15 +233,20 @@ def test_swapped_tiles_match_in_bf16_with_rows_unlike_the_tile(rows):
 @pytest.mark.parametrize("swap_ab", [False, True], ids=["x@w", "swapped"])
 def test_two_at_a_time_builds_the_float32_paths_weight(dtype, swap_ab):
     """Pairs (half2 arithmetic on pair-order words; on the CPU its plain-ops twin) and the float32
-    path build the same weight: their products are equal, over several groups and masked edges."""
+    path build the same weight, the reference's, bit for bit: one-hot rows read single weights out
+    (one nonzero product a sum, exact in any order), over several groups and masked edges."""
     weight = make_weight(4, 32, depth=256, features=150)
-    x = activations(21, 256, dtype)
+    picks = [0, 1, 7, 8, 31, 32, 33, 100, 127, 128, 200, 254, 255]
+    x = torch.zeros(len(picks), 256, dtype=dtype, device=DEVICE)
+    x[torch.arange(len(picks)), torch.tensor(picks)] = 1
     tile = W4A16Tile(block_m=16, block_n=32, block_k=32, num_warps=4, num_stages=2, swap_ab=swap_ab)
     float32_path = replace(tile, pairs=False)
     assert w4a16_module.pairs_apply(x, 4, True, tile) and not w4a16_module.pairs_apply(x, 4, True, float32_path)
     pairs = kernel(weight, x, tile)
+    assert torch.equal(pairs, weight.dequantize(dtype).t()[picks].contiguous())
     assert torch.equal(pairs, kernel(weight, x, float32_path))
-    assert_matches(pairs, reference(weight, x), dtype)
+    dense = activations(21, 256, dtype)
+    assert_matches(kernel(weight, dense, tile), reference(weight, dense), dtype)
 
 
 def test_pair_order_puts_rows_two_and_two_side_by_side():
@@ -259,6 +266,19 @@ def test_pair_order_puts_rows_two_and_two_side_by_side():
 # One row: the CUDA-core kernel (kernels/w4a16_row.py).
 
 ROW_LAYOUTS = ["4bit-g32", "4bit-g128-sym", "4bit-channel", "8bit-g128"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_the_row_kernel_near_the_mantissas_top_matches_its_exact_path(dtype):
+    """Half rows read 4-bit values near the mantissa's top (no subtraction a value); the sums differ
+    from the exact float path by the products' rounding, far below the output's."""
+    weight = make_weight(4, 128, depth=1024, features=96)
+    x = activations(1, 1024, dtype) * 50  # large activations: the offsets it subtracts grow with x
+    tile = replace(ROW_TILE, split_k=2)
+    near, exact = kernel(weight, x, tile), kernel(weight, x, replace(tile, near_top=False))
+    assert w4a16_row_module.near_top_applies(x, 4, tile) and not w4a16_row_module.near_top_applies(x.float(), 4, tile)
+    error = float((near.float() - exact.float()).abs().max() / exact.float().abs().max())
+    assert error <= 2 ** -8, error
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=["fp16", "bf16", "fp32"])
@@ -580,8 +600,9 @@ def _compile_all() -> None:
         if constants["SWAP_AB"]:  # the dequantized weight is wgmma's A operand, a register list
             assert re.search(r"wgmma\.mma_async[^;]*\}, \{%r", compiled.asm["ptx"]), f"{name}: A not from registers"
     for name, constants in (
-        ("w4a16_row_split_pdl", dict(BITS=4, BLOCK_N=128, WORDS=16, SPLIT_K=4, PDL=True)),
-        ("w8a16_row", dict(BITS=8, BLOCK_N=64, WORDS=8, SPLIT_K=1, PDL=False)),
+        ("w4a16_row_split_pdl", dict(BITS=4, BLOCK_N=128, WORDS=16, SPLIT_K=4, NEAR_TOP=True, PDL=True)),
+        ("w4a16_row_exact", dict(BITS=4, BLOCK_N=128, WORDS=16, SPLIT_K=1, NEAR_TOP=False, PDL=False)),
+        ("w8a16_row", dict(BITS=8, BLOCK_N=64, WORDS=8, SPLIT_K=1, NEAR_TOP=False, PDL=False)),
     ):
         compile_module.CASES[name] = ("shard_server.kernels.w4a16_row", "_w4a16_row_kernel", constants,
                                       {**common, "x_ptr": "*bf16", "out_ptr": "*fp32" if constants["SPLIT_K"] > 1 else "*bf16"})  # fmt: skip
