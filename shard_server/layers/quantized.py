@@ -22,10 +22,12 @@ y = x @ W^T:
 - block-wise fp8: `weight` e4m3 [out, in] and `weight_scale_inv` (compressed-tensors `block`
   strategy: `weight_scale`) float [ceil(out/bn), ceil(in/bk)]; W[i, j] = w[i, j] * scale[i // bn,
   j // bk]. `BlockFp8Weight` keeps the fp8 weight and the scale blocks its rows and columns touch,
-  with each row's and column's block index; up to 16 rows stream the fp8 weight through
-  `kernels/block_fp8_matmul.py`, more multiply the weight dequantized in one pass
-  (`kernels/dequantize.py`; activations unrounded either way). Expanding to one scale per row
-  would be exact only when every block of a row shares a scale, so the blocks are kept.
+  with each row's and column's block index. Half-precision products are
+  `kernels/block_fp8_matmul.py`'s: up to 16 rows stream the fp8 weight (activations unrounded);
+  more quantize each activation row to e4m3 with its own scale (as `--quantize fp8` does) and
+  multiply fp8 by fp8, the weight kept in fp8. float32 rows multiply the weight dequantized in
+  one pass (`kernels/dequantize.py`), unrounded. Expanding to one scale per row would be exact
+  only when every block of a row shares a scale, so the blocks are kept.
 
 Tensor parallelism: column-parallel parts read their output rows (and the zero-point words and
 scale block rows that cover them); row-parallel slices read their input columns (the words,
@@ -39,7 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..kernels.block_fp8_matmul import block_fp8_rows, column_block_starts
+from ..kernels.block_fp8_matmul import block_fp8_gemm, block_fp8_rows, column_block_starts, column_blocks
 from ..kernels.dequantize import dequantize_8bit
 from ..kernels.dispatch import use_fused
 from ..kernels.fp8_matmul import FP8
@@ -298,18 +300,22 @@ class BlockFp8Weight(nn.Module):
         self.scheme, self.out_features, self.in_features = scheme, shape[0], shape[1]
         self.device = torch.device(device)
         self.register_buffer("weight", torch.empty(shape, dtype=FP8, device=device))
-        for name in ("scale", "row_block", "col_block", "col_starts"):
+        for name in ("scale", "row_block", "col_block"):
             self.register_buffer(name, None)
+        self.col_blocks = None  # where `col_block`'s blocks start, as the kernels take them (plain integers)
 
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        """Few rows (decodes) stream the fp8 weight through `block_fp8_rows`; more rows multiply
-        the weight dequantized in one pass (`dequantize_8bit`), which a prefill's many rows amortise."""
+        """Few half-precision rows (decodes) stream the fp8 weight through `block_fp8_rows`; more
+        are quantized and multiplied fp8 by fp8 (`block_fp8_gemm`). Without fused kernels (CPU):
+        the reference, x times the weight dequantized in float32."""
         flat = x.reshape(-1, x.shape[-1])
         if not use_fused(flat):
             return F.linear(x, self.dequantize(x.dtype), bias)
-        if not skinny_rows(flat):
+        if flat.dtype == torch.float32:  # e4m3 rows (or tf32 dots) would drop the precision asked for
             return F.linear(x, dequantize_8bit(self.weight, self.scale, x.dtype, self.row_block, self.col_block), bias)
-        return _shaped(block_fp8_rows(flat, self.weight, self.scale, self.row_block, self.col_starts), x, bias)
+        if skinny_rows(flat):
+            return _shaped(block_fp8_rows(flat, self.weight, self.scale, self.row_block, self.col_blocks), x, bias)
+        return _shaped(block_fp8_gemm(flat, self.weight, self.scale, self.row_block, self.col_blocks), x, bias)
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         scales = self.scale[self.row_block.long()][:, self.col_block.long()]
@@ -344,7 +350,7 @@ class BlockFp8Weight(nn.Module):
         self.scale = scales.to(self.device, torch.float32).contiguous()
         self.row_block = row_block.to(torch.int32).to(self.device)
         self.col_block = col_block.to(torch.int32).to(self.device)
-        self.col_starts = column_block_starts(self.col_block, self.scale.shape[1])
+        self.col_blocks = column_blocks(column_block_starts(col_block.cpu(), self.scale.shape[1]))
 
     def _check(self, store: WeightStore, prefix: str, in_features: int) -> int:
         return _check_block_fp8(store, self.scheme, prefix, in_features)

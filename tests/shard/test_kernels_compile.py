@@ -9,6 +9,7 @@ the interpreter off: once Triton is imported in interpreter mode its kernels can
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -28,6 +29,9 @@ FP8_POOL = {"k_cache_ptr": "*fp8e4nv", "v_cache_ptr": "*fp8e4nv"}  # --kv-cache-
 SKINNY = dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=256)
 FP8_WEIGHT = {"w_ptr": "*fp8e4nv", "w_scale_ptr": "*fp32"}
 NORM = dict(N=4096, BLOCK=4096, PRE_NORM=False, HAS_RESIDUAL=True, FP8_MAX=448.0, TINY=1e-12)
+
+BLOCK_FP8 = {"w_ptr": "*fp8e4nv", "scale_ptr": "*fp32", "row_block_ptr": "*i32"}
+BLOCK_FP8_ROWS = dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, FP8_ROWS=False, FP16_DOT=False, TRIPS=1, SPLIT_K=1)
 
 # name: (module, kernel, constexprs, pointer types other than bf16)
 MOE_POINTERS = {"w_scale_ptr": "*fp32", "topk_weights_ptr": "*fp32", "sorted_pairs_ptr": "*i32",
@@ -106,10 +110,11 @@ CASES = {
     "skinny_matmul_int8_weights": ("shard_server.kernels.skinny_matmul", "_skinny_matmul_kernel",
                                    dict(BLOCK_M=16, BLOCK_N=128, BLOCK_K=256, W_SCALED=True, X_SCALED=False,
                                         FP16_DOT=True, SPLIT_K=4), {"w_ptr": "*i8", "w_scale_ptr": "*fp32"}),  # fmt: skip
-    # Block-scaled fp8 weights (DeepSeek / Qwen3-FP8) at decode batch sizes.
-    "block_fp8_rows": ("shard_server.kernels.block_fp8_matmul", "_block_fp8_rows_kernel",
-                       dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=128),
-                       {"w_ptr": "*fp8e4nv", "scale_ptr": "*fp32", "row_block_ptr": "*i32", "col_starts_ptr": "*i32"}),  # fmt: skip
+    # Block-scaled fp8 weights (DeepSeek / Qwen3-FP8) at decode batch sizes: widened to the rows'
+    # dtype, or to fp16 with K split (the shipped tables' tiles: `check_block_fp8_tiles`).
+    "block_fp8_rows": ("shard_server.kernels.block_fp8_matmul", "_block_fp8_kernel", BLOCK_FP8_ROWS, BLOCK_FP8),
+    "block_fp8_rows_fp16_split_pdl": ("shard_server.kernels.block_fp8_matmul", "_block_fp8_kernel",
+                                      dict(BLOCK_FP8_ROWS, FP16_DOT=True, SPLIT_K=4, PDL=True), BLOCK_FP8),  # fmt: skip
     # The shipped fp8-weight config (`FP8_WEIGHTS`): 128 features, four key ranges.
     "skinny_matmul_fp8_weights_split": ("shard_server.kernels.skinny_matmul", "_skinny_matmul_kernel",
                                         dict(BLOCK_M=16, BLOCK_N=128, BLOCK_K=256, W_SCALED=True, X_SCALED=False,
@@ -208,7 +213,8 @@ def compile_for_hopper(name: str, aligned: bool = False, **options):
             signature[arg] = pointers.get(arg, "*bf16")
         else:
             signature[arg] = "fp32" if arg in FLOATS else "i32"
-        if aligned and (arg.endswith("_ptr") or "stride" in arg or arg in ("M", "N", "K")) and arg != "table_stride":
+        sizes = ("M", "N", "K", "first", "width")  # first, width: block fp8's column blocks (128 on an 8B)
+        if aligned and (arg.endswith("_ptr") or "stride" in arg or arg in sizes) and arg != "table_stride":
             attrs[(index,)] = [["tt.divisibility", 16]]
     source = ASTSource(fn=kernel, signature=signature, constexprs=constants, attrs=attrs)
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options or None), constants
@@ -224,6 +230,39 @@ def compile_case(name: str) -> None:
     assert ("prefetch.global.L2" in compiled.asm["ptx"]) == constants.get("PREFETCH_W", False), name
 
 
+def check_block_fp8_tiles() -> None:
+    """In the child: each tile of block fp8's tables compiles as launched (its warps and stages;
+    the 8B's sizes, 16-aligned), its weight loads pipelined into shared-memory buffers (cp.async)
+    across the one K loop: GEMM_TILES' to e4m3 x e4m3 wgmma (num_stages buffers), ROWS_TILES'
+    (bf16 rows, the weight widened to bf16 or, `fp16_dot`, both to fp16) to mma.sync (num_stages
+    - 1); unaligned, each still compiles."""
+    from shard_server.kernels.block_fp8_matmul import GEMM_TILES, ROWS_TILES
+
+    launches = [(tile, True, False) for _, tile in GEMM_TILES]
+    launches += [(tile, False, fp16) for _, tile in ROWS_TILES for fp16 in (False, True)]
+    for tile, fp8_rows, fp16_dot in launches:
+        name = (f"block_fp8_{'gemm' if fp8_rows else 'rows'}{'_fp16' if fp16_dot else ''}_m{tile.block_m}"
+                f"_n{tile.block_n}_k{tile.block_k}_split{tile.split_k}")  # fmt: skip
+        constants = dict(BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, FP8_ROWS=fp8_rows,
+                         FP16_DOT=fp16_dot, TRIPS=1, SPLIT_K=tile.split_k)  # fmt: skip
+        pointers = dict(BLOCK_FP8, x_ptr="*fp8e4nv", x_scale_ptr="*fp32") if fp8_rows else BLOCK_FP8
+        CASES[name] = ("shard_server.kernels.block_fp8_matmul", "_block_fp8_kernel", constants, pointers)
+        compile_case(name)
+        compiled, _ = compile_for_hopper(name, aligned=True, num_warps=tile.num_warps, num_stages=tile.num_stages)
+        ptx, ttgir = compiled.asm["ptx"], compiled.asm["ttgir"]
+        if fp8_rows:
+            mma = r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k32\.f32\.e4m3\.e4m3"
+        else:
+            mma = rf"mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.{'f16' if fp16_dot else 'bf16'}"
+        assert re.search(mma, ptx), f"{name}: no {mma}"
+        assert "cp.async" in ptx, f"{name}: loads not asynchronous"
+        # wgmma reads its operands from the num_stages buffers; mma.sync loads each into registers
+        # (widened there) a stage ahead, so num_stages - 1 are in flight (as the skinny kernel's).
+        stages = tile.num_stages if fp8_rows else tile.num_stages - 1
+        buffers = f"!ttg.memdesc<{stages}x{tile.block_n}x{tile.block_k}xf8E4M3FN"
+        assert buffers in ttgir, f"{name}: weight tiles not in {stages} buffers"
+
+
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_kernel_compiles_for_hopper(name):
     env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=str(REPO))
@@ -231,5 +270,12 @@ def test_kernel_compiles_for_hopper(name):
     assert done.returncode == 0, done.stderr[-3000:]
 
 
+def test_block_fp8_tiles_multiply_on_tensor_cores_with_pipelined_loads():
+    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=str(REPO))
+    done = subprocess.run([sys.executable, __file__, "--block-fp8-tiles"], env=env, capture_output=True, text=True,
+                          timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
 if __name__ == "__main__":
-    compile_case(sys.argv[1])
+    check_block_fp8_tiles() if sys.argv[1] == "--block-fp8-tiles" else compile_case(sys.argv[1])

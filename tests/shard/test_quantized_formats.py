@@ -13,7 +13,9 @@ weights stored dense in float32. Tolerances:
   declares and the int8 kernel will: the layer equals that formula (computed here on its own)
   within 1e-5 and the dense product within 2 %; the model's logits are within 5 % of the
   oracle's and its greedy tokens are the oracle's for this model and prompt;
-- TP=2 against TP=1: all-reduced partial sums, the existing TP tests' 1e-4.
+- TP=2 against TP=1: all-reduced partial sums, the existing TP tests' 1e-4;
+- block fp8 past 16 rows on the fused path (each row quantized to e4m3): the same arithmetic in
+  torch within float32's summation order, and the dense product within 5 % relative L2.
 """
 
 from __future__ import annotations
@@ -396,10 +398,10 @@ def test_the_int8_product_is_exact_where_float32_is_not(device, rows):
 @pytest.mark.parametrize(("row_start", "col_start"), [(0, 0), (40, 70)])  # a rank's slice off the blocks
 def test_the_block_fp8_kernel_equals_the_dequantized_product(rows, row_start, col_start):
     """Few rows through `block_fp8_rows` (compiled on a GPU host, interpreted on CPU) against
-    x @ dequantize().T, for a slice whose rows and columns start mid-block: per block, partial
-    sums times each row's scale."""
+    x @ dequantize().T, for a slice whose rows and columns start mid-block: per K tile, partial
+    sums times each feature's block scale."""
     pytest.importorskip("triton")
-    from shard_server.kernels.block_fp8_matmul import block_fp8_rows
+    from shard_server.kernels.block_fp8_matmul import ColumnBlocks, block_fp8_rows
     from shard_server.kernels.dispatch import fused_kernels
 
     weight = _block_fp8_weight(72, 300, row_start, col_start, seed=rows + row_start)
@@ -407,10 +409,96 @@ def test_the_block_fp8_kernel_equals_the_dequantized_product(rows, row_start, co
     want = x.float() @ weight.dequantize().t()
     with fused_kernels(True, on_cpu=True):
         got = weight.linear(x, None)
-    direct = block_fp8_rows(x, weight.weight, weight.scale, weight.row_block, weight.col_starts)
+    direct = block_fp8_rows(x, weight.weight, weight.scale, weight.row_block, weight.col_blocks)
     assert torch.equal(got, direct) and got.dtype == torch.float16
     torch.testing.assert_close(got.float(), want, atol=2e-2 * want.abs().max().item(), rtol=2e-3)
-    assert weight.col_starts.tolist()[0] == 0 and weight.col_starts.tolist()[-1] == 300
+    first = 128 - col_start % 128
+    assert weight.col_blocks == ColumnBlocks(first=first, width=128)
+    assert weight.col_blocks.spans(300) == [(0, first), (first, first + 128), (first + 128, 300)]
+
+
+# (rows, out, depth, row_start, col_start, block, tile): ragged rows, features and depth; slices
+# off the blocks (columns 70: a first block of 58, not 16-aligned; 16: 112); K tiles narrower
+# than a block (several a block) and wider (masked to it); the K loop split into ranges that
+# end mid-block, or one past the tiles (an empty range); None: ROWS_TILES' tile.
+ROWS_CASES = [
+    (1, 72, 300, 0, 0, (32, 128), None),
+    (7, 72, 300, 40, 70, (32, 128), None),
+    (16, 150, 300, 40, 16, (32, 128), None),
+    (3, 72, 300, 40, 70, (32, 128), (16, 32, 64, 4, 2)),
+    (5, 90, 200, 8, 24, (16, 64), (16, 32, 128, 4, 3)),
+    (11, 72, 300, 0, 70, (32, 128), (16, 64, 32, 4, 4, 3)),
+    (2, 150, 700, 40, 16, (32, 128), (16, 32, 128, 4, 4, 4)),
+    (1, 72, 300, 40, 70, (32, 128), (16, 128, 64, 4, 3, 4)),
+    (4, 40, 50, 0, 0, (128, 128), (16, 32, 32, 4, 2, 3)),  # one column block, split into 2 + 2 tiles
+    (16, 40, 50, 0, 0, (128, 128), (16, 32, 128, 4, 2, 2)),  # one tile: the second range is empty
+]
+
+
+@pytest.mark.parametrize(("rows", "out", "depth", "row_start", "col_start", "block", "tile"), ROWS_CASES)
+@pytest.mark.parametrize("fp16_dot", [False, True])
+def test_block_fp8_rows_in_any_tile_equal_the_dequantized_product(rows, out, depth, row_start, col_start, block, tile,
+                                                                  fp16_dot):  # fmt: skip
+    """`block_fp8_rows`' one K loop (compiled on a GPU host, interpreted on CPU) against x @
+    dequantize().T in float64: the weight's values widen exactly and the rows are unrounded, so
+    only float32 sums (in any order, split or not) and the output's rounding differ. bf16 rows
+    (a GPU's) stay bf16 or, with `fp16_dot`, become fp16 exactly (these are well inside its range)."""
+    pytest.importorskip("triton")
+    from shard_server.kernels.block_fp8_matmul import GemmTile, block_fp8_rows
+
+    weight = _block_fp8_weight(out, depth, row_start, col_start, seed=rows + out + depth, block=block)
+    x = torch.randn(rows, depth, generator=torch.Generator().manual_seed(rows)) * 3
+    for dtype in [torch.float16] + ([torch.bfloat16] if KERNEL_DEVICE == "cuda" else []):
+        xd = x.to(dtype)
+        want = xd.double() @ weight.dequantize().cpu().double().t()
+        got = block_fp8_rows(xd.to(KERNEL_DEVICE), weight.weight, weight.scale, weight.row_block, weight.col_blocks,
+                             GemmTile(*tile) if tile else None, fp16_dot=fp16_dot).cpu()  # fmt: skip
+        assert got.dtype == dtype and got.shape == (rows, out)
+        ulp = 2**-8 if dtype == torch.bfloat16 else 2**-11
+        torch.testing.assert_close(got.double(), want, atol=1e-5 * want.abs().max().item(), rtol=ulp)
+
+
+def test_block_fp8_rows_widened_to_fp16_saturate_bf16_rows_past_its_range():
+    """`fp16_dot`: a bf16 row past fp16's 65504 is clamped to it (as per-channel fp8's few-row
+    product does); without it the row is unrounded."""
+    pytest.importorskip("triton")
+    from shard_server.kernels.block_fp8_matmul import block_fp8_rows
+
+    if KERNEL_DEVICE != "cuda":
+        pytest.skip("the interpreter truncates float32 to bf16")
+    weight = _block_fp8_weight(40, 256, seed=3)
+    x = torch.zeros(1, 256, dtype=torch.bfloat16)
+    x[0, 5] = 2.0**20
+    args = (weight.weight, weight.scale, weight.row_block, weight.col_blocks)
+    column = weight.dequantize().cpu()[:, 5]
+    wide = block_fp8_rows(x.to(KERNEL_DEVICE), *args).cpu().float()[0]
+    clamped = block_fp8_rows(x.to(KERNEL_DEVICE), *args, fp16_dot=True).cpu().float()[0]
+    # float32 products in another order, then rounded to bf16: within one of its steps
+    torch.testing.assert_close(wide, (column * 2.0**20).bfloat16().float(), rtol=2**-7, atol=0)
+    torch.testing.assert_close(clamped, (column * 65504.0).bfloat16().float(), rtol=2**-7, atol=0)
+
+
+@pytest.mark.parametrize("rows", [1, 16])
+def test_few_block_fp8_rows_take_the_rows_table_tile(rows, monkeypatch):
+    """Up to 16 half-precision rows go to `block_fp8_rows` in ROWS_TILES' tile, widened to the
+    rows' dtype; no row is quantized and the weight is never widened in memory."""
+    pytest.importorskip("triton")
+    from shard_server.kernels import block_fp8_matmul
+    from shard_server.kernels.dispatch import fused_kernels
+    from shard_server.layers import quantized as quantized_module
+
+    weight = _block_fp8_weight(72, 300, 40, 70)
+    launches = []
+    real = block_fp8_matmul._launch
+    monkeypatch.setattr(block_fp8_matmul, "_launch", lambda *args: launches.append(args) or real(*args))
+    monkeypatch.setattr(quantized_module, "block_fp8_gemm", None)
+    monkeypatch.setattr(quantized_module, "dequantize_8bit", None)
+    x = torch.randn(rows, 300, generator=torch.Generator().manual_seed(rows)).half().to(KERNEL_DEVICE)
+    with fused_kernels(True, on_cpu=True):
+        got = weight.linear(x, None)
+    assert len(launches) == 1 and got.shape == (rows, 72)
+    tile, fp8_rows, fp16_dot = launches[0][7:]
+    assert tile == block_fp8_matmul.rows_tile(rows) and tile.block_m == 16 and not fp8_rows and not fp16_dot
 
 
 @pytest.mark.parametrize("rows", [1, 16])
@@ -430,10 +518,10 @@ def test_w8a16_decodes_stream_the_int8_weight_through_the_skinny_kernel(rows):
     torch.testing.assert_close(got.float(), want, atol=2e-2 * want.abs().max().item(), rtol=2e-3)
 
 
-def _block_fp8_weight(out, depth, row_start=0, col_start=0, seed=0):
+def _block_fp8_weight(out, depth, row_start=0, col_start=0, seed=0, block=(32, 128)):
     """A block-wise fp8 layer's slice starting mid-block (rows and columns), on the kernel device."""
     gen = torch.Generator().manual_seed(seed)
-    bn, bk = 32, 128
+    bn, bk = block
     weight = BlockFp8Weight(BlockFp8Scheme(block=(bn, bk)), (out, depth), torch.float16, KERNEL_DEVICE)
     weight.weight.copy_((torch.randn(out, depth, generator=gen) * 100).clamp(-448, 448).to(torch.float8_e4m3fn))
     row_ids, col_ids = torch.arange(row_start, row_start + out), torch.arange(col_start, col_start + depth)
@@ -473,15 +561,14 @@ def test_the_one_pass_dequantize_builds_the_reference_weight(kind, dtype):
     assert got.dtype == dtype and torch.equal(got, weight.dequantize(dtype))
 
 
-@pytest.mark.parametrize("kind", ["block-fp8", "w8a16"])
-def test_many_rows_multiply_the_weight_dequantized_in_one_pass(kind, monkeypatch):
-    """Past the skinny kernel's 16 rows both formats multiply the weight the one-pass kernel
-    built, and match the reference product."""
+def test_many_w8a16_rows_multiply_the_weight_dequantized_in_one_pass(monkeypatch):
+    """Past the skinny kernel's 16 rows W8A16 multiplies the weight the one-pass kernel built,
+    and matches the reference product."""
     pytest.importorskip("triton")
     from shard_server.kernels.dispatch import fused_kernels
     from shard_server.layers import quantized as quantized_module
 
-    weight = _w8a16_weight(80, 300) if kind == "w8a16" else _block_fp8_weight(72, 300, 40, 70)
+    weight = _w8a16_weight(80, 300)
     passes = []
     real = quantized_module.dequantize_8bit
     monkeypatch.setattr(quantized_module, "dequantize_8bit", lambda *args: passes.append(args) or real(*args))
@@ -491,3 +578,126 @@ def test_many_rows_multiply_the_weight_dequantized_in_one_pass(kind, monkeypatch
         got = weight.linear(x, None)
     assert len(passes) == 1 and got.dtype == torch.float16 and got.shape == want.shape
     torch.testing.assert_close(got.float(), want, atol=2e-2 * want.abs().max().item(), rtol=2e-3)
+
+
+# Block fp8 past 16 rows: the rows quantized to e4m3 one scale each, fp8 x fp8 per column block.
+
+
+def _block_fp8_gemm_reference(x: torch.Tensor, weight: BlockFp8Weight) -> torch.Tensor:
+    """The GEMM's arithmetic in torch: rows quantized as `quantize_rows_reference` does, each
+    column block's fp8 products summed exactly (float64: each product has 8 significant bits),
+    times each feature's block scale, summed, times each row's scale, rounded once."""
+    from shard_server.kernels.fp8_matmul import quantize_rows_reference
+
+    xq, x_scale = quantize_rows_reference(x.cpu())
+    scales = weight.scale.cpu().double()[weight.row_block.cpu().long()]
+    acc = torch.zeros(x.shape[0], weight.out_features, dtype=torch.float64)
+    for block, (low, high) in enumerate(weight.col_blocks.spans(weight.in_features)):
+        acc += (xq[:, low:high].double() @ weight.weight[:, low:high].cpu().double().t()) * scales[:, block]
+    return (acc * x_scale.double()).float().to(x.dtype)
+
+
+# As ROWS_CASES; the few-row cases as the bench times them (fp8 rows at decode batches, split).
+GEMM_CASES = [
+    (17, 72, 300, 0, 0, (32, 128), None),
+    (37, 72, 300, 40, 70, (32, 128), None),
+    (70, 150, 300, 40, 16, (32, 128), None),
+    (130, 150, 260, 0, 0, (128, 128), None),
+    (37, 72, 300, 40, 70, (32, 128), (16, 32, 64, 4, 2)),
+    (33, 72, 300, 0, 70, (32, 128), (32, 64, 32, 4, 2)),
+    (20, 90, 200, 8, 24, (16, 64), (16, 32, 128, 4, 2)),
+    (20, 40, 50, 0, 0, (128, 128), (16, 32, 32, 4, 2)),  # one column block
+    (2, 72, 300, 40, 70, (32, 128), (16, 128, 64, 4, 3, 4)),
+    (16, 150, 700, 40, 16, (32, 128), (16, 32, 128, 4, 4, 4)),
+    (5, 40, 50, 0, 0, (128, 128), (16, 32, 32, 4, 2, 3)),
+]
+
+
+@pytest.mark.parametrize(("rows", "out", "depth", "row_start", "col_start", "block", "tile"), GEMM_CASES)
+def test_the_block_fp8_gemm_is_its_arithmetic_and_near_the_dequantized_product(rows, out, depth, row_start, col_start,
+                                                                               block, tile):  # fmt: skip
+    """`block_fp8_gemm` (compiled on a GPU host, interpreted on CPU) against the same arithmetic
+    in torch, within float32's summation order (float32 rows on CPU) or one rounding; and against
+    x @ dequantize().T within the rows' e4m3 rounding (the weight's values are exact): ~2.6 %
+    relative L2 here, bounded at 5 %."""
+    pytest.importorskip("triton")
+    from shard_server.kernels.block_fp8_matmul import GemmTile, block_fp8_gemm
+
+    weight = _block_fp8_weight(out, depth, row_start, col_start, seed=rows + out, block=block)
+    runs = [torch.full((high - low,), b) for b, (low, high) in enumerate(weight.col_blocks.spans(depth))]
+    assert torch.equal(weight.col_block.cpu(), torch.cat(runs).int())
+    x = torch.randn(rows, depth, generator=torch.Generator().manual_seed(rows)) * 3
+    x[rows // 2] = 0.0  # an all-zero row: the tiniest scale, and zeros out
+    for dtype in (torch.float32, torch.float16):
+        xd = x.to(dtype).to(KERNEL_DEVICE)
+        got = block_fp8_gemm(xd, weight.weight, weight.scale, weight.row_block, weight.col_blocks,
+                             GemmTile(*tile) if tile else None).cpu()  # fmt: skip
+        want = _block_fp8_gemm_reference(xd, weight)
+        assert got.dtype == dtype and got.shape == (rows, out) and not got[rows // 2].any()
+        # float32 rows: the summation order, or on a GPU the fp8 tensor cores' narrower accumulation
+        # within an instruction; fp16: also one rounding either way.
+        close = 1e-5 if dtype == torch.float32 and KERNEL_DEVICE == "cpu" else 1e-3
+        torch.testing.assert_close(got.float(), want.float(), atol=close * want.abs().max().item(), rtol=2 * close)
+    dense = x @ weight.dequantize().cpu().t()
+    assert rel(got.float(), dense) < 5e-2
+
+
+def test_block_fp8_gemm_takes_no_rows():
+    pytest.importorskip("triton")
+    from shard_server.kernels.block_fp8_matmul import block_fp8_gemm
+
+    weight = _block_fp8_weight(72, 300, 40, 70)
+    got = block_fp8_gemm(torch.zeros(0, 300, device=KERNEL_DEVICE, dtype=torch.float16), weight.weight, weight.scale,
+                         weight.row_block, weight.col_blocks)  # fmt: skip
+    assert got.shape == (0, 72) and got.dtype == torch.float16
+
+
+def test_column_blocks_read_a_grid_of_equal_blocks_and_refuse_others():
+    pytest.importorskip("triton")
+    from shard_server.kernels.block_fp8_matmul import ColumnBlocks, column_blocks
+
+    starts = lambda *values: torch.tensor(values, dtype=torch.int32)  # noqa: E731
+    assert column_blocks(starts(0, 128, 256, 300)) == ColumnBlocks(first=128, width=128)
+    assert column_blocks(starts(0, 58, 186, 230)) == ColumnBlocks(first=58, width=128)  # a slice from mid-block
+    assert column_blocks(starts(0, 58, 100)) == ColumnBlocks(first=58, width=58)
+    assert column_blocks(starts(0, 50)) == ColumnBlocks(first=50, width=50)
+    assert ColumnBlocks(first=58, width=128).spans(230) == [(0, 58), (58, 186), (186, 230)]
+    assert ColumnBlocks(first=128, width=128).spans(256) == [(0, 128), (128, 256)]
+    assert ColumnBlocks(first=50, width=50).spans(50) == [(0, 50)]
+    for bad in (starts(0, 128, 192, 320), starts(0, 64, 64, 128)):
+        with pytest.raises(ValueError, match="not one grid"):
+            column_blocks(bad)
+
+
+@pytest.mark.parametrize("rows", [17, 40, 0])
+def test_block_fp8_rows_past_the_skinny_kernel_take_the_gemm(rows, monkeypatch):
+    """Past 16 half-precision rows the layer quantizes its rows and multiplies fp8 by fp8; the
+    weight is never widened."""
+    pytest.importorskip("triton")
+    from shard_server.kernels.dispatch import fused_kernels
+    from shard_server.layers import quantized as quantized_module
+
+    weight = _block_fp8_weight(72, 300, 40, 70)
+    calls = []
+    real = quantized_module.block_fp8_gemm
+    monkeypatch.setattr(quantized_module, "block_fp8_gemm", lambda *args: calls.append(args) or real(*args))
+    monkeypatch.setattr(quantized_module, "dequantize_8bit", None)
+    x = torch.randn(2, rows, 300, generator=torch.Generator().manual_seed(rows)).half().to(KERNEL_DEVICE)
+    with fused_kernels(True, on_cpu=True):
+        got = weight.linear(x, torch.ones(72, dtype=torch.float16, device=KERNEL_DEVICE))
+    want = _block_fp8_gemm_reference(x.reshape(-1, 300), weight).view(2, rows, 72).float() + 1
+    assert len(calls) == 1 and got.dtype == torch.float16 and got.shape == (2, rows, 72)
+    torch.testing.assert_close(got.cpu().float(), want, atol=1e-3 * want.abs().amax().item() if rows else 0, rtol=1e-3)
+
+
+@pytest.mark.parametrize("rows", [3, 40])
+def test_float32_block_fp8_rows_multiply_the_weight_widened_unrounded(rows):
+    """float32 rows keep their precision: the weight dequantized in one pass, no e4m3 rows."""
+    pytest.importorskip("triton")
+    from shard_server.kernels.dispatch import fused_kernels
+
+    weight = _block_fp8_weight(72, 300, 40, 70)
+    x = torch.randn(rows, 300, generator=torch.Generator().manual_seed(rows)).to(KERNEL_DEVICE)
+    with fused_kernels(True, on_cpu=True):
+        got = weight.linear(x, None)
+    assert got.dtype == torch.float32 and rel(got.cpu(), x.cpu() @ weight.dequantize().cpu().t()) < 1e-5
