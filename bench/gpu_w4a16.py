@@ -119,11 +119,11 @@ CANDIDATES = tuple((bound, tiles + extra) for (bound, tiles), (_, extra) in zip(
 
 
 # One row: the CUDA-core kernel's tiles (kernels/w4a16_row.py), each split count as given.
-# Values near the mantissa's top cost less a value, so wider column tiles (fewer word rows a
-# thread, each activation read for more columns) are tried too; the shipped tile also times the
-# exact-float path beside it.
-ROW_CANDIDATES = [W4A16Row(n, words, warps, stages, split) for n in (64, 128, 256, 512, 1024) for words in (4, 8, 16)
-                  for warps in (4, 8) for stages in (2, 3) for split in (4, 8)] + [replace(ROW_TILE, near_top=False)]  # fmt: skip
+# Each tile both ways (values near the mantissa's top or exact floats), and wider column tiles
+# than before: fewer word rows a thread, so each activation it loads serves more columns.
+ROW_CANDIDATES = [W4A16Row(n, words, warps, 2, split, near_top=near_top) for n in (128, 256, 512, 1024)
+                  for words in (4, 8, 16) for warps in (4, 8) for split in (4, 8)
+                  for near_top in (False, True)] + [ROW_TILE, replace(ROW_TILE, near_top=True)]  # fmt: skip
 
 
 def candidates(rows: int) -> list[W4A16Tile]:
@@ -149,8 +149,8 @@ def case_tiles(rows: int, n: int, k: int, limit: int | None = None) -> tuple[W4A
 
 def label(tile: W4A16Tile | W4A16Row) -> str:
     if isinstance(tile, W4A16Row):
-        exact = "" if tile.near_top else " exact"
-        return f"row n{tile.block_n} words{tile.words} w{tile.num_warps} s{tile.num_stages} split{tile.split_k}{exact}"
+        top = " near-top" if tile.near_top else ""
+        return f"row n{tile.block_n} words{tile.words} w{tile.num_warps} s{tile.num_stages} split{tile.split_k}{top}"
     name = f"{tile.block_m}x{tile.block_n}x{tile.block_k} w{tile.num_warps} s{tile.num_stages} split{tile.split_k}"
     fill = f" fill{tile.fill}" if tile.fill != FILL_PROGRAMS else ""
     float32 = " float32" if not tile.pairs else ""

@@ -42,9 +42,11 @@ class W4A16Row:
     num_warps: int
     num_stages: int
     split_k: int = 1  # K ranges, a program each (their float32 partials summed after)
-    # 4-bit values read near the mantissa's top (`_value_near_top`): two instructions a value
-    # instead of three. False keeps the exact-float path, so a sweep can time both.
-    near_top: bool = True
+    # 4-bit values of half rows read near the mantissa's top (`_value_near_top`): no subtraction
+    # a value. Off until a GPU sweep times it: in the sm_90 SASS (Triton 3.6) the loop of the
+    # shipped tile takes 804 instructions a step against 847, since the mask and the exponent
+    # still take two logic ops a value (one would need both constants in registers).
+    near_top: bool = False
 
 
 def row_tile_for(tile: W4A16Row, features: int, depth: int, bits: int, group_rows: int | None) -> W4A16Row | None:
