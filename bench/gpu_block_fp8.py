@@ -39,7 +39,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.gpu_skinny_matmul import graph_us  # noqa: E402
+from bench.gpu_w4a16 import rel_l2  # noqa: E402
+from bench.gpu_w4a16 import timed as graph_timer  # noqa: E402
 from shard_server.kernels.block_fp8_matmul import (  # noqa: E402
     GEMM_TILES,
     ROWS_TILES,
@@ -62,7 +63,6 @@ BLOCK = (128, 128)
 DTYPE = torch.bfloat16
 L2_FLUSH = 256e6  # bytes of weight copies a graph cycles through: five times an H200's 50 MB L2
 MAX_COPIES = 32
-ROUND_US = 10_000  # graph_us's repeats are cut so one of its five timed rounds takes about this long
 ERR_LIMIT = 5e-2
 PATHS = ("shipped", "widen_cublas", "per_channel_fp8")
 MODES = ("rows", "rows-fp16", "gemm")
@@ -137,21 +137,6 @@ def weights(n: int, k: int, generator: torch.Generator, device) -> tuple[BlockFp
     layer.weight.copy_((dense / per_value).clamp(-FP8_MAX, FP8_MAX).to(FP8))
     layer._set(scales, torch.arange(n) // bn, torch.arange(k) // bk)
     return layer, quantize_rows_reference(dense)
-
-
-def graph_timer(call, copies) -> float:
-    """graph_us with fewer repeats for slow calls, so a 2048-row gate_up case takes seconds."""
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    call(copies[0])
-    end.record()
-    end.synchronize()
-    rough_us = start.elapsed_time(end) * 1e3
-    return graph_us(call, copies, repeats=max(1, min(10, int(ROUND_US / (rough_us * len(copies))))))
-
-
-def rel_l2(got: torch.Tensor, want: torch.Tensor) -> float:
-    return float((got.float() - want).norm() / want.norm().clamp_min(1e-30))
 
 
 def measure(call, copies, want: torch.Tensor, figures, timer) -> dict:
