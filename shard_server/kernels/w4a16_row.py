@@ -43,9 +43,8 @@ class W4A16Row:
     num_stages: int
     split_k: int = 1  # K ranges, a program each (their float32 partials summed after)
     # 4-bit values of half rows read near the mantissa's top (`_value_near_top`): no subtraction
-    # a value. Off until a GPU sweep times it: in the sm_90 SASS (Triton 3.6) the loop of the
-    # shipped tile takes 804 instructions a step against 847, since the mask and the exponent
-    # still take two logic ops a value (one would need both constants in registers).
+    # a value, one lop3. Off until a GPU sweep times it: in the sm_90 SASS (Triton 3.6) the
+    # loop of the shipped tile takes 667 instructions a step against the exact path's 847.
     near_top: bool = False
 
 
@@ -85,14 +84,34 @@ def _value_times_row(packed, high, x, I: tl.constexpr, BITS: tl.constexpr):
     return (bits.to(tl.float32, bitcast=True) - 8388608.0) * (x * inverse_unit)[:, None]
 
 
+# `(source & (15 << AT)) | exponent of 1.0` as one lop3: Triton's and + or compile to two logic
+# ops a value (sm_90, Triton 3.6), as only one of the two constants fits an instruction.
+_NEAR_TOP_PTX = {at: tl.constexpr(f"lop3.b32 $0, $1, {15 << at:#x}, 0x3F800000, 0xEA;") for at in (11, 15, 19)}
+_NEAR_TOP_11, _NEAR_TOP_15, _NEAR_TOP_19 = _NEAR_TOP_PTX[11], _NEAR_TOP_PTX[15], _NEAR_TOP_PTX[19]
+
+
 @triton.jit
-def _value_near_top(source, x, AT: tl.constexpr):
+def _near_top_bits(source, AT: tl.constexpr, ASM: tl.constexpr):
+    """The float32 bits of 1 + q * 2^(AT-23) for the 4-bit q at bits [AT, AT+4) of `source`."""
+    if ASM:
+        if AT == 11:
+            ptx: tl.constexpr = _NEAR_TOP_11
+        elif AT == 15:
+            ptx: tl.constexpr = _NEAR_TOP_15
+        else:
+            ptx: tl.constexpr = _NEAR_TOP_19
+        return tl.inline_asm_elementwise(ptx, "=r,r", [source], dtype=tl.int32, is_pure=True, pack=1)
+    return (source & (15 << AT)) | 0x3F800000
+
+
+@triton.jit
+def _value_near_top(source, x, AT: tl.constexpr, ASM: tl.constexpr):
     """[WORDS, BLOCK_N] of the 4-bit value at bits [AT, AT+4) of `source` (a word shifted so it
     lies there) times x [WORDS] * 2^(23-AT), plus that scaled x: masked under the exponent of 1.0,
     the float is 1 + q * 2^(AT-23) exactly, one logic op, and one multiply-add takes it. The caller
     subtracts the scaled x's sum once a word row. AT >= 11 keeps the products' rounding within
     2^-12 of |x| (the offset is x * 2^(23-AT), at most 2^12 times x)."""
-    bits = (source & (15 << AT)) | 0x3F800000
+    bits = _near_top_bits(source, AT, ASM)
     scaled = x * tl.full((1,), (127 + 23 - AT) << 23, tl.int32).to(tl.float32, bitcast=True)
     return bits.to(tl.float32, bitcast=True) * scaled[:, None], scaled
 
@@ -100,7 +119,7 @@ def _value_near_top(source, x, AT: tl.constexpr):
 @triton.jit
 def _w4a16_row_kernel(x_ptr, qweight_ptr, zeros_ptr, scales_ptr, out_ptr, N, K, group_rows, split_stride,
                       BITS: tl.constexpr, BLOCK_N: tl.constexpr, WORDS: tl.constexpr, SPLIT_K: tl.constexpr,
-                      NEAR_TOP: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
+                      NEAR_TOP: tl.constexpr, ASM: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
     # With SPLIT_K > 1 program (.., s) reduces the s-th range of K and writes its float32 partial
     # at s * split_stride into out_ptr.
     PACK: tl.constexpr = 32 // BITS
@@ -128,7 +147,7 @@ def _w4a16_row_kernel(x_ptr, qweight_ptr, zeros_ptr, scales_ptr, out_ptr, N, K, 
             for i in tl.static_range(PACK):
                 x = tl.load(x_ptr + words * PACK + _row_of_slot(i, BITS), mask=word_ok, other=0.0).to(tl.float32)
                 x_sum += x
-                product, scaled = _value_near_top(copies[i // 3], x, 11 + 4 * (i % 3))
+                product, scaled = _value_near_top(copies[i // 3], x, 11 + 4 * (i % 3), ASM)
                 part += product
                 offset += scaled
             part -= offset[:, None]
@@ -161,7 +180,7 @@ def w4a16_row_matmul(x: torch.Tensor, qweight: torch.Tensor, zeros: torch.Tensor
     target = out if splits == 1 else torch.empty((splits, 1, features), dtype=torch.float32, device=x.device)
     _w4a16_row_kernel[(triton.cdiv(features, tile.block_n), splits)](
         x, qweight, zeros, scales, target, features, depth, group_step, features,
-        BITS=bits, BLOCK_N=tile.block_n, WORDS=tile.words, SPLIT_K=splits, NEAR_TOP=near_top_applies(x, bits, tile),
+        BITS=bits, BLOCK_N=tile.block_n, WORDS=tile.words, SPLIT_K=splits, NEAR_TOP=near_top_applies(x, bits, tile), ASM=x.is_cuda,
         num_warps=tile.num_warps, num_stages=tile.num_stages, **launch_args(x),
     )  # fmt: skip
     if splits > 1:

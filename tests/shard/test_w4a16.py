@@ -600,13 +600,16 @@ def _compile_all() -> None:
         if constants["SWAP_AB"]:  # the dequantized weight is wgmma's A operand, a register list
             assert re.search(r"wgmma\.mma_async[^;]*\}, \{%r", compiled.asm["ptx"]), f"{name}: A not from registers"
     for name, constants in (
-        ("w4a16_row_split_pdl", dict(BITS=4, BLOCK_N=128, WORDS=16, SPLIT_K=4, NEAR_TOP=True, PDL=True)),
-        ("w4a16_row_exact", dict(BITS=4, BLOCK_N=128, WORDS=16, SPLIT_K=1, NEAR_TOP=False, PDL=False)),
-        ("w8a16_row", dict(BITS=8, BLOCK_N=64, WORDS=8, SPLIT_K=1, NEAR_TOP=False, PDL=False)),
+        ("w4a16_row_split_pdl", dict(BITS=4, BLOCK_N=128, WORDS=16, SPLIT_K=4, NEAR_TOP=True, ASM=True, PDL=True)),
+        ("w4a16_row_exact", dict(BITS=4, BLOCK_N=128, WORDS=16, SPLIT_K=1, NEAR_TOP=False, ASM=True, PDL=False)),
+        ("w8a16_row", dict(BITS=8, BLOCK_N=64, WORDS=8, SPLIT_K=1, NEAR_TOP=False, ASM=True, PDL=False)),
     ):
         compile_module.CASES[name] = ("shard_server.kernels.w4a16_row", "_w4a16_row_kernel", constants,
                                       {**common, "x_ptr": "*bf16", "out_ptr": "*fp32" if constants["SPLIT_K"] > 1 else "*bf16"})  # fmt: skip
         compile_module.compile_case(name)
+        ptx = compile_module.compile_for_hopper(name, aligned=True)[0].asm["ptx"]
+        # Near the top: mask and exponent in one lop3 a value (three masks, one per bit position).
+        assert (ptx.count("0x3F800000, 0xEA") >= 3) == constants["NEAR_TOP"], name
     compile_module.CASES["w4a16_dequantize"] = ("shard_server.kernels.w4a16", "_dequantize_kernel",
                                                 dict(BITS=4, BLOCK_K=64, BLOCK_N=128, ON_GPU=True), {**common, "out_ptr": "*bf16"})
     compile_module.compile_case("w4a16_dequantize")
