@@ -39,7 +39,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.gpu_w4a16 import rel_l2  # noqa: E402
+from bench.gpu_w4a16 import measure  # noqa: E402
 from bench.gpu_w4a16 import timed as graph_timer  # noqa: E402
 from shard_server.kernels.block_fp8_matmul import (  # noqa: E402
     GEMM_TILES,
@@ -137,16 +137,6 @@ def weights(n: int, k: int, generator: torch.Generator, device) -> tuple[BlockFp
     layer.weight.copy_((dense / per_value).clamp(-FP8_MAX, FP8_MAX).to(FP8))
     layer._set(scales, torch.arange(n) // bn, torch.arange(k) // bk)
     return layer, quantize_rows_reference(dense)
-
-
-def measure(call, copies, want: torch.Tensor, figures, timer) -> dict:
-    """One way to the product: its figures and error, or why it failed (a tile the compiler refuses
-    for shared memory is recorded, not fatal)."""
-    try:
-        error = rel_l2(call(copies[0]), want)
-        return {**figures(timer(call, copies)), "rel_err": error}
-    except Exception as exc:  # noqa: BLE001
-        return {"error": f"{type(exc).__name__}: {str(exc)[:160]}"}
 
 
 def case(rows: int, blocks: list, channels: list, sweep: bool, timer) -> dict:

@@ -141,10 +141,9 @@ def column_blocks(col_starts: torch.Tensor) -> ColumnBlocks:
     """`column_block_starts` as a `ColumnBlocks` (a load-time call: it reads them back from the
     device); ValueError if they are not one."""
     starts = [int(s) for s in col_starts.tolist()]
-    widths = [high - low for low, high in zip(starts, starts[1:])]
-    blocks = ColumnBlocks(first=starts[1], width=max(widths))
-    lows = [0] + [blocks.first + (b - 1) * blocks.width for b in range(1, len(widths))]
-    if starts[:-1] != lows or min(widths) <= 0:
+    spans = list(zip(starts, starts[1:]))
+    blocks = ColumnBlocks(first=starts[1], width=max(high - low for low, high in spans))
+    if blocks.spans(starts[-1]) != spans or min(high - low for low, high in spans) <= 0:
         raise ValueError(f"column blocks starting at {starts} are not one grid of equal blocks")
     return blocks
 

@@ -86,8 +86,8 @@ def _value_times_row(packed, high, x, I: tl.constexpr, BITS: tl.constexpr):
 
 # `(source & (15 << AT)) | exponent of 1.0` as one lop3: Triton's and + or compile to two logic
 # ops a value (sm_90, Triton 3.6), as only one of the two constants fits an instruction.
-_NEAR_TOP_PTX = {at: tl.constexpr(f"lop3.b32 $0, $1, {15 << at:#x}, 0x3F800000, 0xEA;") for at in (11, 15, 19)}
-_NEAR_TOP_11, _NEAR_TOP_15, _NEAR_TOP_19 = _NEAR_TOP_PTX[11], _NEAR_TOP_PTX[15], _NEAR_TOP_PTX[19]
+_NEAR_TOP_11, _NEAR_TOP_15, _NEAR_TOP_19 = (tl.constexpr(f"lop3.b32 $0, $1, {15 << at:#x}, 0x3F800000, 0xEA;")
+                                            for at in (11, 15, 19))  # fmt: skip
 
 
 @triton.jit
@@ -144,19 +144,19 @@ def _w4a16_row_kernel(x_ptr, qweight_ptr, zeros_ptr, scales_ptr, out_ptr, N, K, 
         if NEAR_TOP:  # 4 bits: three shifted copies put every value at bit 11, 15 or 19
             offset = tl.zeros((WORDS,), tl.float32)
             copies = (packed << 11, packed >> 1, packed >> 13)  # values 0-2, 3-5, 6-7
-            for i in tl.static_range(PACK):
-                x = tl.load(x_ptr + words * PACK + _row_of_slot(i, BITS), mask=word_ok, other=0.0).to(tl.float32)
-                x_sum += x
+        else:
+            high = packed >> 16  # the values whose bits pass a float32's 23-bit mantissa, moved down once
+        for i in tl.static_range(PACK):  # value i of a word holds its row _row_of_slot(i)
+            x = tl.load(x_ptr + words * PACK + _row_of_slot(i, BITS), mask=word_ok, other=0.0).to(tl.float32)
+            x_sum += x
+            if NEAR_TOP:
                 product, scaled = _value_near_top(copies[i // 3], x, 11 + 4 * (i % 3), ASM)
                 part += product
                 offset += scaled
-            part -= offset[:, None]
-        else:
-            high = packed >> 16  # the values whose bits pass a float32's 23-bit mantissa, moved down once
-            for i in tl.static_range(PACK):  # value i of a word holds its row _row_of_slot(i)
-                x = tl.load(x_ptr + words * PACK + _row_of_slot(i, BITS), mask=word_ok, other=0.0).to(tl.float32)
-                x_sum += x
+            else:
                 part += _value_times_row(packed, high, x, i, BITS)
+        if NEAR_TOP:
+            part -= offset[:, None]
         group = k0 // group_rows
         zero = tl.load(zeros_ptr + group * N + cols, mask=col_ok, other=0).to(tl.float32)
         scale = tl.load(scales_ptr + group * N + cols, mask=col_ok, other=0.0).to(tl.float32)
@@ -180,8 +180,8 @@ def w4a16_row_matmul(x: torch.Tensor, qweight: torch.Tensor, zeros: torch.Tensor
     target = out if splits == 1 else torch.empty((splits, 1, features), dtype=torch.float32, device=x.device)
     _w4a16_row_kernel[(triton.cdiv(features, tile.block_n), splits)](
         x, qweight, zeros, scales, target, features, depth, group_step, features,
-        BITS=bits, BLOCK_N=tile.block_n, WORDS=tile.words, SPLIT_K=splits, NEAR_TOP=near_top_applies(x, bits, tile), ASM=x.is_cuda,
-        num_warps=tile.num_warps, num_stages=tile.num_stages, **launch_args(x),
+        BITS=bits, BLOCK_N=tile.block_n, WORDS=tile.words, SPLIT_K=splits, NEAR_TOP=near_top_applies(x, bits, tile),
+        ASM=x.is_cuda, num_warps=tile.num_warps, num_stages=tile.num_stages, **launch_args(x),
     )  # fmt: skip
     if splits > 1:
         _sum_splits_kernel[(triton.cdiv(features, SUM_BLOCK),)](target, out, features, SPLITS=splits, BLOCK=SUM_BLOCK,

@@ -17,6 +17,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from bench import gpu_block_fp8 as bench  # noqa: E402
+from bench.gpu_w4a16 import rel_l2  # noqa: E402
 from shard_server.kernels.block_fp8_matmul import GEMM_TILES, ROWS_TILES, ColumnBlocks, GemmTile  # noqa: E402
 from shard_server.kernels.dispatch import fused_kernels  # noqa: E402
 
@@ -64,7 +65,7 @@ def test_the_bench_weights_are_one_dense_weight_in_both_layouts():
     layer, (wq, ws) = bench.weights(200, 300, gen, "cpu")  # ragged: a last block of 72 rows and 44 columns
     assert layer.scale.shape == (2, 3) and layer.col_blocks == ColumnBlocks(first=128, width=128)
     block, channel = layer.dequantize(), wq.float() * ws
-    assert block.abs().amax() > 0.05 and bench.rel_l2(block, channel) < 0.1  # the same weight, rounded twice
+    assert block.abs().amax() > 0.05 and rel_l2(block, channel) < 0.1  # the same weight, rounded twice
     values = layer.weight.float().abs()
     for r0 in (0, 128):  # each block's largest value is e4m3's largest
         assert all(values[r0 : r0 + 128, c0 : c0 + 128].amax() == 448 for c0 in (0, 128, 256))
