@@ -6,10 +6,12 @@ per [128, 128] block (scale = the block's max / 448); bf16 activations. Each (pr
 case times, replayed from a CUDA graph as a step runs it (`graph_us`) over enough copies of the
 weight that none stays in L2:
 - shipped: `BlockFp8Weight.linear`: up to 16 rows `block_fp8_rows` (the fp8 weight widened to
-  the rows' dtype in registers) in its ROWS_TILES tile, more `block_fp8_gemm` (rows quantized to
-  e4m3, fp8 x fp8) in its GEMM_TILES tile;
+  the rows' dtype in registers) in its ROWS_TILES tile, from CUBLAS_FROM_ROWS `block_fp8_cublas`
+  (rows quantized to e4m3 a scale per 128 columns, cuBLASLt's block-scaled GEMM), in between
+  `block_fp8_gemm` (rows quantized to e4m3 a scale each, fp8 x fp8) in its GEMM_TILES tile;
 - widen+cuBLAS: the path before it past 16 rows: the weight widened to bf16 in one pass
   (`dequantize_8bit`), then cuBLAS;
+- cuBLAS block-wise: `block_fp8_cublas` at every row count (placing CUBLAS_FROM_ROWS);
 - per-channel fp8: `fp8_linear` against the same dense weight quantized a scale per row;
 - unless --no-sweep, candidate tiles by mode (`tiles`, keyed "MODE TILE"): up to 16 rows
   `rows` (as shipped), `rows-fp16` (`block_fp8_rows(fp16_dot=True)`: rows and weight meet in fp16,
@@ -42,9 +44,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.gpu_w4a16 import measure  # noqa: E402
 from bench.gpu_w4a16 import timed as graph_timer  # noqa: E402
 from shard_server.kernels.block_fp8_matmul import (  # noqa: E402
+    CUBLAS_FROM_ROWS,
     GEMM_TILES,
     ROWS_TILES,
     GemmTile,
+    block_fp8_cublas,
     block_fp8_gemm,
     block_fp8_rows,
     gemm_tile,
@@ -64,8 +68,9 @@ DTYPE = torch.bfloat16
 L2_FLUSH = 256e6  # bytes of weight copies a graph cycles through: five times an H200's 50 MB L2
 MAX_COPIES = 32
 ERR_LIMIT = 5e-2
-PATHS = ("shipped", "widen_cublas", "per_channel_fp8")
+PATHS = ("shipped", "widen_cublas", "cublas_blockwise", "per_channel_fp8")
 MODES = ("rows", "rows-fp16", "gemm")
+CUBLAS_SKIPPED = {"skipped": "cuBLASLt multiplies block-scaled fp8 on sm_90 only, in whole 128 x 128 blocks"}
 # The sweep's tiles: 32-row tiles (mma.sync) for the smallest batches, one or two warpgroups of 64
 # rows, feature tiles 32-256, 3-5 stages (all within the 227 KB of shared memory a program may have).
 CANDIDATES = [GemmTile(*spec) for spec in (
@@ -113,6 +118,8 @@ def label(tile: GemmTile) -> str:
 def shipped_path(rows: int) -> str:
     if rows <= MAX_ROWS:
         return f"block_fp8_rows {label(rows_tile(rows))}"
+    if rows >= CUBLAS_FROM_ROWS:  # the 8B's projections are whole 128 x 128 blocks
+        return "block_fp8_cublas"
     return f"block_fp8_gemm {label(gemm_tile(rows))}"
 
 
@@ -160,6 +167,9 @@ def case(rows: int, blocks: list, channels: list, sweep: bool, timer) -> dict:
                                                           timer)},
         # reads the fp8 weight, writes and reads it in bf16
         "widen_cublas": measure(widen, blocks, want_block, lambda us: figures(us, 5 * n * k), timer),
+        # the rows quantized a scale per 128 columns, cuBLASLt's block-scaled fp8 GEMM
+        "cublas_blockwise": measure(lambda w: block_fp8_cublas(x, w.weight, w.cublas_scale), blocks, want_block,
+                                    figures, timer) if blocks[0].cublas_scale is not None else CUBLAS_SKIPPED,
         "per_channel_fp8": measure(lambda c: fp8_linear(x, *c), channels, want_channel, figures, timer),
         "tiles": {},
     }  # fmt: skip

@@ -41,7 +41,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..kernels.block_fp8_matmul import block_fp8_gemm, block_fp8_rows, column_block_starts, column_blocks
+from ..kernels.block_fp8_matmul import (
+    CUBLAS_FROM_ROWS,
+    block_fp8_cublas,
+    block_fp8_gemm,
+    block_fp8_rows,
+    column_block_starts,
+    column_blocks,
+    cublas_takes_blocks,
+    cublas_weight_scale,
+)
 from ..kernels.dequantize import dequantize_8bit
 from ..kernels.dispatch import use_fused
 from ..kernels.fp8_matmul import FP8
@@ -303,10 +312,12 @@ class BlockFp8Weight(nn.Module):
         for name in ("scale", "row_block", "col_block"):
             self.register_buffer(name, None)
         self.col_blocks = None  # where `col_block`'s blocks start, as the kernels take them (plain integers)
+        self.cublas_scale = None  # the scales as cuBLASLt takes them, where it can (`cublas_weight_scale`)
 
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """Few half-precision rows (decodes) stream the fp8 weight through `block_fp8_rows`; more
-        are quantized and multiplied fp8 by fp8 (`block_fp8_gemm`). Without fused kernels (CPU):
+        are quantized and multiplied fp8 by fp8: by cuBLASLt from CUBLAS_FROM_ROWS where it takes
+        the rank's blocks (`block_fp8_cublas`), else `block_fp8_gemm`. Without fused kernels (CPU):
         the reference, x times the weight dequantized in float32."""
         flat = x.reshape(-1, x.shape[-1])
         if not use_fused(flat):
@@ -315,6 +326,8 @@ class BlockFp8Weight(nn.Module):
             return F.linear(x, dequantize_8bit(self.weight, self.scale, x.dtype, self.row_block, self.col_block), bias)
         if skinny_rows(flat):
             return _shaped(block_fp8_rows(flat, self.weight, self.scale, self.row_block, self.col_blocks), x, bias)
+        if self.cublas_scale is not None and flat.shape[0] >= CUBLAS_FROM_ROWS:
+            return _shaped(block_fp8_cublas(flat, self.weight, self.cublas_scale), x, bias)
         return _shaped(block_fp8_gemm(flat, self.weight, self.scale, self.row_block, self.col_blocks), x, bias)
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -351,6 +364,9 @@ class BlockFp8Weight(nn.Module):
         self.row_block = row_block.to(torch.int32).to(self.device)
         self.col_block = col_block.to(torch.int32).to(self.device)
         self.col_blocks = column_blocks(column_block_starts(col_block.cpu(), self.scale.shape[1]))
+        if cublas_takes_blocks(self.device):
+            shape = tuple(self.weight.shape)
+            self.cublas_scale = cublas_weight_scale(self.scale, self.row_block, self.col_blocks, shape)
 
     def _check(self, store: WeightStore, prefix: str, in_features: int) -> int:
         return _check_block_fp8(store, self.scheme, prefix, in_features)

@@ -136,6 +136,9 @@ CASES = {
                               dict(FP8_WEIGHT, x_ptr="*fp8e4nv", x_scale_ptr="*fp32")),
     "sum_splits": ("shard_server.kernels.skinny_matmul", "_sum_splits_kernel", dict(SPLITS=4, BLOCK=1024),
                    {"partial_ptr": "*fp32"}),
+    "quantize_groups_fp8": ("shard_server.kernels.block_fp8_matmul", "_quantize_groups_kernel",
+                            dict(FP8_MAX=448.0, TINY=1e-12, GROUP=128, GROUPS=8), {"out_ptr": "*fp8e4nv",
+                                                                                     "scale_ptr": "*fp32"}),  # fmt: skip
     "quantize_rows_fp8": ("shard_server.kernels.fp8_matmul", "_quantize_rows_kernel",
                           dict(FP8_MAX=448.0, TINY=1e-12, BLOCK=1024), {"out_ptr": "*fp8e4nv", "scale_ptr": "*fp32"}),
     "rotary": ("shard_server.kernels.rotary", "_rotary_kernel",
@@ -175,7 +178,7 @@ CASES = {
 }
 # Every kernel of a decode layer, launched with programmatic dependent launch (`kernels/pdl.py`).
 PDL_CASES = ["add_rmsnorm_fp8_rows", "rotary_store_kv", "store_kv", "decode_attention", "split_decode_attention",
-             "combine_splits", "silu_mul", "silu_mul_fp8_rows_block16384", "quantize_rows_fp8",
+             "combine_splits", "silu_mul", "silu_mul_fp8_rows_block16384", "quantize_rows_fp8", "quantize_groups_fp8",
              "fp8_rows_gemm_n64_k256", "sum_splits", "skinny_matmul_fp8_weights_fp16_dot",
              "skinny_matmul_fp8_weights_split"]  # fmt: skip
 CASES.update({f"{name}_pdl": (*CASES[name][:2], dict(CASES[name][2], PDL=True), CASES[name][3]) for name in PDL_CASES})
