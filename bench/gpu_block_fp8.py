@@ -5,8 +5,8 @@ Weights as a DeepSeek / Qwen3-FP8 checkpoint holds them: a random dense weight q
 per [128, 128] block (scale = the block's max / 448); bf16 activations. Each (projection, rows)
 case times, replayed from a CUDA graph as a step runs it (`graph_us`) over enough copies of the
 weight that none stays in L2:
-- shipped: `BlockFp8Weight.linear`: up to 16 rows `block_fp8_rows` (the fp8 weight widened to
-  the rows' dtype in registers) in its ROWS_TILES tile, from CUBLAS_FROM_ROWS `block_fp8_cublas`
+- shipped: `BlockFp8Weight.linear`: up to 16 rows `block_fp8_rows` (the fp8 weight widened in
+  registers, to fp16 with the rows as ROWS_FP16_DOT says) in its ROWS_TILES tile, from CUBLAS_FROM_ROWS `block_fp8_cublas`
   (rows quantized to e4m3 a scale per 128 columns, cuBLASLt's block-scaled GEMM), in between
   `block_fp8_gemm` (rows quantized to e4m3 a scale each, fp8 x fp8) in its GEMM_TILES tile;
 - widen+cuBLAS: the path before it past 16 rows: the weight widened to bf16 in one pass
@@ -14,15 +14,16 @@ weight that none stays in L2:
 - cuBLAS block-wise: `block_fp8_cublas` at every row count (placing CUBLAS_FROM_ROWS);
 - per-channel fp8: `fp8_linear` against the same dense weight quantized a scale per row;
 - unless --no-sweep, candidate tiles by mode (`tiles`, keyed "MODE TILE"): up to 16 rows
-  `rows` (as shipped), `rows-fp16` (`block_fp8_rows(fp16_dot=True)`: rows and weight meet in fp16,
-  as per-channel fp8's few-row product does) in each of ROWS_CANDIDATES, and `gemm`
+  `rows` (`block_fp8_rows(fp16_dot=False)`: the weight widened to the rows' dtype), `rows-fp16`
+  (`fp16_dot=True`, shipped: rows and weight meet in fp16, as per-channel fp8's few-row product
+  does) in each of ROWS_CANDIDATES, and `gemm`
   (`block_fp8_gemm`: e4m3 rows; 64-row tiles multiply on wgmma, 16-row ones on mma.sync with both
   widened to fp16) in each of FEW_ROWS_GEMM; past 16 rows `gemm` in each of CANDIDATES.
 Each result's relative L2 error is against the float32 product with its own dequantized weight
 (~2.6e-2 for e4m3 rows, ~1e-3 for unrounded ones; a tile above ERR_LIMIT counts as wrong). The
 JSON is rewritten after every case and a line printed; at the end, per row count, the total µs over
 the projections of each path and of each mode's best tile, and ROWS_TILES and GEMM_TILES tables
-(per row count the `rows` or `gemm` candidate with the least total) to paste into
+(per row count the shipped few-row mode's or `gemm`'s candidate with the least total) to paste into
 shard_server/kernels/block_fp8_matmul.py.
 
     python3 bench/gpu_block_fp8.py OUT_JSON [--shapes qkv,o] [--rows 1,16,2048] [--no-sweep]
@@ -46,6 +47,7 @@ from bench.gpu_w4a16 import timed as graph_timer  # noqa: E402
 from shard_server.kernels.block_fp8_matmul import (  # noqa: E402
     CUBLAS_FROM_ROWS,
     GEMM_TILES,
+    ROWS_FP16_DOT,
     ROWS_TILES,
     GemmTile,
     block_fp8_cublas,
@@ -226,17 +228,18 @@ def tiles_table(name: str, best: dict[int, tuple[str, float]], tiles: list[GemmT
 def summary(results: dict, shapes: list[str]) -> str:
     """Per row count the paths' totals, then each mode's best tile; the tables to paste."""
     best = {mode: best_tiles(results, shapes, mode) for mode in MODES}
-    lines = [f"{'rows':>5} {'shipped':>9} {'widen+cuBLAS':>13} {'per-channel':>12} {'shipped/per-ch':>15}  "
-             f"(total us over {', '.join(shapes)}; then each mode's best tile)"]  # fmt: skip
+    lines = [f"{'rows':>5} {'shipped':>9} {'widen+cuBLAS':>13} {'cuBLAS block':>13} {'per-channel':>12} "
+             f"{'shipped/per-ch':>15}  (total us over {', '.join(shapes)}; then each mode's best tile)"]  # fmt: skip
     for rows, t in totals(results, shapes).items():
-        lines.append(f"{rows:>5} {t['shipped']:>9.1f} {t['widen_cublas']:>13.1f} {t['per_channel_fp8']:>12.1f} "
-                     f"{t['shipped_over_per_channel']:>15.2f}")  # fmt: skip
+        lines.append(f"{rows:>5} {t['shipped']:>9.1f} {t['widen_cublas']:>13.1f} {t['cublas_blockwise']:>13.1f} "
+                     f"{t['per_channel_fp8']:>12.1f} {t['shipped_over_per_channel']:>15.2f}")  # fmt: skip
         for mode in MODES:
             if int(rows) in best[mode]:
                 tile, total = best[mode][int(rows)]
                 ratio = total / t["per_channel_fp8"]
                 lines.append(f"{'':>5} best {mode:<9} {total:>9.1f} ({ratio:.2f} x per-channel)  {tile}")
-    few = {rows: b for rows, b in best["rows"].items() if rows <= MAX_ROWS}
+    shipped_mode = "rows-fp16" if ROWS_FP16_DOT else "rows"  # the few-row table is for the shipped mode
+    few = {rows: b for rows, b in best[shipped_mode].items() if rows <= MAX_ROWS}
     many = {rows: b for rows, b in best["gemm"].items() if rows > MAX_ROWS}
     tables = [tiles_table("ROWS_TILES", few, ROWS_CANDIDATES)] if few else []
     tables += [tiles_table("GEMM_TILES", many, CANDIDATES)] if many else []

@@ -5,9 +5,10 @@ takes the product two ways, both walking the columns one K tile at a time, each 
 scale block: each tile's partial sums, in float32, are multiplied by each output feature's scale
 for that block and added up.
 - Few rows (decodes, `block_fp8_rows`): the product only streams the weight. The fp8 values
-  widen exactly to the rows' dtype (or to fp16 with `fp16_dot`, as the per-channel fp8 path
-  does: one instruction a pair on sm_90, bf16 several; bf16 rows then saturate at fp16's
-  +-65504); the rows stay unrounded (weight-only, as the fp8 path's few-row product).
+  widen exactly to fp16 with the rows (`fp16_dot`, shipped: as the per-channel fp8 path does,
+  one instruction a pair on sm_90, bf16 several; bf16 rows then saturate at fp16's +-65504) or
+  to the rows' dtype; the rows stay unrounded otherwise (weight-only, as the fp8 path's few-row
+  product).
 - More rows (`block_fp8_gemm`): each row is quantized to e4m3 with its own scale (`quantize_rows`,
   as `--quantize fp8` does), the tiles multiply fp8 by fp8 on the tensor cores (64-row tiles on
   wgmma; under 64 rows Triton's mma.sync widens both to fp16 on sm_90), and the sums are
@@ -65,15 +66,20 @@ GEMM_TILES = (
     (256, GemmTile(64, 128, 128, 4, 4)),
     (None, GemmTile(64, 128, 128, 4, 3)),
 )
-# (most rows, tile) for half-precision rows (<= 16: `skinny_rows`): untuned first guesses until
-# the sweep says otherwise. The weight is streamed once, so the tile is what keeps enough of it
-# in flight: per-channel fp8's few-row config (128 features, K in four ranges, 97.4 µs in total
-# at 1 row on the H100) in the blocks' 128-column K tiles.
-ROWS_TILES = ((None, GemmTile(16, 128, 128, 4, 4, split_k=4)),)
+# (most rows, tile) for half-precision rows (<= 16: `skinny_rows`), from the sweep on one H100
+# (bench/results/block_fp8_few_rows_h100.json, total µs over the 8B's projections): widened to
+# fp16 with the rows (`ROWS_FP16_DOT`), 104.8 at 1 row and 111.2 at 16 (per-channel fp8: 97.2,
+# 105.6); to the rows' bf16, the best tile took 117.7 and 120.8.
+ROWS_TILES = ((None, GemmTile(16, 128, 128, 4, 3, split_k=4)),)
+# Few rows meet the weight in fp16 (one conversion instruction a pair on sm_90, bf16 several), as
+# per-channel fp8's few-row product does: bf16 rows saturate at fp16's +-65504.
+ROWS_FP16_DOT = True
 
 # From this many rows a rank of whole 128 x 128 blocks multiplies through cuBLASLt's block-scaled
-# GEMM (`block_fp8_cublas`) rather than `block_fp8_gemm`: a first guess until bench/gpu_block_fp8.py
-# times both (the Triton GEMM lost to per-channel fp8 by 1.2x at 64 rows and 1.9x at 2048).
+# GEMM (`block_fp8_cublas`) rather than `block_fp8_gemm`. On one H100, total µs over the 8B's
+# projections (bench/results/block_fp8_cublas_h100.json; per-channel fp8 in brackets): 32 rows
+# 135.5 (115.3), 64 132.5 (115.7), 128 130.9 (127.0), 256 146.4 (144.3), 512 212.2 (195.2), 2048
+# 768.0 (715.7); the Triton GEMM took 137.7 at 64 rows, 229.6 at 256 and 1,312.9 at 2048.
 CUBLAS_FROM_ROWS = 17
 GROUP = 128  # columns an activation scale covers on the cuBLAS path (and the weight blocks' size)
 _GROUPS_A_PROGRAM = 8
@@ -276,7 +282,8 @@ def _launch(x, x_scale, weight, scale, row_block, blocks: ColumnBlocks, out, til
 
 
 def block_fp8_rows(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, row_block: torch.Tensor,
-                   blocks: ColumnBlocks, tile: GemmTile | None = None, fp16_dot: bool = False) -> torch.Tensor:  # fmt: skip
+                   blocks: ColumnBlocks, tile: GemmTile | None = None,
+                   fp16_dot: bool = ROWS_FP16_DOT) -> torch.Tensor:  # fmt: skip
     """x [M, K] (half precision, unrounded; a few rows) @ (weight [N, K] e4m3 block-scaled)^T ->
     [M, N] in x's dtype, the weight widened to x's dtype (`fp16_dot`: both to fp16). `blocks`:
     `column_blocks(...)`; `tile`: ROWS_TILES' for M unless given."""

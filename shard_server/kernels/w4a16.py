@@ -109,8 +109,9 @@ TILES = (
 
 # One row (a batch-1 decode) with contiguous groups takes the CUDA-core kernel (`w4a16_row.py`):
 # 86.6 µs over the four projections on the H100 sweep, against 135.7 for the best 16-row tiles
-# (w4a16_row_tiles_h100_prefetch.json).
-ROW_TILE = W4A16Row(block_n=128, words=16, num_warps=4, num_stages=2, split_k=8)
+# (w4a16_row_tiles_h100_prefetch.json); with half rows read near the mantissa's top (`near_top`)
+# 84.8 against 87.0 without, and 257.5 against 263.7 over the 70B's (w4a16_row_near_top_h100.json).
+ROW_TILE = W4A16Row(block_n=128, words=16, num_warps=4, num_stages=2, split_k=8, near_top=True)
 
 # From this many rows a product dequantizes the packed weight to the rows' dtype in one pass
 # (`dequantize_packed`) and lets cuBLAS multiply it. On the H100 sweep with pairs, µs over the

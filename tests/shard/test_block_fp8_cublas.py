@@ -32,6 +32,7 @@ from shard_server.models.quantization import BlockFp8Scheme
 
 from .test_int4_checkpoints import rel
 
+KERNEL_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the fused case: compiled on a GPU host
 SM90 = torch.cuda.is_available() and cublas_takes_blocks(torch.device("cuda"))
 needs_sm90 = pytest.mark.skipif(not SM90, reason="cuBLASLt's block-scaled fp8 runs on sm_90 only")
 
@@ -75,7 +76,8 @@ def test_quantized_groups_pad_rows_with_zeros_and_lay_scales_out_group_major(row
     pytest.importorskip("triton")
     x = _exact_rows(rows, 300, seed=rows).half()
     with fused_kernels(fused, on_cpu=True):
-        xq, scale = quantize_groups(x, pad_rows_to=4)
+        xq, scale = quantize_groups(x.to(KERNEL_DEVICE), pad_rows_to=4)
+    xq, scale = xq.cpu(), scale.cpu()
     padded = -(-rows // 4) * 4
     assert xq.shape == (padded, 300) and scale.shape == (padded, 3) and scale.stride() == (1, padded)
     assert not xq[rows:].float().any() and (scale[rows:] == TINY_SCALE).all()

@@ -480,8 +480,8 @@ def test_block_fp8_rows_widened_to_fp16_saturate_bf16_rows_past_its_range():
 
 @pytest.mark.parametrize("rows", [1, 16])
 def test_few_block_fp8_rows_take_the_rows_table_tile(rows, monkeypatch):
-    """Up to 16 half-precision rows go to `block_fp8_rows` in ROWS_TILES' tile, widened to the
-    rows' dtype; no row is quantized and the weight is never widened in memory."""
+    """Up to 16 half-precision rows go to `block_fp8_rows` in ROWS_TILES' tile, meeting the weight
+    in fp16 as ROWS_FP16_DOT says; no row is quantized and the weight is never widened in memory."""
     pytest.importorskip("triton")
     from shard_server.kernels import block_fp8_matmul
     from shard_server.kernels.dispatch import fused_kernels
@@ -498,7 +498,8 @@ def test_few_block_fp8_rows_take_the_rows_table_tile(rows, monkeypatch):
         got = weight.linear(x, None)
     assert len(launches) == 1 and got.shape == (rows, 72)
     tile, fp8_rows, fp16_dot = launches[0][7:]
-    assert tile == block_fp8_matmul.rows_tile(rows) and tile.block_m == 16 and not fp8_rows and not fp16_dot
+    assert tile == block_fp8_matmul.rows_tile(rows) and tile.block_m == 16 and not fp8_rows
+    assert fp16_dot is block_fp8_matmul.ROWS_FP16_DOT is True
 
 
 @pytest.mark.parametrize("rows", [1, 16])
@@ -584,12 +585,14 @@ def test_many_w8a16_rows_multiply_the_weight_dequantized_in_one_pass(monkeypatch
 
 
 def _block_fp8_gemm_reference(x: torch.Tensor, weight: BlockFp8Weight) -> torch.Tensor:
-    """The GEMM's arithmetic in torch: rows quantized as `quantize_rows_reference` does, each
-    column block's fp8 products summed exactly (float64: each product has 8 significant bits),
-    times each feature's block scale, summed, times each row's scale, rounded once."""
-    from shard_server.kernels.fp8_matmul import quantize_rows_reference
+    """The GEMM's arithmetic in torch: rows quantized as the kernel's are (on a GPU by the same
+    kernel: its float32 division may round a value to the other e4m3 neighbour than torch's
+    exact one, which moves that row's outputs past the tolerance), each column block's fp8
+    products summed exactly (float64: each product has 8 significant bits), times each
+    feature's block scale, summed, times each row's scale, rounded once."""
+    from shard_server.kernels.fp8_matmul import _quantized_rows
 
-    xq, x_scale = quantize_rows_reference(x.cpu())
+    xq, x_scale = (part.cpu() for part in _quantized_rows(x))
     scales = weight.scale.cpu().double()[weight.row_block.cpu().long()]
     acc = torch.zeros(x.shape[0], weight.out_features, dtype=torch.float64)
     for block, (low, high) in enumerate(weight.col_blocks.spans(weight.in_features)):
