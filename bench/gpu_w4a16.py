@@ -49,10 +49,11 @@ from shard_server.kernels.pair_order import to_gptq_order  # noqa: E402
 from shard_server.kernels.w4a16 import (  # noqa: E402
     DEQUANTIZE_FROM_ROWS,
     FILL_PROGRAMS,
-    ROW_TILE,
+    ROW_TILES,
     SMS,
     W4A16Tile,
     dequantize_packed,
+    row_tile,
     tile_for,
     w4a16_matmul,
 )
@@ -123,7 +124,8 @@ CANDIDATES = tuple((bound, tiles + extra) for (bound, tiles), (_, extra) in zip(
 # than before: fewer word rows a thread, so each activation it loads serves more columns.
 ROW_CANDIDATES = [W4A16Row(n, words, warps, 2, split, near_top=near_top) for n in (128, 256, 512, 1024)
                   for words in (4, 8, 16) for warps in (4, 8) for split in (4, 8)
-                  for near_top in (False, True)] + [ROW_TILE, replace(ROW_TILE, near_top=True)]  # fmt: skip
+                  for near_top in (False, True)]  # fmt: skip
+ROW_CANDIDATES += [tile for _, tile in ROW_TILES if tile not in ROW_CANDIDATES]
 
 
 def candidates(rows: int) -> list[W4A16Tile]:
@@ -188,11 +190,11 @@ def to_bf16(qweight, zeros, scales, g_idx) -> torch.Tensor:
     return dequantize_packed(qweight, zeros, scales, g_idx, BITS, torch.bfloat16)
 
 
-def shipped_path(rows: int, entry: W4A16Tile) -> str:
-    """What `w4a16_matmul` runs given no tile: one row the row kernel (contiguous groups here), the TILES
-    entry, or from enough rows dequantize + cuBLAS."""
+def shipped_path(rows: int, features: int, entry: W4A16Tile) -> str:
+    """What `w4a16_matmul` runs given no tile: one row the row kernel in its ROW_TILES tile
+    (contiguous groups here), the TILES entry, or from enough rows dequantize + cuBLAS."""
     if rows == 1:
-        return f"row kernel, {label(ROW_TILE)} fitted"
+        return f"row kernel, {label(row_tile(features))} fitted"
     return "dequantize_packed + cuBLAS" if rows >= DEQUANTIZE_FROM_ROWS else label(entry)
 
 
@@ -269,7 +271,7 @@ def case(rows: int, n: int, k: int, packed: list, dense: list, limit: int | None
     us_of = lambda entry: entry.get("us", math.nan)  # noqa: E731
     return {
         "rows": rows, "n": n, "k": k, "copies": len(packed), "packed_bytes": nbytes, "tiles_entry": label(entry),
-        "shipped": {"name": shipped_path(rows, entry), **shipped},
+        "shipped": {"name": shipped_path(rows, n, entry), **shipped},
         "best": {"name": best, **good[best]} if best else None,
         "cublas": cublas,
         "dequantize": measure(lambda w: to_bf16(*w), packed, dense[0].t().float(),
@@ -297,14 +299,21 @@ def best_per_rows(timings: dict, shapes: list[str], limit: int | None = None) ->
     return best
 
 
-def best_row_tile(timings: dict, shapes: list[str]) -> str:
-    """The row candidate with the least total µs over `shapes` at one row, as a ROW_TILE line."""
-    def total(tile: W4A16Row) -> float:
-        times = [timings[shape].get(1, {}).get(tile) for shape in shapes]
+def best_row_tiles(timings: dict, shapes: list[str]) -> str:
+    """ROW_TILES as the sweep suggests it: for each of its bounds of output features, the row
+    candidate with the least total µs at one row over the shapes that bound takes."""
+    def total(tile: W4A16Row, among: list[str]) -> float:
+        times = [timings[shape].get(1, {}).get(tile) for shape in among]
         return math.inf if None in times else sum(times)
 
-    tile = min(ROW_CANDIDATES, key=total)
-    return f"ROW_TILE = {tile!r}  # {total(tile):.1f} us over {', '.join(shapes)} (shipped {ROW_TILE!r})"
+    lines = []
+    for bound, shipped in ROW_TILES:
+        among = [shape for shape in shapes if row_tile(SHAPES[shape][0]) == shipped]
+        if among:
+            tile = min(ROW_CANDIDATES, key=lambda t: total(t, among))
+            lines.append(f"    ({bound}, {tile!r}),  # {total(tile, among):.1f} us over {', '.join(among)} "
+                         f"(shipped {total(shipped, among):.1f})")  # fmt: skip
+    return "ROW_TILES = (\n" + "\n".join(lines) + "\n)"
 
 
 def tiles_table(best: dict[int, tuple[W4A16Tile, float]]) -> str:
@@ -327,7 +336,7 @@ def summary(results: dict, timings: dict, shapes: list[str], limit: int | None) 
         cases = [results["cases"][shape][str(rows)] for shape in shapes]
         sums = [sum(c[key].get("us", math.nan) for c in cases) for key in ("shipped", "cublas", "dequantize_cublas")]
         lines.append(f"{rows:>5} {sums[0]:>10.1f} {total:>10.1f} {sums[1]:>10.1f} {sums[2]:>11.1f}")
-    row = best_row_tile(timings, shapes) if all(1 in timings[shape] for shape in shapes) else ""
+    row = best_row_tiles(timings, shapes) if all(1 in timings[shape] for shape in shapes) else ""
     return "\n".join(lines) + "\n" + tiles_table(best) + "\n" + row
 
 

@@ -107,11 +107,18 @@ TILES = (
     (None, W4A16Tile(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=3, split_k=2, swap_ab=True)),
 )
 
-# One row (a batch-1 decode) with contiguous groups takes the CUDA-core kernel (`w4a16_row.py`):
-# 86.6 µs over the four projections on the H100 sweep, against 135.7 for the best 16-row tiles
-# (w4a16_row_tiles_h100_prefetch.json); with half rows read near the mantissa's top (`near_top`)
-# 84.8 against 87.0 without, and 257.5 against 263.7 over the 70B's (w4a16_row_near_top_h100.json).
-ROW_TILE = W4A16Row(block_n=128, words=16, num_warps=4, num_stages=2, split_k=8, near_top=True)
+# One row (a batch-1 decode) with contiguous groups takes the CUDA-core kernel (`w4a16_row.py`),
+# in a tile keyed by the product's output features (most features, tile): 86.6 µs over the 8B's
+# four projections on the H100 sweep, against 135.7 for the best 16-row tiles
+# (w4a16_row_tiles_h100_prefetch.json). Half rows' values are read near the mantissa's top
+# (`near_top`) and the widest products (gate_up) take 512 features in 4-word steps
+# (w4a16_row_near_top_h100.json, µs): the 8B's four projections 83.3 against 87.0 for the
+# 128-feature tile without `near_top`, the 70B's 243.5 against 263.7 (gate_up 113.1 against 127.1
+# with `near_top` in the narrow tile).
+ROW_TILES = (
+    (16383, W4A16Row(block_n=128, words=16, num_warps=4, num_stages=2, split_k=8, near_top=True)),
+    (None, W4A16Row(block_n=512, words=4, num_warps=4, num_stages=2, split_k=8, near_top=True)),
+)
 
 # From this many rows a product dequantizes the packed weight to the rows' dtype in one pass
 # (`dequantize_packed`) and lets cuBLAS multiply it. On the H100 sweep with pairs, µs over the
@@ -384,7 +391,7 @@ def w4a16_matmul(x: torch.Tensor, qweight: torch.Tensor, zeros: torch.Tensor, sc
                  tile: W4A16Tile | W4A16Row | None = None) -> torch.Tensor:  # fmt: skip
     """x [M, K] @ the packed weight [K, N] -> [M, N] in x's dtype. `group_rows`: rows per group when
     the groups are contiguous from row 0 (g_idx[k] == k // group_rows), else None. `tile`: a
-    fixed tile (tests), else for one row with contiguous groups `ROW_TILE`, from
+    fixed tile (tests), else for one row with contiguous groups `ROW_TILES`', from
     `DEQUANTIZE_FROM_ROWS` rows the dequantized weight through cuBLAS, else `TILES`' for M rows;
     a given tile's split_k is used as it is (a row tile is fitted to the groups)."""
     check_operands(x, qweight, zeros, scales, g_idx, bits)
@@ -423,6 +430,11 @@ def w4a16_matmul(x: torch.Tensor, qweight: torch.Tensor, zeros: torch.Tensor, sc
     return out
 
 
+def row_tile(features: int) -> W4A16Row:
+    """ROW_TILES' tile for a one-row product of `features` outputs (before `row_tile_for` fits it)."""
+    return next(tile for most, tile in ROW_TILES if most is None or features <= most)
+
+
 def _row_tile(tile: W4A16Tile | W4A16Row | None, rows: int, features: int, depth: int, bits: int,
               group_rows: int | None) -> W4A16Row | None:  # fmt: skip
     """The row kernel's tile for this product, or None for the tensor-core tiles."""
@@ -433,7 +445,7 @@ def _row_tile(tile: W4A16Tile | W4A16Row | None, rows: int, features: int, depth
                              f"group_rows {group_rows}")  # fmt: skip
         return replace(fitted, split_k=tile.split_k)
     if tile is None and rows == 1:
-        return row_tile_for(ROW_TILE, features, depth, bits, group_rows)
+        return row_tile_for(row_tile(features), features, depth, bits, group_rows)
     return None
 
 

@@ -44,7 +44,7 @@ class W4A16Row:
     split_k: int = 1  # K ranges, a program each (their float32 partials summed after)
     # 4-bit values of half rows read near the mantissa's top (`_value_near_top`): no subtraction
     # a value, one lop3. In the sm_90 SASS (Triton 3.6) the loop of the shipped tile takes 667
-    # instructions a step against the exact path's 847 (ROW_TILE turns it on, as measured).
+    # instructions a step against the exact path's 847 (ROW_TILES turn it on, as measured).
     near_top: bool = False
 
 

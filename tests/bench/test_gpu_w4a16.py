@@ -78,3 +78,18 @@ def test_the_table_takes_each_row_counts_fastest_fit_and_merges_neighbours():
     del timings["8b.down"][16][fits["8b.down", 16, second]]  # not timed on one shape: out of the running
     tile, total = bench.best_per_rows(timings, EIGHT_B)[16]
     assert tile != second and 4.0 < total < 40.0
+
+
+def test_the_row_table_takes_each_feature_bounds_fastest_candidate():
+    """The suggested ROW_TILES: per bound of output features, the candidate with the least total
+    over the shapes that bound takes (the 8B's gate_up alone past 16,383), the shipped total beside."""
+    fast_narrow = bench.ROW_CANDIDATES[3]
+    fast_wide = bench.ROW_CANDIDATES[7]
+    timings = {shape: {1: {tile: 5.0 for tile in bench.ROW_CANDIDATES}} for shape in EIGHT_B}
+    for shape in EIGHT_B:
+        wide = bench.SHAPES[shape][0] > bench.ROW_TILES[0][0]
+        timings[shape][1][fast_wide if wide else fast_narrow] = 1.0
+    table = bench.best_row_tiles(timings, EIGHT_B)
+    narrow_line, wide_line = table.splitlines()[1:3]
+    assert f"({bench.ROW_TILES[0][0]}, {fast_narrow!r})" in narrow_line and "3.0 us over 8b.qkv, 8b.o, 8b.down" in narrow_line
+    assert f"(None, {fast_wide!r})" in wide_line and "1.0 us over 8b.gate_up (shipped 5.0)" in wide_line

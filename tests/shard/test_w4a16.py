@@ -40,9 +40,10 @@ from shard_server.kernels.w4a16 import (  # noqa: E402
     DEQUANTIZE_FROM_ROWS,
     dequantize_packed,
     FILL_PROGRAMS,
-    ROW_TILE,
+    ROW_TILES,
     TILES,
     W4A16Tile,
+    row_tile,
     tile_for,
     w4a16_kernel,
     w4a16_matmul,
@@ -274,7 +275,7 @@ def test_the_row_kernel_near_the_mantissas_top_matches_its_exact_path(dtype):
     differ from the exact float path by the products' rounding, far below the output's."""
     weight = make_weight(4, 128, depth=1024, features=96)
     x = activations(1, 1024, dtype) * 50  # large activations: the offsets it subtracts grow with x
-    tile = replace(ROW_TILE, split_k=2, near_top=True)
+    tile = replace(row_tile(96), split_k=2, near_top=True)
     near, exact = kernel(weight, x, tile), kernel(weight, x, replace(tile, near_top=False))
     assert w4a16_row_module.near_top_applies(x, 4, tile) and not w4a16_row_module.near_top_applies(x.float(), 4, tile)
     error = float((near.float() - exact.float()).abs().max() / exact.float().abs().max())
@@ -310,6 +311,17 @@ def test_row_tiles_cover_masked_edges_and_split_k(layout, words, split_k):
     x = activations(1, 200, torch.bfloat16)
     tile = W4A16Row(block_n=16, words=words, num_warps=1, num_stages=2, split_k=split_k)
     assert_matches(kernel(weight, x, tile), reference(weight, x), torch.bfloat16, layout)
+
+
+def test_one_row_takes_the_row_tile_of_its_output_features():
+    """ROW_TILES is keyed by the product's output features, its last bound open; the widest
+    products (a gate_up) take the wide tile, everything else the narrow one, as the sweep timed."""
+    bounds = [most for most, _ in ROW_TILES]
+    assert bounds[-1] is None and bounds[:-1] == sorted(bounds[:-1])
+    narrow, wide = ROW_TILES[0][1], ROW_TILES[-1][1]
+    assert row_tile(1) == row_tile(4096) == row_tile(16383) == narrow
+    assert row_tile(16384) == row_tile(57344) == wide and wide.block_n > narrow.block_n
+    assert all(tile.near_top for _, tile in ROW_TILES)
 
 
 def test_row_tiles_are_fitted_to_the_groups_and_the_k_steps():
@@ -599,7 +611,11 @@ def _compile_all() -> None:
             assert "sub.f32" not in compiled.asm["ptx"], f"{name}: weights still built in float32"
         if constants["SWAP_AB"]:  # the dequantized weight is wgmma's A operand, a register list
             assert re.search(r"wgmma\.mma_async[^;]*\}, \{%r", compiled.asm["ptx"]), f"{name}: A not from registers"
+    shipped = [(f"w4a16_row_shipped_n{tile.block_n}_words{tile.words}",
+                dict(BITS=4, BLOCK_N=tile.block_n, WORDS=tile.words, SPLIT_K=tile.split_k, NEAR_TOP=tile.near_top,
+                     ASM=True, PDL=True)) for _, tile in ROW_TILES]  # fmt: skip
     for name, constants in (
+        *shipped,
         ("w4a16_row_split_pdl", dict(BITS=4, BLOCK_N=128, WORDS=16, SPLIT_K=4, NEAR_TOP=True, ASM=True, PDL=True)),
         ("w4a16_row_exact", dict(BITS=4, BLOCK_N=128, WORDS=16, SPLIT_K=1, NEAR_TOP=False, ASM=True, PDL=False)),
         ("w8a16_row", dict(BITS=8, BLOCK_N=64, WORDS=8, SPLIT_K=1, NEAR_TOP=False, ASM=True, PDL=False)),
