@@ -46,18 +46,19 @@ def test_the_sweep_times_the_shipped_tile_and_tiles_that_fit(rows):
     tiles = bench.sweep_tiles(rows)
     assert {tile for _, tile in GEMM_TILES} <= set(bench.CANDIDATES)
     assert {tile for _, tile in ROWS_TILES} <= set(bench.ROWS_CANDIDATES)
-    for tiles_of_a_kind in (bench.CANDIDATES, bench.ROWS_CANDIDATES, bench.FEW_ROWS_GEMM):
+    for tiles_of_a_kind in (bench.CANDIDATES, bench.ROWS_CANDIDATES, bench.FEW_ROWS_GEMM, bench.MID_ROWS_CANDIDATES):
         assert len({bench.label(tile) for tile in tiles_of_a_kind}) == len(tiles_of_a_kind)
     assert len({f"{mode} {bench.label(tile)}" for mode, tile in tiles}) == len(tiles)
     for mode, tile in tiles:
         assert mode in bench.MODES and tile.block_k % 32 == 0 and shared_bytes(tile, mode) <= SHARED_MEMORY, tile
-        assert tile.block_m <= max(64, rows) and (mode == "gemm" or tile.block_m == 16)
+        assert tile.block_m <= max(64, rows) and (mode == "gemm" or tile.block_m <= max(16, rows))
     modes = {mode for mode, _ in tiles}
     if rows <= 16:
         assert modes == set(bench.MODES) and bench.shipped_path(rows).startswith("block_fp8_rows 16x")
     else:
         gemm = "block_fp8_cublas" if rows >= bench.CUBLAS_FROM_ROWS else "block_fp8_gemm "
-        assert modes == {"gemm"} and bench.shipped_path(rows).startswith(gemm)
+        assert modes == ({"gemm", "rows-fp16"} if rows <= bench.MID_ROWS else {"gemm"})
+        assert bench.shipped_path(rows).startswith(gemm)
     assert bench.label(GemmTile(16, 128, 128, 4, 4, 4)) == "16x128x128 w4 s4 split4"
 
 
@@ -81,6 +82,7 @@ def test_a_tiny_run_writes_every_path_and_the_suggested_table(tmp_path, monkeypa
     monkeypatch.setattr(bench, "CANDIDATES", keep)
     monkeypatch.setattr(bench, "ROWS_CANDIDATES", rows_keep)
     monkeypatch.setattr(bench, "FEW_ROWS_GEMM", [keep[0], rows_keep[1]])
+    monkeypatch.setattr(bench, "MID_ROWS_CANDIDATES", [rows_keep[0]])  # 17 rows: weight streaming too
     fastest = {("rows", rows_keep[1]), ("rows-fp16", rows_keep[0]), ("gemm", keep[1]), ("gemm", rows_keep[1])}
     real_product = bench.product
 
@@ -112,7 +114,7 @@ def test_a_tiny_run_writes_every_path_and_the_suggested_table(tmp_path, monkeypa
                     continue
                 assert r[path]["rel_err"] < bench.ERR_LIMIT, (shape, rows, path, r[path])
             swept = [name.split(" ")[0] for name in r["tiles"]]
-            assert swept == (["rows"] * 2 + ["rows-fp16"] * 2 + ["gemm"] * 2 if rows == "1" else ["gemm"] * 2)
+            assert swept == (["rows"] * 2 + ["rows-fp16"] * 2 + ["gemm"] * 2 if rows == "1" else ["rows-fp16", "gemm", "gemm"])
             for name, entry in r["tiles"].items():
                 assert entry["rel_err"] < (bench.ERR_LIMIT if name.startswith("gemm") else 1e-2), (name, entry)
     assert results["cases"]["a"]["1"]["shipped"]["path"].startswith("block_fp8_rows ")
