@@ -45,13 +45,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.gpu_w4a16 import measure  # noqa: E402
 from bench.gpu_w4a16 import timed as graph_timer  # noqa: E402
+from shard_server.kernels.block_fp8_cublas import CUBLAS_FROM_ROWS, block_fp8_cublas  # noqa: E402
 from shard_server.kernels.block_fp8_matmul import (  # noqa: E402
-    CUBLAS_FROM_ROWS,
     GEMM_TILES,
     ROWS_FP16_DOT,
     ROWS_TILES,
     GemmTile,
-    block_fp8_cublas,
     block_fp8_gemm,
     block_fp8_rows,
     gemm_tile,

@@ -41,16 +41,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..kernels.block_fp8_matmul import (
-    CUBLAS_FROM_ROWS,
-    block_fp8_cublas,
-    block_fp8_gemm,
-    block_fp8_rows,
-    column_block_starts,
-    column_blocks,
-    cublas_takes_blocks,
-    cublas_weight_scale,
-)
+from ..kernels.block_fp8_cublas import CUBLAS_FROM_ROWS, block_fp8_cublas, cublas_takes_blocks, cublas_weight_scale
+from ..kernels.block_fp8_matmul import block_fp8_gemm, block_fp8_rows, column_block_starts, column_blocks
 from ..kernels.dequantize import dequantize_8bit
 from ..kernels.dispatch import use_fused
 from ..kernels.fp8_matmul import FP8

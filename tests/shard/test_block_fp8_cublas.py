@@ -15,16 +15,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from shard_server.kernels.block_fp8_matmul import (
+from shard_server.kernels.block_fp8_cublas import (
     CUBLAS_FROM_ROWS,
     GROUP,
-    ColumnBlocks,
     block_fp8_cublas,
     cublas_takes_blocks,
     cublas_weight_scale,
     quantize_groups,
     quantize_groups_reference,
 )
+from shard_server.kernels.block_fp8_matmul import ColumnBlocks
 from shard_server.kernels.dispatch import fused_kernels
 from shard_server.kernels.fp8_matmul import FP8, FP8_MAX, TINY_SCALE
 from shard_server.layers.quantized import BlockFp8Weight

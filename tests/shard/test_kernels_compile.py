@@ -136,7 +136,7 @@ CASES = {
                               dict(FP8_WEIGHT, x_ptr="*fp8e4nv", x_scale_ptr="*fp32")),
     "sum_splits": ("shard_server.kernels.skinny_matmul", "_sum_splits_kernel", dict(SPLITS=4, BLOCK=1024),
                    {"partial_ptr": "*fp32"}),
-    "quantize_groups_fp8": ("shard_server.kernels.block_fp8_matmul", "_quantize_groups_kernel",
+    "quantize_groups_fp8": ("shard_server.kernels.block_fp8_cublas", "_quantize_groups_kernel",
                             dict(FP8_MAX=448.0, TINY=1e-12, GROUP=128, GROUPS=8), {"out_ptr": "*fp8e4nv",
                                                                                      "scale_ptr": "*fp32"}),  # fmt: skip
     "quantize_rows_fp8": ("shard_server.kernels.fp8_matmul", "_quantize_rows_kernel",
