@@ -23,7 +23,8 @@ from .pdl import launch_args, wait_for_previous_kernel
 # GEMM (`block_fp8_cublas`) rather than `block_fp8_gemm`. On one H100, total µs over the 8B's
 # projections (bench/results/block_fp8_cublas_h100.json; per-channel fp8 in brackets): 32 rows
 # 135.5 (115.3), 64 132.5 (115.7), 128 130.9 (127.0), 256 146.4 (144.3), 512 212.2 (195.2), 2048
-# 768.0 (715.7); the Triton GEMM took 137.7 at 64 rows, 229.6 at 256 and 1,312.9 at 2048.
+# 768.0 (715.7); the Triton GEMM took 137.7 at 64 rows, 229.6 at 256 and 1,312.9 at 2048
+# (block_fp8_h100.json).
 CUBLAS_FROM_ROWS = 17
 GROUP = 128  # columns an activation scale covers on the cuBLAS path (and the weight blocks' size)
 _GROUPS_A_PROGRAM = 8
