@@ -71,6 +71,7 @@ ROWS_TILES = ((None, GemmTile(16, 128, 128, 4, 3, split_k=4)),)
 # per-channel fp8's few-row product does: bf16 rows saturate at fp16's +-65504.
 ROWS_FP16_DOT = True
 
+
 @dataclass(frozen=True)
 class ColumnBlocks:
     """A rank's column blocks as the kernel walks them: block 0 spans the rank's columns [0, first),
