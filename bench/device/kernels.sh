@@ -4,8 +4,12 @@
 #   profiles  kernel profiles of the predictable 8B's batch-1 verification and decodes, with and
 #             without MERGE_SPLITS_IN_KERNEL (the model written first if missing);
 #   family    with FAMILY=phi3-medium (or another gpu_model shape): that family's served batch-1
-#             tok/s (gpu_vs_vllm, textgen alone) and its batch-1 decode profiled both ways.
-# Caps: TESTS_S (150), MODEL_S (240), PROFILE_S (100 a profile), FAMILY_S (150).
+#             tok/s (gpu_vs_vllm, textgen alone) and its batch-1 decode profiled both ways;
+#   quantized the quantized kernels' CUDA tests (W4A16, block fp8 through Triton and cuBLASLt);
+#   block_mid block fp8 at decode batches of 32 and 64 rows: cuBLASLt against weight streaming
+#             (bench/gpu_block_fp8.py's MID_ROWS_CANDIDATES), into $OUT/block_fp8_mid.json.
+# Caps: TESTS_S (150), MODEL_S (240), PROFILE_S (100 a profile), FAMILY_S (150), QUANTIZED_S
+# (120), BLOCK_MID_S (120).
 source "$(dirname "$0")/common.sh"
 PARTS=${PARTS:-tests profiles}
 MODEL=${MODEL:-/tmp/llama8b-predictable}
@@ -37,5 +41,12 @@ if wants family; then
   cp /tmp/family-out/gpu_vs_vllm.json "$OUT/${FAMILY}_batch1.json"
   profile "${FAMILY}_split" "$family_dir" decode_b1_ctx256
   profile "${FAMILY}_merged" "$family_dir" decode_b1_ctx256 --merge-in-kernel
+fi
+if wants quantized; then
+  stage quantized "${QUANTIZED_S:-120}" python3 -m pytest -q -p no:cacheprovider tests/shard/test_block_fp8_cublas.py \
+    tests/shard/test_w4a16.py tests/shard/test_quantized_formats.py -k "gpu or cuda or block"
+fi
+if wants block_mid; then
+  stage block_mid "${BLOCK_MID_S:-120}" python3 bench/gpu_block_fp8.py "$OUT/block_fp8_mid.json" --rows 32,64
 fi
 exit 0
