@@ -31,6 +31,7 @@ from shard_server.layers.quantized import BlockFp8Weight
 from shard_server.models.quantization import BlockFp8Scheme
 
 from .test_int4_checkpoints import rel
+from .test_quantized_formats import recorded
 
 KERNEL_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the fused case: compiled on a GPU host
 SM90 = torch.cuda.is_available() and cublas_takes_blocks(torch.device("cuda"))
@@ -149,9 +150,7 @@ def test_gpu_layer_takes_cublas_from_its_rows_and_the_triton_gemm_off_the_blocks
     from shard_server.layers import quantized as quantized_module
 
     aligned = _aligned_weight("cuda", 256, 512)
-    calls = []
-    real = quantized_module.block_fp8_cublas
-    monkeypatch.setattr(quantized_module, "block_fp8_cublas", lambda *a: calls.append(a) or real(*a))
+    calls = recorded(monkeypatch, quantized_module, "block_fp8_cublas")
     x = torch.randn(CUBLAS_FROM_ROWS, 512, device="cuda", dtype=torch.bfloat16)
     got = aligned.linear(x, None)
     assert len(calls) == 1 and got.shape == (CUBLAS_FROM_ROWS, 256)

@@ -488,9 +488,7 @@ def test_few_block_fp8_rows_take_the_rows_table_tile(rows, monkeypatch):
     from shard_server.layers import quantized as quantized_module
 
     weight = _block_fp8_weight(72, 300, 40, 70)
-    launches = []
-    real = block_fp8_matmul._launch
-    monkeypatch.setattr(block_fp8_matmul, "_launch", lambda *args: launches.append(args) or real(*args))
+    launches = recorded(monkeypatch, block_fp8_matmul, "_launch")
     monkeypatch.setattr(quantized_module, "block_fp8_gemm", None)
     monkeypatch.setattr(quantized_module, "dequantize_8bit", None)
     x = torch.randn(rows, 300, generator=torch.Generator().manual_seed(rows)).half().to(KERNEL_DEVICE)
@@ -517,6 +515,13 @@ def test_w8a16_decodes_stream_the_int8_weight_through_the_skinny_kernel(rows):
         got = weight.linear(x, None)
     assert got.dtype == torch.float16 and got.shape == (rows, 80)
     torch.testing.assert_close(got.float(), want, atol=2e-2 * want.abs().max().item(), rtol=2e-3)
+
+
+def recorded(monkeypatch, module, name: str) -> list:
+    """`module.name` still runs, each call's arguments appended to the list returned."""
+    calls, real = [], getattr(module, name)
+    monkeypatch.setattr(module, name, lambda *args: calls.append(args) or real(*args))
+    return calls
 
 
 def _block_fp8_weight(out, depth, row_start=0, col_start=0, seed=0, block=(32, 128)):
@@ -570,9 +575,7 @@ def test_many_w8a16_rows_multiply_the_weight_dequantized_in_one_pass(monkeypatch
     from shard_server.layers import quantized as quantized_module
 
     weight = _w8a16_weight(80, 300)
-    passes = []
-    real = quantized_module.dequantize_8bit
-    monkeypatch.setattr(quantized_module, "dequantize_8bit", lambda *args: passes.append(args) or real(*args))
+    passes = recorded(monkeypatch, quantized_module, "dequantize_8bit")
     x = torch.randn(17, 300, generator=torch.Generator().manual_seed(3)).half().to(KERNEL_DEVICE)
     want = x.float() @ weight.dequantize().t()
     with fused_kernels(True, on_cpu=True):
@@ -681,9 +684,7 @@ def test_block_fp8_rows_past_the_skinny_kernel_take_the_gemm(rows, monkeypatch):
     from shard_server.layers import quantized as quantized_module
 
     weight = _block_fp8_weight(72, 300, 40, 70)
-    calls = []
-    real = quantized_module.block_fp8_gemm
-    monkeypatch.setattr(quantized_module, "block_fp8_gemm", lambda *args: calls.append(args) or real(*args))
+    calls = recorded(monkeypatch, quantized_module, "block_fp8_gemm")
     monkeypatch.setattr(quantized_module, "dequantize_8bit", None)
     x = torch.randn(2, rows, 300, generator=torch.Generator().manual_seed(rows)).half().to(KERNEL_DEVICE)
     with fused_kernels(True, on_cpu=True):
