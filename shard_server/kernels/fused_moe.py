@@ -11,10 +11,12 @@ launches, ~60 of the 83 us a Qwen3-30B-A3B layer took at one token on an H200.
 
 Numerics follow the reference: products in float32 rounded to the model dtype after gate_up,
 after SiLU, after the product and after down, as torch rounds them; weighted sums in float32,
-rounded once. The top-k contributions are summed by a final [T, k, H] reduction, not by atomics
+rounded once. The top-k contributions are summed by a final launch over [T, k, H], not by atomics
 in the down kernel: float32 atomic adds land in whatever order the programs finish, so two runs
-(or two tensor-parallel ranks) would differ in the last bits; the reduction costs a T*k*H float32
-buffer, small next to the experts' weights that the kernels stream.
+(or two tensor-parallel ranks) would differ in the last bits. Down stores each pair's output
+already rounded to the model dtype, so that buffer holds it exactly in half the bytes of float32,
+and the sum applies the routing weights (`_weighted_sum_kernel`): at 4,096 tokens of
+Qwen3-30B-A3B a float32 buffer was 268 MB written and read again every layer.
 
 fp8 experts (`ExpertScales`, `kernels/expert_scales.py`) come with one scale a row, applied to
 each output feature's float32 sum, or with a block-wise fp8 checkpoint's [bn, bk] block scales,
@@ -176,7 +178,7 @@ def _align_kernel(ids_ptr, sorted_ptr, block_expert_ptr, next_slot_ptr, PAIRS, E
 # PAIRS and NUM_BLOCKS_M change with every step's token count and routing; specialized (on
 # divisibility by 16) they built a new variant mid-serving, a 0.77-1.31 s stall each.
 @triton.jit(do_not_specialize=["PAIRS", "NUM_BLOCKS_M"])
-def _moe_gemm_kernel(a_ptr, w_ptr, w_scale_ptr, out_ptr, topk_weights_ptr, sorted_pairs_ptr, block_expert_ptr,
+def _moe_gemm_kernel(a_ptr, w_ptr, w_scale_ptr, out_ptr, sorted_pairs_ptr, block_expert_ptr,
                      N, K, PAIRS, TOP_K, NUM_BLOCKS_M, a_stride, w_stride_e, w_stride_n, w_stride_k, scale_stride_e,
                      scale_stride_n, scale_stride_k, SCALE_BN, SCALE_BK, SCALE_N_OFFSET, SCALE_UP_ROW, K_OFFSET,
                      out_stride, GATE_UP: tl.constexpr, SCALES: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -184,10 +186,10 @@ def _moe_gemm_kernel(a_ptr, w_ptr, w_scale_ptr, out_ptr, topk_weights_ptr, sorte
                      PDL: tl.constexpr):  # fmt: skip
     # GATE_UP: a = x [T, K] (a pair's row is its token), w = w13 [E, 2N, K]; out [pairs, N] in the
     # model dtype holds silu(gate) * up. Else: a = that [pairs, K], w = w2 [E, N, K]; out [pairs, N]
-    # float32 holds the pair's routing weight times its expert's output. SCALES (None: w is in
-    # a's dtype) "row": w is fp8, widened to a's dtype in registers (exact: every e4m3 value is a
-    # bf16 / fp16 one), and each output feature's sum is multiplied by its row's scale (w_scale
-    # [E, rows of w]) before any rounding. "block": w is fp8 with a scale per [SCALE_BN, SCALE_BK]
+    # in the model dtype holds the pair's expert output (`_weighted_sum_kernel` weights it).
+    # SCALES (None: w is in a's dtype) "row": w is fp8, widened to a's dtype in registers (exact:
+    # every e4m3 value is a bf16 / fp16 one), and each output feature's sum is multiplied by its
+    # row's scale (w_scale [E, rows of w]) before any rounding. "block": w is fp8 with a scale per [SCALE_BN, SCALE_BK]
     # block (w_scale [E, row blocks, column blocks], `kernels/expert_scales.py`); each tile is
     # dequantized in float32 and rounded to a's dtype before the dot. The rank's slice starts
     # SCALE_N_OFFSET rows / K_OFFSET columns into its first block, so the K loop starts K_OFFSET
@@ -236,13 +238,40 @@ def _moe_gemm_kernel(a_ptr, w_ptr, w_scale_ptr, out_ptr, topk_weights_ptr, sorte
         if GATE_UP:
             acc_up *= tl.load(scales + N * scale_stride_n, mask=col_ok, other=0.0)[None, :]
     dtype = a_ptr.dtype.element_ty
-    if GATE_UP:
-        result = silu_times_up(acc, acc_up, a_ptr)
-    else:
-        weight = tl.load(topk_weights_ptr + pair, mask=pair_ok, other=0.0)
-        result = acc.to(dtype).to(tl.float32) * weight[:, None]
+    result = silu_times_up(acc, acc_up, a_ptr) if GATE_UP else acc.to(dtype)
     out = out_ptr + pair.to(tl.int64)[:, None] * out_stride + cols[None, :]
-    tl.store(out, result.to(out_ptr.dtype.element_ty), mask=pair_ok[:, None] & col_ok[None, :])
+    tl.store(out, result, mask=pair_ok[:, None] & col_ok[None, :])
+
+
+SUM_BLOCK_H = 1024  # features a program of the weighted sum adds up
+
+
+@triton.jit
+def _weighted_sum_kernel(per_pair_ptr, weights_ptr, out_ptr, H, TOP_K: tl.constexpr, BLOCK_H: tl.constexpr,
+                         PDL: tl.constexpr):  # fmt: skip
+    # out[t] = sum over j of weights[t, j] * per_pair[t, j] (pair t * TOP_K + j, in the model dtype),
+    # in float32 in the order j = 0, 1, ..., rounded once, as the reference's weighted sum.
+    token = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    ok = cols < H
+    wait_for_previous_kernel(PDL)  # down writes the pairs' outputs
+    acc = tl.zeros((BLOCK_H,), tl.float32)
+    for j in tl.static_range(TOP_K):
+        pair = token * TOP_K + j
+        value = tl.load(per_pair_ptr + pair * H + cols, mask=ok, other=0.0).to(tl.float32)
+        acc += value * tl.load(weights_ptr + pair)
+    tl.store(out_ptr + token * H + cols, acc.to(out_ptr.dtype.element_ty), mask=ok)
+
+
+def weighted_sum(per_pair: torch.Tensor, weights: torch.Tensor, top_k: int) -> torch.Tensor:
+    """[T * k, H] pair outputs and their float32 routing weights [T * k] -> [T, H], one launch."""
+    pairs, hidden = per_pair.shape
+    out = torch.empty(pairs // top_k, hidden, dtype=per_pair.dtype, device=per_pair.device)
+    block_h = min(next_power_of_two(hidden), SUM_BLOCK_H)
+    grid = (pairs // top_k, triton.cdiv(hidden, block_h))
+    _weighted_sum_kernel[grid](per_pair, weights, out, hidden, TOP_K=top_k, BLOCK_H=block_h, num_warps=4,
+                               **launch_args(per_pair))  # fmt: skip
+    return out
 
 
 @triton.jit
@@ -265,14 +294,14 @@ def _weight_tile(ptrs, mask, scales, col_ok, BLOCK_SCALED: tl.constexpr):
     return w
 
 
-def _launch(a, w, scales: GemmScales | None, out, topk_weights, sorted_pairs, block_expert, n, k, top_k,
+def _launch(a, w, scales: GemmScales | None, out, sorted_pairs, block_expert, n, k, top_k,
             tile: MoeTile, gate_up: bool) -> None:  # fmt: skip
     blocks_m = block_expert.numel()
     grid = (blocks_m * triton.cdiv(n, tile.block_n),)
     s = scales or GemmScales(w, None)  # unscaled: a stand-in pointer the kernel never reads
     strides = (*s.tensor.stride(), 0)[:3] if scales is not None else (0, 0, 0)  # row scales: [E, rows]
     _moe_gemm_kernel[grid](
-        a, w, s.tensor, out, topk_weights, sorted_pairs, block_expert, n, k, out.shape[0], top_k,
+        a, w, s.tensor, out, sorted_pairs, block_expert, n, k, out.shape[0], top_k,
         blocks_m, a.stride(0), w.stride(0), w.stride(1), w.stride(2), *strides, *s.block, s.n_offset, s.up_row,
         s.k_offset, out.stride(0), GATE_UP=gate_up, SCALES=s.kind, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n,
         BLOCK_K=tile.block_k, GROUP_M=tile.group_m,
@@ -309,8 +338,8 @@ def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_wei
     weights = topk_weights.reshape(-1).float().contiguous()
     act = torch.empty(pairs, inter, dtype=x.dtype, device=x.device)
     w13_scales, w2_scales = (scales.gate_up(), scales.down()) if scales is not None else (None, None)
-    _launch(x, w13, w13_scales, act, weights, sorted_pairs, block_expert, inter, hidden, top_k, tile, gate_up=True)
-    per_pair = torch.empty(pairs, w2.shape[1], dtype=torch.float32, device=x.device)
-    _launch(act, w2, w2_scales, per_pair, weights, sorted_pairs, block_expert, w2.shape[1], inter, top_k, tile,
+    _launch(x, w13, w13_scales, act, sorted_pairs, block_expert, inter, hidden, top_k, tile, gate_up=True)
+    per_pair = torch.empty(pairs, w2.shape[1], dtype=x.dtype, device=x.device)
+    _launch(act, w2, w2_scales, per_pair, sorted_pairs, block_expert, w2.shape[1], inter, top_k, tile,
             gate_up=False)  # fmt: skip
-    return per_pair.view(tokens, top_k, -1).sum(dim=1).to(x.dtype)
+    return weighted_sum(per_pair, weights, top_k)
