@@ -113,28 +113,100 @@ def align_to_blocks(topk_ids: torch.Tensor, experts: int, block_m: int) -> tuple
     return sorted_pairs, block_expert
 
 
-# One program aligns up to this many pairs (decode batches: 256 tokens at top 8). Past it the
-# torch ops above, whose ~20 launches then cost little next to the GEMMs, spread the work over
-# the GPU; a single program's chunk loop would grow with the pairs.
+# One program aligns up to this many pairs (decode batches). Past it the pairs are aligned in
+# chunks, one program each (`_align_in_chunks`): a single program's loop grows with the pairs
+# (65 us at 2,048 pairs on an H100), and the torch ops take ~130 us from 8,192 pairs up.
 ALIGN_IN_ONE_PROGRAM_UP_TO = 2048
 ALIGN_CHUNK = 128  # pairs a step of the program's loops: [chunk, chunk] and [chunk, experts] compares
 ALIGN_MAX_EXPERTS = 256  # a [chunk, experts] compare in one program's registers
+ALIGN_LAYOUT_CELLS = 4096  # [chunks, experts] counts the layout program scans at a time
 
 
 def align_pairs(topk_ids: torch.Tensor, experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """`align_to_blocks`' result, for a decode batch in one launch (`_align_kernel`) instead of
-    about twenty small torch ops, whose launches cost a decode step more than its GEMMs."""
+    """`align_to_blocks`' result in one launch for a decode batch (`_align_kernel`), in three
+    for more pairs (`_align_in_chunks`), instead of about twenty small torch ops, whose launches
+    cost a decode step more than its GEMMs."""
     flat = topk_ids.reshape(-1)
     pairs = flat.numel()
-    if pairs > ALIGN_IN_ONE_PROGRAM_UP_TO or pairs == 0 or experts > ALIGN_MAX_EXPERTS or not use_fused(flat):
+    if pairs == 0 or experts > ALIGN_MAX_EXPERTS or not use_fused(flat):
         return align_to_blocks(topk_ids, experts, block_m)
     blocks = block_count(pairs, experts, block_m)
+    if pairs > ALIGN_IN_ONE_PROGRAM_UP_TO:
+        return _align_in_chunks(flat, experts, block_m, blocks)
     sorted_pairs = torch.empty(blocks * block_m, dtype=torch.int32, device=flat.device)
     block_expert = torch.empty(blocks, dtype=torch.int32, device=flat.device)
     next_slot = torch.empty(experts, dtype=torch.int32, device=flat.device)  # the kernel's scratch
     _align_kernel[(1,)](flat, sorted_pairs, block_expert, next_slot, pairs, experts, blocks, BLOCK_M=block_m,
                         EXPERTS_POW2=next_power_of_two(experts), CHUNK=ALIGN_CHUNK, num_warps=4)  # fmt: skip
     return sorted_pairs, block_expert
+
+
+def _align_in_chunks(flat: torch.Tensor, experts: int, block_m: int, blocks: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The counting sort spread over the GPU: every chunk of pairs counts its experts; one program
+    turns the counts into each group's start and each chunk's offset inside every group; every
+    chunk then places its pairs (in pair order within a group, as the stable argsort does)."""
+    pairs, device = flat.numel(), flat.device
+    chunks = triton.cdiv(pairs, ALIGN_CHUNK)
+    experts_pow2 = next_power_of_two(experts)
+    counts = torch.empty(chunks, experts, dtype=torch.int32, device=device)
+    chunk_base = torch.empty_like(counts)  # a chunk's first slot in each group, from the group's start
+    group_start = torch.empty(experts, dtype=torch.int32, device=device)
+    sorted_pairs = torch.full((blocks * block_m,), pairs, dtype=torch.int32, device=device)  # padding: `pairs`
+    block_expert = torch.empty(blocks, dtype=torch.int32, device=device)
+    _chunk_counts_kernel[(chunks,)](flat, counts, pairs, experts, EXPERTS_POW2=experts_pow2, CHUNK=ALIGN_CHUNK)
+    _chunk_layout_kernel[(1,)](counts, chunk_base, group_start, block_expert, chunks, experts, blocks,
+                               BLOCK_M=block_m, EXPERTS_POW2=experts_pow2,
+                               ROWS=max(1, ALIGN_LAYOUT_CELLS // experts_pow2), CHUNK=ALIGN_CHUNK)  # fmt: skip
+    _chunk_scatter_kernel[(chunks,)](flat, chunk_base, group_start, sorted_pairs, pairs, experts, CHUNK=ALIGN_CHUNK)
+    return sorted_pairs, block_expert
+
+
+@triton.jit(do_not_specialize=["PAIRS"])
+def _chunk_counts_kernel(ids_ptr, counts_ptr, PAIRS, EXPERTS, EXPERTS_POW2: tl.constexpr, CHUNK: tl.constexpr):
+    chunk = tl.program_id(0)
+    pair = chunk * CHUNK + tl.arange(0, CHUNK)
+    ids = tl.load(ids_ptr + pair, mask=pair < PAIRS, other=-1).to(tl.int32)
+    experts = tl.arange(0, EXPERTS_POW2)
+    counts = tl.sum((ids[:, None] == experts[None, :]).to(tl.int32), axis=0)
+    tl.store(counts_ptr + chunk * EXPERTS + experts, counts, mask=experts < EXPERTS)
+
+
+@triton.jit(do_not_specialize=["CHUNKS", "BLOCKS"])
+def _chunk_layout_kernel(counts_ptr, chunk_base_ptr, group_start_ptr, block_expert_ptr, CHUNKS, EXPERTS, BLOCKS,
+                         BLOCK_M: tl.constexpr, EXPERTS_POW2: tl.constexpr, ROWS: tl.constexpr,
+                         CHUNK: tl.constexpr):  # fmt: skip
+    experts = tl.arange(0, EXPERTS_POW2)
+    expert_ok = experts < EXPERTS
+    before = tl.zeros((EXPERTS_POW2,), tl.int32)  # each expert's pairs in the chunks scanned so far
+    for c0 in range(0, CHUNKS, ROWS):
+        rows = c0 + tl.arange(0, ROWS)
+        cells = rows[:, None] * EXPERTS + experts[None, :]
+        ok = (rows < CHUNKS)[:, None] & expert_ok[None, :]
+        counts = tl.load(counts_ptr + cells, mask=ok, other=0)
+        tl.store(chunk_base_ptr + cells, tl.cumsum(counts, axis=0) - counts + before[None, :], mask=ok)
+        before += tl.sum(counts, axis=0)
+    padded = (before + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    ends = tl.cumsum(padded, axis=0)
+    tl.store(group_start_ptr + experts, ends - padded, mask=expert_ok)
+    for b0 in range(0, BLOCKS, CHUNK):  # a block's expert: the group holding its first row
+        block = b0 + tl.arange(0, CHUNK)
+        ended = (ends[None, :] <= (block * BLOCK_M)[:, None]) & expert_ok[None, :]
+        owner = tl.sum(ended.to(tl.int32), axis=1)
+        tl.store(block_expert_ptr + block, tl.where(owner < EXPERTS, owner, -1), mask=block < BLOCKS)
+
+
+@triton.jit(do_not_specialize=["PAIRS"])
+def _chunk_scatter_kernel(ids_ptr, chunk_base_ptr, group_start_ptr, sorted_ptr, PAIRS, EXPERTS,
+                          CHUNK: tl.constexpr):  # fmt: skip
+    chunk = tl.program_id(0)
+    pair = chunk * CHUNK + tl.arange(0, CHUNK)
+    pair_ok = pair < PAIRS
+    ids = tl.load(ids_ptr + pair, mask=pair_ok, other=-1).to(tl.int32)
+    base = tl.load(chunk_base_ptr + chunk * EXPERTS + ids, mask=pair_ok, other=0)
+    base += tl.load(group_start_ptr + ids, mask=pair_ok, other=0)
+    earlier = tl.arange(0, CHUNK)[None, :] < tl.arange(0, CHUNK)[:, None]
+    rank = tl.sum(((ids[:, None] == ids[None, :]) & earlier).to(tl.int32), axis=1)  # same expert, earlier
+    tl.store(sorted_ptr + base + rank, pair, mask=pair_ok)
 
 
 @triton.jit(do_not_specialize=["PAIRS", "BLOCKS"])  # counts that vary step to step: one build

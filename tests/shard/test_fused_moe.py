@@ -110,17 +110,38 @@ def test_the_one_program_alignment_equals_the_torch_ops(tokens, experts, top_k, 
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
-def test_alignment_past_one_programs_share_takes_the_torch_ops(monkeypatch):
-    _, _, _, _, ids = make_case(6, 8, 2, 4, 4, seed=5)
-    calls = []
-    monkeypatch.setattr(fused_moe, "ALIGN_IN_ONE_PROGRAM_UP_TO", 11)
-    monkeypatch.setattr(fused_moe, "align_to_blocks", lambda *args: calls.append(args) or "torch")
+@pytest.mark.parametrize("tokens, experts, top_k, skew, block_m, layout_cells", [
+    (1, 4, 1, 0.0, 16, 4096),       # one chunk, one pair
+    (300, 8, 2, 5.0, 64, 4096),     # five chunks, skewed, wide row tiles
+    (600, 60, 4, 0.0, 16, 128),     # 60 experts (not a power of two); the layout scans two chunks a step
+    (512, 128, 8, 0.0, 128, 128),   # 4,096 pairs, 32 chunks, one a scan step
+    (100, 6, 2, 20.0, 1, 16),       # row tiles of one
+    (24, 3, 1, 30.0, 16, 4096),     # every pair on one expert
+])  # fmt: skip
+def test_the_chunked_alignment_equals_the_torch_ops(tokens, experts, top_k, skew, block_m, layout_cells,
+                                                    monkeypatch):  # fmt: skip
+    monkeypatch.setattr(fused_moe, "ALIGN_IN_ONE_PROGRAM_UP_TO", 0)
+    monkeypatch.setattr(fused_moe, "ALIGN_LAYOUT_CELLS", layout_cells)
+    _, _, _, _, ids = make_case(tokens, experts, top_k, 4, 4, skew=skew, seed=tokens + experts)
+    want = align_to_blocks(ids, experts, block_m)
     with fused_kernels(True, on_cpu=True):
-        assert fused_moe.align_pairs(ids, 8, 16) == "torch" and len(calls) == 1
+        got = align_pairs(ids, experts, block_m)
+    assert got[0].dtype == got[1].dtype == torch.int32
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+def test_alignment_past_one_programs_share_goes_by_chunks(monkeypatch):
+    _, _, _, _, ids = make_case(6, 8, 2, 4, 4, seed=5)
+    torch_calls, chunked_calls = [], []
+    monkeypatch.setattr(fused_moe, "ALIGN_IN_ONE_PROGRAM_UP_TO", 11)
+    monkeypatch.setattr(fused_moe, "align_to_blocks", lambda *args: torch_calls.append(args) or "torch")
+    monkeypatch.setattr(fused_moe, "_align_in_chunks", lambda *args: chunked_calls.append(args) or "chunks")
+    with fused_kernels(True, on_cpu=True):
+        assert fused_moe.align_pairs(ids, 8, 16) == "chunks" and len(chunked_calls) == 1
         monkeypatch.setattr(fused_moe, "ALIGN_IN_ONE_PROGRAM_UP_TO", 12)
-        assert fused_moe.align_pairs(ids, 8, 16) != "torch"
+        assert fused_moe.align_pairs(ids, 8, 16) not in ("torch", "chunks")
         monkeypatch.setattr(fused_moe, "ALIGN_MAX_EXPERTS", 7)  # more experts than a program's compare holds
-        assert fused_moe.align_pairs(ids, 8, 16) == "torch" and len(calls) == 2
+        assert fused_moe.align_pairs(ids, 8, 16) == "torch" and len(torch_calls) == 1
 
 
 def test_alignment_with_every_pair_on_one_expert():
