@@ -264,7 +264,7 @@ def test_gpu_bf16_at_a_qwen3_30b_shape(tokens):
 
 
 @needs_cuda
-@pytest.mark.parametrize("tokens", [1, 7, 256])
+@pytest.mark.parametrize("tokens", [1, 7, 256, 1024])  # 1,024 tokens: 8,192 pairs aligned in chunks
 def test_gpu_fused_experts_under_a_cuda_graph(tokens):
     """Captured once, replayed with other inputs and other routing (skewed too): the reference's
     results, so nothing in the capture depends on the routing it saw."""
