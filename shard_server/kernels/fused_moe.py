@@ -113,10 +113,12 @@ def align_to_blocks(topk_ids: torch.Tensor, experts: int, block_m: int) -> tuple
     return sorted_pairs, block_expert
 
 
-# One program aligns up to this many pairs (decode batches). Past it the pairs are aligned in
-# chunks, one program each (`_align_in_chunks`): a single program's loop grows with the pairs
-# (65 us at 2,048 pairs on an H100), and the torch ops take ~130 us from 8,192 pairs up.
-ALIGN_IN_ONE_PROGRAM_UP_TO = 2048
+# One program aligns up to this many pairs (small decode batches). Past it the pairs are aligned
+# in chunks, one program each (`_align_in_chunks`), since a single program's loop grows with the
+# pairs. On an H100 at Qwen3-30B-A3B's routing (bench/results/moe_align_h100.json), one program
+# took 14.6 us at 136 and 256 pairs, 22.0 at 512, 64.6 at 2,048; the chunks 15.0-15.8 us from
+# 136 to 4,096 pairs, 28.5 at 32,768; the torch ops 74-140 us.
+ALIGN_IN_ONE_PROGRAM_UP_TO = 256
 ALIGN_CHUNK = 128  # pairs a step of the program's loops: [chunk, chunk] and [chunk, experts] compares
 ALIGN_MAX_EXPERTS = 256  # a [chunk, experts] compare in one program's registers
 ALIGN_LAYOUT_CELLS = 4096  # [chunks, experts] counts the layout program scans at a time
