@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Issue 24 on the random Qwen3-30B-A3B (61 GB of bf16): textgen, then vLLM on the same model
-# on WORKLOADS (default batch1, burst, both Poisson rates and the mix). ENGINES (default
-# "textgen"; "vllm", or "textgen vllm") are served in turn, vLLM into the earlier results
-# (--resume) after the carry calls of .peer/c1, c2 and c3; PEER=1 unpacks vLLM at the end of a
+# on WORKLOADS (default batch1, burst, both Poisson rates and the mix), the model written first
+# where missing. ENGINES (default "textgen"; "vllm", "textgen vllm", or "" for none) are served
+# in turn, vLLM into the earlier results (--resume) after the carry calls of .peer/c1, c2, c3; PEER=1 unpacks vLLM at the end of a
 # textgen call that carries c3, for a next call of ENGINES=vllm. With WRITE_ONLY=1 the call only
 # writes the model (no router needed, so it fits beside a .peer/c1 carry). OTHER=PATH (another
 # revision's kernels/fused_moe.py) times the fused MoE kernels against it first
@@ -21,12 +21,12 @@ if [ -n "${OTHER:-}" ]; then
   stage moe_align 60 python3 bench/gpu_moe_align.py "$OUT/moe_align.json"
   stage moe_ab 90 python3 bench/gpu_fused_moe_ab.py "$OUT/fused_moe_ab.json" "$OTHER"
 fi
-if [ "${WRITE_ONLY:-0}" = 1 ]; then
+if [ "${WRITE_ONLY:-0}" = 1 ] || { [ -n "${ENGINES-textgen}" ] && [ ! -e "/tmp/$SHAPE-random/config.json" ]; }; then
   stage write 240 python3 bench/gpu_vs_vllm.py --write-model --tokenizer-dir "$TOKENIZER" --shape "$SHAPE" \
     --out "$RESULTS"
-  exit 0
 fi
-for engine in ${ENGINES:-textgen}; do
+[ "${WRITE_ONLY:-0}" = 1 ] && exit 0
+for engine in ${ENGINES-textgen}; do
   if [ "$engine" = vllm ]; then
     [ -d /tmp/site/vllm ] || install_peer
     resume=(); [ -e "$RESULTS/gpu_vs_vllm.json" ] && resume=(--resume "$RESULTS/gpu_vs_vllm.json")
