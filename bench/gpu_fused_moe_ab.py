@@ -31,6 +31,7 @@ def load_other(path: Path):
     """The other revision's module, as a sibling of this tree's (its relative imports resolve here)."""
     spec = importlib.util.spec_from_file_location("shard_server.kernels.fused_moe_other", path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 
