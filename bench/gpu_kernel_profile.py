@@ -297,6 +297,7 @@ def profile(model_dir: Path, out: Path, quantize, kv_dtype, wanted: set) -> None
             results[name] = case()
         except Exception as exc:  # keep the other cases
             results[name] = {"error": f"{type(exc).__name__}: {exc}"}
+            runner.clear()  # the sequences a failed case registered would refuse the next case's ids
         r = results[name]
         print(f"== {name}: step {r.get('step_ms', 0):.3f} ms, kernels {r.get('kernel_us_per_step', 0):.0f} us "
               f"({r.get('kernels_per_step')} kernels), gap {r.get('gap_us_per_step', 0):.0f} us; "
