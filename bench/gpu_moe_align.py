@@ -1,7 +1,8 @@
 """The fused MoE's alignment (pairs sorted by expert, groups padded to row tiles), timed three
-ways at Qwen3-30B-A3B's routing: one program (`_align_kernel`), in chunks (`_align_in_chunks`)
-and the torch ops (`align_to_blocks`), each replayed from a CUDA graph; every result is checked
-equal to the torch ops'. Sets `ALIGN_IN_ONE_PROGRAM_UP_TO` (kernels/fused_moe.py).
+ways at Qwen3-30B-A3B's routing: one program (`_align_kernel`; up to 256 pairs also
+`_align_sorted_kernel`), in chunks (`_align_in_chunks`) and the torch ops (`align_to_blocks`),
+each replayed from a CUDA graph; every result is checked equal to the torch ops'. Sets
+`ALIGN_IN_ONE_PROGRAM_UP_TO` and `ALIGN_BY_SORT` (kernels/fused_moe.py).
 
     python3 bench/gpu_moe_align.py OUT_JSON [--tokens 17,32,...]
 """
@@ -22,17 +23,8 @@ from shard_server.kernels import fused_moe  # noqa: E402
 from shard_server.models.moe import route  # noqa: E402
 
 EXPERTS, TOP_K = 128, 8
-TOKENS = (17, 32, 64, 128, 256, 512, 1024, 4096, 8192)
+TOKENS = (5, 17, 32, 64, 128, 256, 512, 1024, 4096, 8192)
 ONE_PROGRAM_UP_TO = 8192  # pairs past which one program is not timed (its loop grows with them)
-
-
-def one_program(ids: torch.Tensor, block_m: int):
-    limit = fused_moe.ALIGN_IN_ONE_PROGRAM_UP_TO
-    fused_moe.ALIGN_IN_ONE_PROGRAM_UP_TO = 1 << 30
-    try:
-        return fused_moe.align_pairs(ids, EXPERTS, block_m)
-    finally:
-        fused_moe.ALIGN_IN_ONE_PROGRAM_UP_TO = limit
 
 
 def case(tokens: int, generator: torch.Generator) -> dict:
@@ -41,10 +33,13 @@ def case(tokens: int, generator: torch.Generator) -> dict:
     flat, pairs = ids.reshape(-1), tokens * TOP_K
     block_m = fused_moe.tile_for(pairs, EXPERTS).block_m
     blocks = fused_moe.block_count(pairs, EXPERTS, block_m)
+    one_program = fused_moe._align_in_one_program
     ways = {"torch": lambda: fused_moe.align_to_blocks(ids, EXPERTS, block_m),
             "chunks": lambda: fused_moe._align_in_chunks(flat, EXPERTS, block_m, blocks)}  # fmt: skip
     if pairs <= ONE_PROGRAM_UP_TO:
-        ways["one_program"] = lambda: one_program(ids, block_m)
+        ways["one_program"] = lambda: one_program(flat, EXPERTS, block_m, blocks, by_sort=False)
+    if pairs <= fused_moe.ALIGN_IN_ONE_PROGRAM_UP_TO:  # the most the sorting program holds
+        ways["sorted"] = lambda: one_program(flat, EXPERTS, block_m, blocks, by_sort=True)
     want = ways["torch"]()
     result = {"pairs": pairs, "block_m": block_m}
     for name, way in ways.items():

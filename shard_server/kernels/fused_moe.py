@@ -122,6 +122,7 @@ ALIGN_IN_ONE_PROGRAM_UP_TO = 256
 ALIGN_CHUNK = 128  # pairs a step of the program's loops: [chunk, chunk] and [chunk, experts] compares
 ALIGN_MAX_EXPERTS = 256  # a [chunk, experts] compare in one program's registers
 ALIGN_LAYOUT_CELLS = 4096  # [chunks, experts] counts the layout program scans at a time
+ALIGN_BY_SORT = False  # one program sorts every pair at once (`_align_sorted_kernel`); untimed yet
 
 
 def align_pairs(topk_ids: torch.Tensor, experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -135,8 +136,21 @@ def align_pairs(topk_ids: torch.Tensor, experts: int, block_m: int) -> tuple[tor
     blocks = block_count(pairs, experts, block_m)
     if pairs > ALIGN_IN_ONE_PROGRAM_UP_TO:
         return _align_in_chunks(flat, experts, block_m, blocks)
+    return _align_in_one_program(flat, experts, block_m, blocks, ALIGN_BY_SORT)
+
+
+def _align_in_one_program(flat: torch.Tensor, experts: int, block_m: int, blocks: int, by_sort: bool
+                          ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """One program: a counting sort chunk by chunk (`_align_kernel`), or (`by_sort`, up to
+    ALIGN_IN_ONE_PROGRAM_UP_TO pairs) every pair at once, sorted in registers (`_align_sorted_kernel`)."""
+    pairs = flat.numel()
     sorted_pairs = torch.empty(blocks * block_m, dtype=torch.int32, device=flat.device)
     block_expert = torch.empty(blocks, dtype=torch.int32, device=flat.device)
+    if by_sort:
+        _align_sorted_kernel[(1,)](flat, sorted_pairs, block_expert, pairs, experts, blocks, BLOCK_M=block_m,
+                                   EXPERTS_POW2=next_power_of_two(experts), PAIRS_POW2=ALIGN_IN_ONE_PROGRAM_UP_TO,
+                                   CHUNK=ALIGN_CHUNK, num_warps=4)  # fmt: skip
+        return sorted_pairs, block_expert
     next_slot = torch.empty(experts, dtype=torch.int32, device=flat.device)  # the kernel's scratch
     _align_kernel[(1,)](flat, sorted_pairs, block_expert, next_slot, pairs, experts, blocks, BLOCK_M=block_m,
                         EXPERTS_POW2=next_power_of_two(experts), CHUNK=ALIGN_CHUNK, num_warps=4)  # fmt: skip
@@ -209,6 +223,35 @@ def _chunk_scatter_kernel(ids_ptr, chunk_base_ptr, group_start_ptr, sorted_ptr, 
     earlier = tl.arange(0, CHUNK)[None, :] < tl.arange(0, CHUNK)[:, None]
     rank = tl.sum(((ids[:, None] == ids[None, :]) & earlier).to(tl.int32), axis=1)  # same expert, earlier
     tl.store(sorted_ptr + base + rank, pair, mask=pair_ok)
+
+
+@triton.jit(do_not_specialize=["PAIRS", "BLOCKS"])  # counts that vary step to step: one build
+def _align_sorted_kernel(ids_ptr, sorted_ptr, block_expert_ptr, PAIRS, EXPERTS, BLOCKS, BLOCK_M: tl.constexpr,
+                         EXPERTS_POW2: tl.constexpr, PAIRS_POW2: tl.constexpr, CHUNK: tl.constexpr):  # fmt: skip
+    # Every pair at once: its expert's count (a histogram), the groups laid out, the pairs sorted
+    # by (expert, pair) in registers; the pair at sorted position p goes to its group's padded
+    # start plus p minus the group's unpadded start (so a group keeps pair order).
+    pair = tl.arange(0, PAIRS_POW2)
+    pair_ok = pair < PAIRS
+    ids = tl.load(ids_ptr + pair, mask=pair_ok, other=0).to(tl.int32)
+    counts = tl.histogram(ids, EXPERTS_POW2, mask=pair_ok)
+    padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    ends = tl.cumsum(padded, axis=0)
+    firsts = tl.cumsum(counts, axis=0) - counts
+    order = tl.sort(tl.where(pair_ok, ids, EXPERTS_POW2) * PAIRS_POW2 + pair)  # past the pairs: none
+    expert = tl.where(pair_ok, order // PAIRS_POW2, 0)
+    slot = tl.gather(ends - padded, expert, 0) + pair - tl.gather(firsts, expert, 0)
+    for s0 in range(0, BLOCKS * BLOCK_M, CHUNK):  # padding rows hold PAIRS, one past the last pair
+        padding = s0 + tl.arange(0, CHUNK)
+        tl.store(sorted_ptr + padding, tl.zeros((CHUNK,), tl.int32) + PAIRS, mask=padding < BLOCKS * BLOCK_M)
+    tl.debug_barrier()  # the padding is written before the pairs overwrite some of it
+    tl.store(sorted_ptr + slot, order % PAIRS_POW2, mask=pair_ok)
+    experts = tl.arange(0, EXPERTS_POW2)
+    for b0 in range(0, BLOCKS, CHUNK):  # a block's expert: the group holding its first row
+        block = b0 + tl.arange(0, CHUNK)
+        ended = (ends[None, :] <= (block * BLOCK_M)[:, None]) & (experts < EXPERTS)[None, :]
+        owner = tl.sum(ended.to(tl.int32), axis=1)
+        tl.store(block_expert_ptr + block, tl.where(owner < EXPERTS, owner, -1), mask=block < BLOCKS)
 
 
 @triton.jit(do_not_specialize=["PAIRS", "BLOCKS"])  # counts that vary step to step: one build

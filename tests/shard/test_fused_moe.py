@@ -111,6 +111,21 @@ def test_the_one_program_alignment_equals_the_torch_ops(tokens, experts, top_k, 
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
+@pytest.mark.parametrize("tokens, experts, top_k, skew, block_m", [
+    (1, 4, 1, 0.0, 16), (1, 128, 8, 0.0, 16), (7, 8, 2, 0.0, 4), (13, 16, 4, 8.0, 16), (9, 6, 2, 20.0, 1),
+    (40, 60, 4, 0.0, 16),   # 60 experts (Qwen2-MoE): not a power of two
+    (32, 128, 8, 0.0, 16),  # 256 pairs: the most it takes
+    (24, 3, 1, 30.0, 64),   # every pair on one expert, wide row tiles
+])  # fmt: skip
+def test_the_sorting_program_equals_the_torch_ops(tokens, experts, top_k, skew, block_m):
+    _, _, _, _, ids = make_case(tokens, experts, top_k, 4, 4, skew=skew, seed=tokens + experts)
+    want = align_to_blocks(ids, experts, block_m)
+    blocks = fused_moe.block_count(ids.numel(), experts, block_m)
+    with fused_kernels(True, on_cpu=True):
+        got = fused_moe._align_in_one_program(ids.reshape(-1), experts, block_m, blocks, by_sort=True)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
 @pytest.mark.parametrize("tokens, experts, top_k, skew, block_m, layout_cells", [
     (1, 4, 1, 0.0, 16, 4096),       # one chunk, one pair
     (300, 8, 2, 5.0, 64, 4096),     # five chunks, skewed, wide row tiles

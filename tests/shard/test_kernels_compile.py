@@ -34,8 +34,8 @@ BLOCK_FP8 = {"w_ptr": "*fp8e4nv", "scale_ptr": "*fp32", "row_block_ptr": "*i32"}
 BLOCK_FP8_ROWS = dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, FP8_ROWS=False, FP16_DOT=False, TRIPS=1, SPLIT_K=1)
 
 # name: (module, kernel, constexprs, pointer types other than bf16)
-MOE_POINTERS = {"w_scale_ptr": "*fp32", "topk_weights_ptr": "*fp32", "sorted_pairs_ptr": "*i32",
-                "block_expert_ptr": "*i32"}
+MOE_POINTERS = {"w_scale_ptr": "*fp32", "sorted_pairs_ptr": "*i32", "block_expert_ptr": "*i32"}
+ALIGN_POINTERS = {"ids_ptr": "*i64", "sorted_ptr": "*i32", "block_expert_ptr": "*i32"}
 CASES = {
     "store_kv": ("shard_server.attention.triton_kernels", "store_kv_kernel",
                  dict(WIDTH=1024, WIDTH_P=1024, KV_MAX=0.0), METADATA),  # fmt: skip
@@ -161,7 +161,7 @@ CASES = {
     "moe_down_fp8_experts": ("shard_server.kernels.fused_moe", "_moe_gemm_kernel",
                              dict(GATE_UP=False, SCALES="row", BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8,
                                   PRECISION=None),
-                             dict(MOE_POINTERS, w_ptr="*fp8e4nv", out_ptr="*fp32")),  # fmt: skip
+                             dict(MOE_POINTERS, w_ptr="*fp8e4nv")),  # fmt: skip
     "moe_gate_up_block_fp8_experts": ("shard_server.kernels.fused_moe", "_moe_gemm_kernel",
                                       dict(GATE_UP=True, SCALES="block", BLOCK_M=16, BLOCK_N=64, BLOCK_K=128,
                                            GROUP_M=1, PRECISION=None),
@@ -169,9 +169,22 @@ CASES = {
     "moe_down_block_fp8_experts": ("shard_server.kernels.fused_moe", "_moe_gemm_kernel",
                                    dict(GATE_UP=False, SCALES="block", BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8,
                                         PRECISION=None),
-                                   dict(MOE_POINTERS, w_ptr="*fp8e4nv", out_ptr="*fp32")),  # fmt: skip
+                                   dict(MOE_POINTERS, w_ptr="*fp8e4nv")),  # fmt: skip
     "moe_align": ("shard_server.kernels.fused_moe", "_align_kernel", dict(BLOCK_M=16, EXPERTS_POW2=128, CHUNK=128),
-                  {"ids_ptr": "*i64", "sorted_ptr": "*i32", "block_expert_ptr": "*i32", "next_slot_ptr": "*i32"}),
+                  dict(ALIGN_POINTERS, next_slot_ptr="*i32")),
+    "moe_align_sorted": ("shard_server.kernels.fused_moe", "_align_sorted_kernel",
+                         dict(BLOCK_M=16, EXPERTS_POW2=128, PAIRS_POW2=256, CHUNK=128), ALIGN_POINTERS),
+    "moe_align_chunk_counts": ("shard_server.kernels.fused_moe", "_chunk_counts_kernel",
+                               dict(EXPERTS_POW2=128, CHUNK=128), {"ids_ptr": "*i64", "counts_ptr": "*i32"}),
+    "moe_align_chunk_layout": ("shard_server.kernels.fused_moe", "_chunk_layout_kernel",
+                               dict(BLOCK_M=128, EXPERTS_POW2=128, ROWS=32, CHUNK=128),
+                               {"counts_ptr": "*i32", "chunk_base_ptr": "*i32", "group_start_ptr": "*i32",
+                                "block_expert_ptr": "*i32"}),
+    "moe_align_chunk_scatter": ("shard_server.kernels.fused_moe", "_chunk_scatter_kernel", dict(CHUNK=128),
+                                {"ids_ptr": "*i64", "chunk_base_ptr": "*i32", "group_start_ptr": "*i32",
+                                 "sorted_ptr": "*i32"}),
+    "moe_weighted_sum": ("shard_server.kernels.fused_moe", "_weighted_sum_kernel", dict(TOP_K=8, BLOCK_H=1024),
+                         {"weights_ptr": "*fp32"}),
     "moe_route": ("shard_server.kernels.moe_routing", "_route_kernel",
                   dict(TOP_K=8, EXPERTS_POW2=128, K_POW2=8, RENORMALIZE=True),
                   {"weights_ptr": "*fp32", "ids_ptr": "*i64"}),  # fmt: skip
