@@ -20,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.gpu_skinny_matmul import graph_us  # noqa: E402
 from shard_server.kernels import fused_moe  # noqa: E402
+from shard_server.kernels.moe_align import align_pairs  # noqa: E402
 from shard_server.models.moe import reference_experts, route  # noqa: E402
 
 EXPERTS, HIDDEN, INTER, TOP_K = 128, 2048, 768, 8
@@ -49,13 +50,13 @@ def case(other, tokens: int, copies, generator: torch.Generator) -> dict:
     want = reference_experts(x, *copies[0], weights, ids).float()
     result["rel_err"] = float((got - want).norm() / want.norm())
     pairs = tokens * TOP_K
-    sorted_pairs, block_expert = fused_moe.align_pairs(ids, EXPERTS, tile.block_m)
+    sorted_pairs, block_expert = align_pairs(ids, EXPERTS, tile.block_m)
     flat_weights = weights.reshape(-1).float().contiguous()
     act = torch.empty(pairs, INTER, dtype=x.dtype, device="cuda")
     per_pair = torch.empty(pairs, HIDDEN, dtype=x.dtype, device="cuda")
     launch = fused_moe._launch
     result["parts_us"] = {
-        "align": graph_us(lambda _: fused_moe.align_pairs(ids, EXPERTS, tile.block_m), [None]),
+        "align": graph_us(lambda _: align_pairs(ids, EXPERTS, tile.block_m), [None]),
         "gate_up": graph_us(lambda c: launch(x, c[0], None, act, sorted_pairs, block_expert, INTER, HIDDEN, TOP_K,
                                              tile, gate_up=True), copies),
         "down": graph_us(lambda c: launch(act, c[1], None, per_pair, sorted_pairs, block_expert, HIDDEN, INTER, TOP_K,

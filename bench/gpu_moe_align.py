@@ -2,7 +2,7 @@
 ways at Qwen3-30B-A3B's routing: one program (`_align_kernel`; up to 256 pairs also
 `_align_sorted_kernel`), in chunks (`_align_in_chunks`) and the torch ops (`align_to_blocks`),
 each replayed from a CUDA graph; every result is checked equal to the torch ops'. Sets
-`ALIGN_IN_ONE_PROGRAM_UP_TO` and `ALIGN_BY_SORT` (kernels/fused_moe.py).
+`ALIGN_IN_ONE_PROGRAM_UP_TO` and `ALIGN_BY_SORT` (kernels/moe_align.py).
 
     python3 bench/gpu_moe_align.py OUT_JSON [--tokens 17,32,...]
 """
@@ -19,7 +19,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.gpu_skinny_matmul import graph_us  # noqa: E402
-from shard_server.kernels import fused_moe  # noqa: E402
+from shard_server.kernels import moe_align  # noqa: E402
+from shard_server.kernels.fused_moe import tile_for  # noqa: E402
 from shard_server.models.moe import route  # noqa: E402
 
 EXPERTS, TOP_K = 128, 8
@@ -31,14 +32,14 @@ def case(tokens: int, generator: torch.Generator) -> dict:
     logits = torch.randn(tokens, EXPERTS, device="cuda", generator=generator).to(torch.bfloat16)
     _, ids = route(logits, TOP_K, renormalize=True)
     flat, pairs = ids.reshape(-1), tokens * TOP_K
-    block_m = fused_moe.tile_for(pairs, EXPERTS).block_m
-    blocks = fused_moe.block_count(pairs, EXPERTS, block_m)
-    one_program = fused_moe._align_in_one_program
-    ways = {"torch": lambda: fused_moe.align_to_blocks(ids, EXPERTS, block_m),
-            "chunks": lambda: fused_moe._align_in_chunks(flat, EXPERTS, block_m, blocks)}  # fmt: skip
+    block_m = tile_for(pairs, EXPERTS).block_m
+    blocks = moe_align.block_count(pairs, EXPERTS, block_m)
+    one_program = moe_align._align_in_one_program
+    ways = {"torch": lambda: moe_align.align_to_blocks(ids, EXPERTS, block_m),
+            "chunks": lambda: moe_align._align_in_chunks(flat, EXPERTS, block_m, blocks)}  # fmt: skip
     if pairs <= ONE_PROGRAM_UP_TO:
         ways["one_program"] = lambda: one_program(flat, EXPERTS, block_m, blocks, by_sort=False)
-    if pairs <= fused_moe.ALIGN_IN_ONE_PROGRAM_UP_TO:  # the most the sorting program holds
+    if pairs <= moe_align.ALIGN_IN_ONE_PROGRAM_UP_TO:  # the most the sorting program holds
         ways["sorted"] = lambda: one_program(flat, EXPERTS, block_m, blocks, by_sort=True)
     want = ways["torch"]()
     result = {"pairs": pairs, "block_m": block_m}

@@ -20,16 +20,9 @@ pytest.importorskip("triton")
 
 from shard_server.distributed import ParallelContext  # noqa: E402
 from shard_server.kernels.dispatch import fused_kernels  # noqa: E402
-from shard_server.kernels import fused_moe  # noqa: E402
-from shard_server.kernels.fused_moe import (  # noqa: E402
-    TILES,
-    align_pairs,
-    MoeTile,
-    align_to_blocks,
-    fused_experts,
-    fused_moe_applies,
-    tile_for,
-)
+from shard_server.kernels import fused_moe, moe_align  # noqa: E402
+from shard_server.kernels.fused_moe import TILES, MoeTile, fused_experts, fused_moe_applies, tile_for  # noqa: E402
+from shard_server.kernels.moe_align import align_pairs, align_to_blocks  # noqa: E402
 from shard_server.models import moe as moe_module  # noqa: E402
 from shard_server.models.config import ModelConfig  # noqa: E402
 from shard_server.models.moe import MoeBlock, experts_forward, reference_experts, route  # noqa: E402
@@ -102,7 +95,7 @@ def test_alignment_groups_every_pair_once_in_aligned_blocks(tokens, experts, top
     (300, 8, 2, 5.0, 64),   # several chunks, skewed, wide row tiles
 ])  # fmt: skip
 def test_the_one_program_alignment_equals_the_torch_ops(tokens, experts, top_k, skew, block_m, monkeypatch):
-    monkeypatch.setattr(fused_moe, "ALIGN_IN_ONE_PROGRAM_UP_TO", 1 << 20)  # past what it takes when shipped
+    monkeypatch.setattr(moe_align, "ALIGN_IN_ONE_PROGRAM_UP_TO", 1 << 20)  # past what it takes when shipped
     _, _, _, _, ids = make_case(tokens, experts, top_k, 4, 4, skew=skew, seed=tokens + experts)
     want = align_to_blocks(ids, experts, block_m)
     with fused_kernels(True, on_cpu=True):
@@ -120,9 +113,9 @@ def test_the_one_program_alignment_equals_the_torch_ops(tokens, experts, top_k, 
 def test_the_sorting_program_equals_the_torch_ops(tokens, experts, top_k, skew, block_m):
     _, _, _, _, ids = make_case(tokens, experts, top_k, 4, 4, skew=skew, seed=tokens + experts)
     want = align_to_blocks(ids, experts, block_m)
-    blocks = fused_moe.block_count(ids.numel(), experts, block_m)
+    blocks = moe_align.block_count(ids.numel(), experts, block_m)
     with fused_kernels(True, on_cpu=True):
-        got = fused_moe._align_in_one_program(ids.reshape(-1), experts, block_m, blocks, by_sort=True)
+        got = moe_align._align_in_one_program(ids.reshape(-1), experts, block_m, blocks, by_sort=True)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
@@ -136,8 +129,8 @@ def test_the_sorting_program_equals_the_torch_ops(tokens, experts, top_k, skew, 
 ])  # fmt: skip
 def test_the_chunked_alignment_equals_the_torch_ops(tokens, experts, top_k, skew, block_m, layout_cells,
                                                     monkeypatch):  # fmt: skip
-    monkeypatch.setattr(fused_moe, "ALIGN_IN_ONE_PROGRAM_UP_TO", 0)
-    monkeypatch.setattr(fused_moe, "ALIGN_LAYOUT_CELLS", layout_cells)
+    monkeypatch.setattr(moe_align, "ALIGN_IN_ONE_PROGRAM_UP_TO", 0)
+    monkeypatch.setattr(moe_align, "ALIGN_LAYOUT_CELLS", layout_cells)
     _, _, _, _, ids = make_case(tokens, experts, top_k, 4, 4, skew=skew, seed=tokens + experts)
     want = align_to_blocks(ids, experts, block_m)
     with fused_kernels(True, on_cpu=True):
@@ -149,15 +142,15 @@ def test_the_chunked_alignment_equals_the_torch_ops(tokens, experts, top_k, skew
 def test_alignment_past_one_programs_share_goes_by_chunks(monkeypatch):
     _, _, _, _, ids = make_case(6, 8, 2, 4, 4, seed=5)
     torch_calls, chunked_calls = [], []
-    monkeypatch.setattr(fused_moe, "ALIGN_IN_ONE_PROGRAM_UP_TO", 11)
-    monkeypatch.setattr(fused_moe, "align_to_blocks", lambda *args: torch_calls.append(args) or "torch")
-    monkeypatch.setattr(fused_moe, "_align_in_chunks", lambda *args: chunked_calls.append(args) or "chunks")
+    monkeypatch.setattr(moe_align, "ALIGN_IN_ONE_PROGRAM_UP_TO", 11)
+    monkeypatch.setattr(moe_align, "align_to_blocks", lambda *args: torch_calls.append(args) or "torch")
+    monkeypatch.setattr(moe_align, "_align_in_chunks", lambda *args: chunked_calls.append(args) or "chunks")
     with fused_kernels(True, on_cpu=True):
-        assert fused_moe.align_pairs(ids, 8, 16) == "chunks" and len(chunked_calls) == 1
-        monkeypatch.setattr(fused_moe, "ALIGN_IN_ONE_PROGRAM_UP_TO", 12)
-        assert fused_moe.align_pairs(ids, 8, 16) not in ("torch", "chunks")
-        monkeypatch.setattr(fused_moe, "ALIGN_MAX_EXPERTS", 7)  # more experts than a program's compare holds
-        assert fused_moe.align_pairs(ids, 8, 16) == "torch" and len(torch_calls) == 1
+        assert moe_align.align_pairs(ids, 8, 16) == "chunks" and len(chunked_calls) == 1
+        monkeypatch.setattr(moe_align, "ALIGN_IN_ONE_PROGRAM_UP_TO", 12)
+        assert moe_align.align_pairs(ids, 8, 16) not in ("torch", "chunks")
+        monkeypatch.setattr(moe_align, "ALIGN_MAX_EXPERTS", 7)  # more experts than a program's compare holds
+        assert moe_align.align_pairs(ids, 8, 16) == "torch" and len(torch_calls) == 1
 
 
 def test_alignment_with_every_pair_on_one_expert():
