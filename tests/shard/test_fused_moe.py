@@ -96,10 +96,15 @@ def test_alignment_groups_every_pair_once_in_aligned_blocks(tokens, experts, top
 ])  # fmt: skip
 def test_the_one_program_alignment_equals_the_torch_ops(tokens, experts, top_k, skew, block_m, monkeypatch):
     monkeypatch.setattr(moe_align, "ALIGN_IN_ONE_PROGRAM_UP_TO", 1 << 20)  # past what it takes when shipped
+    check_against_the_torch_ops(align_pairs, tokens, experts, top_k, skew, block_m)
+
+
+def check_against_the_torch_ops(align, tokens, experts, top_k, skew, block_m):
+    """`align(ids, experts, block_m)` on the fused path gives align_to_blocks' int32 tensors exactly."""
     _, _, _, _, ids = make_case(tokens, experts, top_k, 4, 4, skew=skew, seed=tokens + experts)
     want = align_to_blocks(ids, experts, block_m)
     with fused_kernels(True, on_cpu=True):
-        got = align_pairs(ids, experts, block_m)
+        got = align(ids, experts, block_m)
     assert got[0].dtype == got[1].dtype == torch.int32
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
@@ -111,12 +116,11 @@ def test_the_one_program_alignment_equals_the_torch_ops(tokens, experts, top_k, 
     (24, 3, 1, 30.0, 64),   # every pair on one expert, wide row tiles
 ])  # fmt: skip
 def test_the_sorting_program_equals_the_torch_ops(tokens, experts, top_k, skew, block_m):
-    _, _, _, _, ids = make_case(tokens, experts, top_k, 4, 4, skew=skew, seed=tokens + experts)
-    want = align_to_blocks(ids, experts, block_m)
-    blocks = moe_align.block_count(ids.numel(), experts, block_m)
-    with fused_kernels(True, on_cpu=True):
-        got = moe_align._align_in_one_program(ids.reshape(-1), experts, block_m, blocks, by_sort=True)
-    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    def by_sort(ids, experts, block_m):
+        blocks = moe_align.block_count(ids.numel(), experts, block_m)
+        return moe_align._align_in_one_program(ids.reshape(-1), experts, block_m, blocks, by_sort=True)
+
+    check_against_the_torch_ops(by_sort, tokens, experts, top_k, skew, block_m)
 
 
 @pytest.mark.parametrize("tokens, experts, top_k, skew, block_m, layout_cells", [
@@ -131,12 +135,7 @@ def test_the_chunked_alignment_equals_the_torch_ops(tokens, experts, top_k, skew
                                                     monkeypatch):  # fmt: skip
     monkeypatch.setattr(moe_align, "ALIGN_IN_ONE_PROGRAM_UP_TO", 0)
     monkeypatch.setattr(moe_align, "ALIGN_LAYOUT_CELLS", layout_cells)
-    _, _, _, _, ids = make_case(tokens, experts, top_k, 4, 4, skew=skew, seed=tokens + experts)
-    want = align_to_blocks(ids, experts, block_m)
-    with fused_kernels(True, on_cpu=True):
-        got = align_pairs(ids, experts, block_m)
-    assert got[0].dtype == got[1].dtype == torch.int32
-    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    check_against_the_torch_ops(align_pairs, tokens, experts, top_k, skew, block_m)
 
 
 def test_alignment_past_one_programs_share_goes_by_chunks(monkeypatch):
