@@ -112,6 +112,27 @@ def _align_in_chunks(flat: torch.Tensor, experts: int, block_m: int, blocks: int
     return sorted_pairs, block_expert
 
 
+@triton.jit
+def _store_block_experts(block_expert_ptr, ends, EXPERTS, BLOCKS, BLOCK_M: tl.constexpr, EXPERTS_POW2: tl.constexpr,
+                         CHUNK: tl.constexpr):  # fmt: skip
+    """Each row tile's expert: the group holding its first row (`ends`: the padded groups' ends;
+    empty groups end where they start), -1 past the last group."""
+    experts = tl.arange(0, EXPERTS_POW2)
+    for b0 in range(0, BLOCKS, CHUNK):
+        block = b0 + tl.arange(0, CHUNK)
+        ended = (ends[None, :] <= (block * BLOCK_M)[:, None]) & (experts < EXPERTS)[None, :]
+        owner = tl.sum(ended.to(tl.int32), axis=1)
+        tl.store(block_expert_ptr + block, tl.where(owner < EXPERTS, owner, -1), mask=block < BLOCKS)
+
+
+@triton.jit
+def _fill_padding(sorted_ptr, PAIRS, SLOTS, CHUNK: tl.constexpr):
+    """Every slot holds PAIRS (one past the last pair: padding) until a pair is placed there."""
+    for s0 in range(0, SLOTS, CHUNK):
+        slot = s0 + tl.arange(0, CHUNK)
+        tl.store(sorted_ptr + slot, tl.zeros((CHUNK,), tl.int32) + PAIRS, mask=slot < SLOTS)
+
+
 @triton.jit(do_not_specialize=["PAIRS"])
 def _chunk_counts_kernel(ids_ptr, counts_ptr, PAIRS, EXPERTS, EXPERTS_POW2: tl.constexpr, CHUNK: tl.constexpr):
     chunk = tl.program_id(0)
@@ -139,11 +160,7 @@ def _chunk_layout_kernel(counts_ptr, chunk_base_ptr, group_start_ptr, block_expe
     padded = (before + BLOCK_M - 1) // BLOCK_M * BLOCK_M
     ends = tl.cumsum(padded, axis=0)
     tl.store(group_start_ptr + experts, ends - padded, mask=expert_ok)
-    for b0 in range(0, BLOCKS, CHUNK):  # a block's expert: the group holding its first row
-        block = b0 + tl.arange(0, CHUNK)
-        ended = (ends[None, :] <= (block * BLOCK_M)[:, None]) & expert_ok[None, :]
-        owner = tl.sum(ended.to(tl.int32), axis=1)
-        tl.store(block_expert_ptr + block, tl.where(owner < EXPERTS, owner, -1), mask=block < BLOCKS)
+    _store_block_experts(block_expert_ptr, ends, EXPERTS, BLOCKS, BLOCK_M, EXPERTS_POW2, CHUNK)
 
 
 @triton.jit(do_not_specialize=["PAIRS"])
@@ -176,17 +193,10 @@ def _align_sorted_kernel(ids_ptr, sorted_ptr, block_expert_ptr, PAIRS, EXPERTS, 
     order = tl.sort(tl.where(pair_ok, ids, EXPERTS_POW2) * PAIRS_POW2 + pair)  # past the pairs: none
     expert = tl.where(pair_ok, order // PAIRS_POW2, 0)
     slot = tl.gather(ends - padded, expert, 0) + pair - tl.gather(firsts, expert, 0)
-    for s0 in range(0, BLOCKS * BLOCK_M, CHUNK):  # padding rows hold PAIRS, one past the last pair
-        padding = s0 + tl.arange(0, CHUNK)
-        tl.store(sorted_ptr + padding, tl.zeros((CHUNK,), tl.int32) + PAIRS, mask=padding < BLOCKS * BLOCK_M)
+    _fill_padding(sorted_ptr, PAIRS, BLOCKS * BLOCK_M, CHUNK)
     tl.debug_barrier()  # the padding is written before the pairs overwrite some of it
     tl.store(sorted_ptr + slot, order % PAIRS_POW2, mask=pair_ok)
-    experts = tl.arange(0, EXPERTS_POW2)
-    for b0 in range(0, BLOCKS, CHUNK):  # a block's expert: the group holding its first row
-        block = b0 + tl.arange(0, CHUNK)
-        ended = (ends[None, :] <= (block * BLOCK_M)[:, None]) & (experts < EXPERTS)[None, :]
-        owner = tl.sum(ended.to(tl.int32), axis=1)
-        tl.store(block_expert_ptr + block, tl.where(owner < EXPERTS, owner, -1), mask=block < BLOCKS)
+    _store_block_experts(block_expert_ptr, ends, EXPERTS, BLOCKS, BLOCK_M, EXPERTS_POW2, CHUNK)
 
 
 @triton.jit(do_not_specialize=["PAIRS", "BLOCKS"])  # counts that vary step to step: one build
@@ -205,14 +215,8 @@ def _align_kernel(ids_ptr, sorted_ptr, block_expert_ptr, next_slot_ptr, PAIRS, E
     padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
     ends = tl.cumsum(padded, axis=0)
     next_slot = ends - padded
-    for s0 in range(0, BLOCKS * BLOCK_M, CHUNK):  # padding rows hold PAIRS, one past the last pair
-        slot = s0 + tl.arange(0, CHUNK)
-        tl.store(sorted_ptr + slot, tl.zeros((CHUNK,), tl.int32) + PAIRS, mask=slot < BLOCKS * BLOCK_M)
-    for b0 in range(0, BLOCKS, CHUNK):  # a block's expert: the group holding its first row
-        block = b0 + tl.arange(0, CHUNK)
-        ended = (ends[None, :] <= (block * BLOCK_M)[:, None]) & expert_ok[None, :]
-        owner = tl.sum(ended.to(tl.int32), axis=1)
-        tl.store(block_expert_ptr + block, tl.where(owner < EXPERTS, owner, -1), mask=block < BLOCKS)
+    _fill_padding(sorted_ptr, PAIRS, BLOCKS * BLOCK_M, CHUNK)
+    _store_block_experts(block_expert_ptr, ends, EXPERTS, BLOCKS, BLOCK_M, EXPERTS_POW2, CHUNK)
     earlier = tl.arange(0, CHUNK)[None, :] < tl.arange(0, CHUNK)[:, None]
     for p0 in range(0, PAIRS, CHUNK):
         pair = p0 + tl.arange(0, CHUNK)
