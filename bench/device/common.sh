@@ -26,7 +26,11 @@ stage() {
   return $rc
 }
 
+# vLLM's environment, kept beside its unpacked site: a later call on the same machine need not
+# carry .peer/tools again to serve it.
+PEER_ENV=/tmp/peer/env.sh
 install_peer() {  # unpacks the carried vLLM bundle (after the .peer/c1 and c2 carry calls), or exits 3
   # install.sh reads PEER as its parts folder: a caller's PEER=1 must not reach it
   PEER=/tmp/peer bash .peer/tools/install.sh > "$LOGS/peer_install.log" 2>&1 || { cat "$LOGS/peer_install.log"; exit 3; }
+  cp .peer/tools/env.sh "$PEER_ENV"
 }

@@ -8,7 +8,7 @@ source "$(dirname "$0")/common.sh"
 bench() {  # NAME OUT_DIR [flags]
   local name=$1 out=$2; shift 2
   stage "$name" "${GPTQ_S:-180}" python3 bench/gpu_vs_vllm.py --tokenizer-dir "$TOKENIZER" --router-binary "$ROUTER" \
-    --peer-env .peer/tools/env.sh --workloads "${WORKLOADS:-batch1,burst}" --out "$out" "$@"
+    --peer-env "$PEER_ENV" --workloads "${WORKLOADS:-batch1,burst}" --out "$out" "$@"
 }
 if [ "${WRITE_ONLY:-0}" = 1 ]; then
   for checkpoint in "" "--checkpoint gptq"; do

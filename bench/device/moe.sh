@@ -14,7 +14,7 @@ RESULTS=/tmp/moe-out
 serve() {  # ENGINE [flags]
   local engine=$1; shift
   stage "$engine" "${MOE_S:-300}" python3 bench/gpu_vs_vllm.py --tokenizer-dir "$TOKENIZER" --router-binary "$ROUTER" \
-    --peer-env .peer/tools/env.sh --shape "$SHAPE" --out "$RESULTS" --engines "$engine" \
+    --peer-env "$PEER_ENV" --shape "$SHAPE" --out "$RESULTS" --engines "$engine" \
     --workloads "${WORKLOADS:-batch1,burst,poisson_8,poisson_32,mix}" "$@"
 }
 if [ -n "${OTHER:-}" ]; then

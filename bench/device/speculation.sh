@@ -14,7 +14,7 @@ while pgrep -f -- --write-models > /dev/null; do sleep 2; done  # a model still 
 [ -d /tmp/spec-keep ] && cp /tmp/spec-keep/gpu_speculation_plan.json "$OUT/" 2>/dev/null
 if [ "${PEER:-0}" = 1 ]; then
   install_peer
-  speculation speculation_vllm vllm --peer-env .peer/tools/env.sh
+  speculation speculation_vllm vllm --peer-env "$PEER_ENV"
 fi
 for servers in ${SERVERS:-off,on}; do
   speculation "speculation_${servers//,/_}" "$servers"
