@@ -2,8 +2,9 @@
 # Issue 24 on the random Qwen3-30B-A3B (61 GB of bf16): textgen, then vLLM on the same model
 # on WORKLOADS (default batch1, burst, both Poisson rates and the mix), the model written first
 # where missing. ENGINES (default "textgen"; "vllm", "textgen vllm", or "" for none) are served
-# in turn, vLLM into the earlier results (--resume) after the carry calls of .peer/c1, c2, c3; PEER=1 unpacks vLLM at the end of a
-# textgen call that carries c3, for a next call of ENGINES=vllm. With WRITE_ONLY=1 the call only
+# in turn, vLLM into the earlier results (--resume) after the carry calls of .peer/c1, c2, c3;
+# PEER=1 unpacks vLLM at the end of a textgen call that carries c3, for a next call of
+# ENGINES=vllm. With WRITE_ONLY=1 the call only
 # writes the model (no router needed, so it fits beside a .peer/c1 carry). OTHER=PATH (another
 # revision's kernels/fused_moe.py) times the fused MoE kernels against it first
 # (bench/gpu_moe_align.py, bench/gpu_fused_moe_ab.py).

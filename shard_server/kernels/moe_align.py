@@ -61,9 +61,9 @@ ALIGN_BY_SORT = False  # one program sorts every pair at once (`_align_sorted_ke
 
 
 def align_pairs(topk_ids: torch.Tensor, experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """`align_to_blocks`' result in one launch for a decode batch (`_align_kernel`), in three
-    for more pairs (`_align_in_chunks`), instead of about twenty small torch ops, whose launches
-    cost a decode step more than its GEMMs."""
+    """`align_to_blocks`' result in one launch for a decode batch (`_align_in_one_program`), in
+    three and a fill for more pairs (`_align_in_chunks`), instead of about twenty small torch ops,
+    whose launches cost a decode step more than its GEMMs."""
     flat = topk_ids.reshape(-1)
     pairs = flat.numel()
     if pairs == 0 or experts > ALIGN_MAX_EXPERTS or not use_fused(flat):
@@ -83,7 +83,8 @@ def _align_in_one_program(flat: torch.Tensor, experts: int, block_m: int, blocks
     block_expert = torch.empty(blocks, dtype=torch.int32, device=flat.device)
     if by_sort:
         _align_sorted_kernel[(1,)](flat, sorted_pairs, block_expert, pairs, experts, blocks, BLOCK_M=block_m,
-                                   EXPERTS_POW2=next_power_of_two(experts), PAIRS_POW2=ALIGN_IN_ONE_PROGRAM_UP_TO,
+                                   EXPERTS_POW2=next_power_of_two(experts),
+                                   PAIRS_POW2=next_power_of_two(ALIGN_IN_ONE_PROGRAM_UP_TO),
                                    CHUNK=ALIGN_CHUNK, num_warps=4)  # fmt: skip
         return sorted_pairs, block_expert
     next_slot = torch.empty(experts, dtype=torch.int32, device=flat.device)  # the kernel's scratch
