@@ -17,10 +17,18 @@ class FakeCompletions(BaseHTTPRequestHandler):
     open_now = 0
     most_open = 0
     lock = threading.Lock()
+    arrivals: list[tuple[str, float]] = []  # (method and path, when), in arrival order
+
+    def do_GET(self):
+        type(self).arrivals.append((f"GET {self.path}", time.perf_counter()))
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
 
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         cls = type(self)
+        cls.arrivals.append((f"POST {self.path}", time.perf_counter()))
         with cls.lock:
             if cls.open_now >= cls.cap:
                 self.send_response(429)
@@ -71,6 +79,27 @@ def test_a_capped_burst_is_served_in_order_without_429s():
     stats = peer_load.summary(outcomes, wall)
     assert stats["output_tokens"] == 24 and stats["errors"] == 0
     assert stats["ttft_ms"]["p50"] <= stats["e2e_ms"]["p50"]
+
+
+def test_each_client_process_warms_up_before_the_clock_starts():
+    """A fresh process's first request pays httpx's first use (~20 ms): each client sends one
+    GET /health before any measured request, so no lone request's TTFT counts it."""
+    FakeCompletions.arrivals = []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), FakeCompletions)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        requests = [peer_load.Request([1, 2, 3], 2, at=0.05 * i) for i in range(4)]
+        outcomes, _ = peer_load.run(f"http://127.0.0.1:{server.server_port}", requests, processes=2,
+                                    max_in_flight=2)  # fmt: skip
+    finally:
+        server.shutdown()
+    assert [o.error for o in outcomes] == [None] * 4
+    kinds = [what for what, _ in FakeCompletions.arrivals]
+    assert kinds.count("GET /health") == 2 and kinds.count("POST /v1/completions") == 4
+    first_post = min(when for what, when in FakeCompletions.arrivals if what.startswith("POST"))
+    assert all(when < first_post for what, when in FakeCompletions.arrivals if what.startswith("GET"))
+    # Every measured request left at its scheduled time or after, never before (the warm-up is off the clock).
+    assert all(o.chunk_times[0] >= o.scheduled for o in outcomes)
 
 
 def test_workloads_are_seeded_and_clipped():
