@@ -52,6 +52,14 @@ open_fraction = _number(float, lambda v: 0.0 < v < 1.0, "a number in (0, 1)")
 positive_number = _number(float, lambda v: 0 < v < float("inf"), "a positive number")
 
 
+_non_negative_number = _number(float, lambda v: 0 <= v < float("inf"), "`off` or a number >= 0")
+
+
+def off_or_non_negative(text: str) -> str | float:
+    """`off`, or a number >= 0 (the router's --prefill-pacing-slack)."""
+    return "off" if text.strip() == "off" else _non_negative_number(text)
+
+
 def non_empty(text: str) -> str:
     if not text.strip():
         raise argparse.ArgumentTypeError("expected a non-empty value")
@@ -167,6 +175,13 @@ OPTIONS: tuple[Option, ...] = (
     Option(("--speculative-model",), "Hub model id or local directory of a small draft model that "
            "shares the model's tokenizer; each decode's drafts come from it instead of prompt "
            "lookup. Needs --speculate N (--num-speculative-tokens) >= 1."),
+    _router("--prefill-pacing-slack", "Prefill pacing: while streams are decoding, a step takes only the "
+            "prompt tokens that keep its expected time (learned from the steps run) within this "
+            "fraction of its decodes' own; `off`: each step may take the whole "
+            "--max-batch-prefill-tokens (textgen only).", off_or_non_negative, "off"),
+    _router("--prefill-pacing-patience-ms", "Milliseconds a request may wait for its first token "
+            "before pacing yields and a step takes the whole budget again (textgen only).",
+            non_negative_int, "50"),
     _router("--max-stream-backlog", "Events a stream may fall behind its reader before it is "
             "dropped with an error, its sequence cancelled (textgen only).", default="1024"),
     _router("--payload-limit", "Largest request body in bytes (413 above).", default="2000000"),

@@ -53,6 +53,8 @@ class Settings:
     generation_config_defaults: bool | None
     scheduling_policy: str | None
     scheduling_age_cap_ms: int | None
+    prefill_pacing_slack: str | float | None
+    prefill_pacing_patience_ms: int | None
     max_stream_backlog: int | None
     payload_limit: int | None
     header_read_timeout: float | None

@@ -25,6 +25,21 @@ fn parse_seconds(text: &str) -> Result<f64, String> {
     }
 }
 
+/// `--prefill-pacing-slack`: `off`, or how much longer than its decodes alone a step
+/// beside running streams may run to take prompt tokens (0.25: 25 %).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PacingSlack(pub Option<f64>);
+
+fn parse_pacing_slack(text: &str) -> Result<PacingSlack, String> {
+    match text.trim() {
+        "off" => Ok(PacingSlack(None)),
+        number => match number.parse::<f64>() {
+            Ok(slack) if slack >= 0.0 && slack.is_finite() => Ok(PacingSlack(Some(slack))),
+            _ => Err(format!("expected `off` or a fraction >= 0, got {text:?}")),
+        },
+    }
+}
+
 /// textgen-router: HTTP front end of textgen. Every flag can also be set through the
 /// environment variable named in `[env: ...]`.
 #[derive(Debug, Clone, Parser)]
@@ -98,6 +113,16 @@ pub struct Args {
     /// cached prefix (`longest-prefix` only).
     #[arg(long, env = "SCHEDULING_AGE_CAP_MS", default_value_t = 2_000)]
     pub scheduling_age_cap_ms: u64,
+    /// Prefill pacing: while streams are decoding, a step takes only the prompt tokens that
+    /// keep its expected time within this fraction of its decodes' own (learned from the
+    /// steps run), so arriving prompts stretch no stream's step much; `off`: each step may
+    /// take the whole `--max-batch-prefill-tokens`.
+    #[arg(long, env = "PREFILL_PACING_SLACK", default_value = "off", value_parser = parse_pacing_slack)]
+    pub prefill_pacing_slack: PacingSlack,
+    /// Milliseconds a request may wait for its first token before pacing yields and the
+    /// next step takes the whole budget again (bounds what pacing adds to TTFT).
+    #[arg(long, env = "PREFILL_PACING_PATIENCE_MS", default_value_t = 50)]
+    pub prefill_pacing_patience_ms: u64,
     /// Events a stream may fall behind its reader before it is dropped (its sequence
     /// cancelled, its KV freed): a client that stops reading holds nothing for long.
     #[arg(
@@ -354,6 +379,30 @@ mod tests {
         ] {
             let mut argv = vec!["textgen-router", "--model-id", "m", "--model-path", "/m"];
             argv.extend_from_slice(bad);
+            assert!(Args::try_parse_from(argv).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn prefill_pacing_is_off_or_a_non_negative_slack() {
+        assert_eq!(args(&[]).prefill_pacing_slack, PacingSlack(None));
+        assert_eq!(args(&[]).prefill_pacing_patience_ms, 50);
+        let paced = args(&["--prefill-pacing-slack", "0.25"]);
+        assert_eq!(paced.prefill_pacing_slack, PacingSlack(Some(0.25)));
+        assert_eq!(
+            args(&["--prefill-pacing-slack", "0"]).prefill_pacing_slack,
+            PacingSlack(Some(0.0))
+        );
+        for bad in ["-0.1", "inf", "NaN", "on", ""] {
+            let argv = [
+                "textgen-router",
+                "--model-id",
+                "m",
+                "--model-path",
+                "/m",
+                "--prefill-pacing-slack",
+                bad,
+            ];
             assert!(Args::try_parse_from(argv).is_err(), "{bad:?}");
         }
     }

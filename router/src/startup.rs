@@ -11,7 +11,7 @@ use crate::generation_defaults::GenerationDefaults;
 use crate::grammar::{GrammarCompiler, GrammarLimits};
 use crate::infer::Infer;
 use crate::pb;
-use crate::scheduler::{self, SchedulerConfig};
+use crate::scheduler::{self, PrefillPacing, SchedulerConfig};
 use crate::server::{self, AppState, HealthProbe, HttpOptions, Info, OpenAiContext};
 use crate::shards::ShardSet;
 use crate::tokenizer::TextTokenizer;
@@ -234,6 +234,10 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         admission_age_cap: Duration::from_millis(args.scheduling_age_cap_ms),
         max_stream_backlog: args.max_stream_backlog as usize,
         num_draft_tokens: args.speculate,
+        prefill_pacing: args.prefill_pacing_slack.0.map(|slack| PrefillPacing {
+            slack,
+            patience: Duration::from_millis(args.prefill_pacing_patience_ms),
+        }),
     };
     tracing::info!(
         prefix_caching = args.prefix_caching,

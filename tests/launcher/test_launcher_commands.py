@@ -24,6 +24,14 @@ def test_router_command_with_defaults_passes_only_required_flags():
         "--num-shard", "1", "--hostname", "0.0.0.0", "--port", "3000"]
 
 
+def test_prefill_pacing_reaches_the_router_as_given():
+    assert "--prefill-pacing-slack" not in router_command(EXE, settings(), MODEL, 1)
+    paced = router_command(EXE, settings("--prefill-pacing-slack", "0.25", PREFILL_PACING_PATIENCE_MS="80"), MODEL, 1)
+    assert _pairs(paced) >= {("--prefill-pacing-slack", "0.25"), ("--prefill-pacing-patience-ms", "80")}
+    off = router_command(EXE, settings("--prefill-pacing-slack", "off"), MODEL, 1)
+    assert ("--prefill-pacing-slack", "off") in _pairs(off)
+
+
 def test_shard_command_with_defaults_passes_only_required_flags():
     assert shard_command(EXE, settings(), MODEL, 1, 2) == [
         "textgen-shard", "serve", "--model-path", "/models/smol",

@@ -76,6 +76,8 @@ def test_sharded_flag_with_and_without_value():
     (["--quantize", "FP8"], "invalid choice"),
     (["--quantize", ""], "non-empty value"),
     (["--no-such-flag"], "unrecognized arguments"),
+    (["--prefill-pacing-slack", "-0.5"], "`off` or a number >= 0"),
+    (["--prefill-pacing-slack", "on"], "`off` or a number >= 0"),
 ])
 def test_invalid_flags_get_clear_errors(argv, message):
     with pytest.raises(UsageError, match=message):

@@ -6,6 +6,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 
 use super::admission::AdmissionPolicy;
+use super::prefill_pacing::PrefillPacing;
 use crate::pb;
 
 /// A validated, tokenized generation request, ready to be scheduled.
@@ -95,6 +96,9 @@ pub struct SchedulerConfig {
     pub max_stream_backlog: usize,
     /// Speculative decoding: drafts a decode may verify (`--speculate`); 0 turns it off.
     pub num_draft_tokens: u32,
+    /// Prompt tokens of steps beside running decodes held near the decodes' own cost
+    /// (`--prefill-pacing-slack`); None: every step may take the whole budget.
+    pub prefill_pacing: Option<PrefillPacing>,
 }
 
 impl SchedulerConfig {

@@ -130,6 +130,7 @@ mod tests {
             admission_age_cap: std::time::Duration::ZERO,
             max_stream_backlog: 1,
             num_draft_tokens: 0,
+            prefill_pacing: None,
         }
     }
 

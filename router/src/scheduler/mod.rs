@@ -15,6 +15,7 @@ mod events;
 mod failure;
 mod memory_backoff;
 mod plan;
+mod prefill_pacing;
 mod prefix;
 pub mod queue;
 mod sequence;
@@ -43,6 +44,7 @@ pub use admission::AdmissionPolicy;
 pub use api::*;
 pub use events::{channel as event_channel, EventSender, SequenceStream};
 pub use plan::PlannedStep;
+pub use prefill_pacing::PrefillPacing;
 pub use state::{Delivery, SchedulerState};
 
 /// Starts the step loop on the current tokio runtime and returns the handle that

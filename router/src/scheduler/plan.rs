@@ -7,6 +7,7 @@ use std::time::Instant;
 use super::admission::admission_order;
 use super::api::{GenerationFailure, SequenceEvent};
 use super::budget::{blocks_for, max_running, StepBudget};
+use super::prefill_pacing::StepOutlook;
 use super::prefix::{self, CacheHit};
 use super::sequence::Sequence;
 use super::speculation;
@@ -56,8 +57,9 @@ impl SchedulerState {
     /// are all in flight sits the step out. Answers go to [`SchedulerState::apply`] in
     /// planning order.
     pub fn plan_step(&mut self, now: Instant) -> Option<PlannedStep> {
-        let mut budget = StepBudget::for_config(&self.config)
-            .with_prefill_cap(self.memory_backoff.prefill_cap());
+        let caps = [self.memory_backoff.prefill_cap(), self.pacing_cap(now)];
+        let mut budget =
+            StepBudget::for_config(&self.config).with_prefill_cap(caps.into_iter().flatten().min());
         let mut step = StepBuilder::default();
 
         let preempted = self.schedule_running(&mut budget, &mut step);
@@ -108,6 +110,24 @@ impl SchedulerState {
             },
             events: step.events,
         })
+    }
+
+    /// The prompt tokens `--prefill-pacing-slack` allows the next step (`prefill_pacing.rs`).
+    fn pacing_cap(&self, now: Instant) -> Option<u32> {
+        let pacing = self.config.prefill_pacing?;
+        let running = self.running.values();
+        let unanswered = running
+            .clone()
+            .filter(|s| !s.first_token_sent)
+            .chain(self.waiting.iter());
+        let step = StepOutlook {
+            decodes: running.filter(|s| s.wants_decode()).count() as u32,
+            budget: self.config.max_batch_prefill_tokens,
+            longest_first_token_wait: unanswered
+                .map(|s| now.saturating_duration_since(s.submitted_at))
+                .max(),
+        };
+        pacing.prompt_cap(step, &self.step_costs)
     }
 
     /// Decodes and continued prefill chunks, oldest sequence first. Returns whether

@@ -18,6 +18,7 @@ pub fn config(block_size: u32, num_blocks: u32, max_tokens: u32) -> SchedulerCon
         admission_age_cap: std::time::Duration::from_secs(5),
         max_stream_backlog: 1 << 20,
         num_draft_tokens: 0,
+        prefill_pacing: None,
     }
 }
 

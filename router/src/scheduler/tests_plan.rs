@@ -403,3 +403,50 @@ fn a_stream_too_far_behind_its_reader_is_dropped_and_the_batch_goes_on() {
         "its blocks went back and the shards released it"
     );
 }
+
+/// Steps timed flat at 7 ms up to 256 tokens, then 25 us a token more.
+fn bent_step_costs(state: &mut SchedulerState) {
+    let ms = |ms: f64| std::time::Duration::from_secs_f64(ms / 1e3);
+    for tokens in [1u32, 2, 4, 8, 16, 32, 64, 128, 256] {
+        state.step_costs.record(tokens, ms(7.0));
+    }
+    for tokens in [512u32, 1024] {
+        state
+            .step_costs
+            .record(tokens, ms(7.0 + 0.025 * f64::from(tokens - 256)));
+    }
+}
+
+#[test]
+fn pacing_holds_a_prompt_beside_decodes_to_the_bend_until_its_patience_runs_out() {
+    use super::api::SchedulerConfig;
+    use super::prefill_pacing::PrefillPacing;
+    let paced = |patience_ms: u64| SchedulerConfig {
+        prefill_pacing: Some(PrefillPacing {
+            slack: 0.11,
+            patience: std::time::Duration::from_millis(patience_ms),
+        }),
+        ..config(16, 1024, 1024)
+    };
+    for (patience_ms, chunk) in [(3_600_000, 286 - 2), (0, 1024 - 2)] {
+        let mut h = Harness::new(paced(patience_ms));
+        bent_step_costs(&mut h.state);
+        let a = h.submit(request(3, 50));
+        let b = h.submit(request(3, 50));
+        // At idle nothing is paced: the first step admits both at once.
+        assert_eq!(chunks(&h.step().unwrap()), vec![(a, 3, true), (b, 3, true)]);
+        let c = h.submit(request(2000, 2));
+        // 2 decodes cost 7 ms; 11 % more allows 286 tokens (30 past the bend).
+        let step = h.step().unwrap();
+        assert_eq!(
+            chunks(&step),
+            vec![(a, 1, true), (b, 1, true), (c, chunk, false)],
+            "patience {patience_ms} ms"
+        );
+        h.run_to_idle(100);
+        assert_eq!(h.tokens(c), expected_tokens(c, 2000, 2));
+        for id in [a, b] {
+            assert_eq!(h.tokens(id), expected_tokens(id, 3, 50));
+        }
+    }
+}
