@@ -47,6 +47,7 @@ import argparse
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -154,6 +155,8 @@ def stop(process: subprocess.Popen) -> None:
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
         process.wait()
+    if shutil.which("nvidia-smi") is None:
+        return  # no GPU to wait for (a CPU run of a harness)
     for _ in range(60):
         used = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
                               capture_output=True, text=True).stdout.split()  # fmt: skip
