@@ -161,6 +161,12 @@ pub const CATALOG: &[MetricSpec] = &[
         "Prompt tokens a step may carry while backing off after an out-of-memory step (0: no cap)",
     ),
     spec(
+        PREFILL_PACED_STEPS_TOTAL,
+        Kind::Counter,
+        COUNT,
+        "Steps planned beside running decodes under a prefill pacing cap on their prompt tokens (--prefill-pacing-slack)",
+    ),
+    spec(
         SPECULATIVE_DRAFT_TOKENS_TOTAL,
         Kind::Counter,
         COUNT,

@@ -18,6 +18,7 @@ pub const PREFIX_CACHE_BLOCKS: &str = "textgen_prefix_cache_blocks";
 pub const PREEMPTIONS_TOTAL: &str = "textgen_preemptions_total";
 pub const OUT_OF_MEMORY_STEPS_TOTAL: &str = "textgen_out_of_memory_steps_total";
 pub const PREFILL_TOKEN_CAP: &str = "textgen_prefill_token_cap";
+pub const PREFILL_PACED_STEPS_TOTAL: &str = "textgen_prefill_paced_steps_total";
 pub const SPECULATIVE_DRAFT_TOKENS_TOTAL: &str = "textgen_speculative_draft_tokens_total";
 pub const SPECULATIVE_ACCEPTED_TOKENS_TOTAL: &str = "textgen_speculative_accepted_tokens_total";
 pub const SPECULATIVE_ACCEPTED_LENGTH: &str = "textgen_speculative_accepted_length";

@@ -57,7 +57,11 @@ impl SchedulerState {
     /// are all in flight sits the step out. Answers go to [`SchedulerState::apply`] in
     /// planning order.
     pub fn plan_step(&mut self, now: Instant) -> Option<PlannedStep> {
-        let caps = [self.memory_backoff.prefill_cap(), self.pacing_cap(now)];
+        let paced = self.pacing_cap(now);
+        if paced.is_some() {
+            metrics::counter!(names::PREFILL_PACED_STEPS_TOTAL).increment(1);
+        }
+        let caps = [self.memory_backoff.prefill_cap(), paced];
         let mut budget =
             StepBudget::for_config(&self.config).with_prefill_cap(caps.into_iter().flatten().min());
         let mut step = StepBuilder::default();

@@ -428,20 +428,28 @@ fn pacing_holds_a_prompt_beside_decodes_to_the_bend_until_its_patience_runs_out(
         }),
         ..config(16, 1024, 1024)
     };
-    for (patience_ms, chunk) in [(3_600_000, 286 - 2), (0, 1024 - 2)] {
+    for (patience_ms, chunk, paced_steps) in [(3_600_000, 286 - 2, 1), (0, 1024 - 2, 0)] {
+        let recorder = CapturedMetrics::default();
         let mut h = Harness::new(paced(patience_ms));
         bent_step_costs(&mut h.state);
         let a = h.submit(request(3, 50));
         let b = h.submit(request(3, 50));
-        // At idle nothing is paced: the first step admits both at once.
-        assert_eq!(chunks(&h.step().unwrap()), vec![(a, 3, true), (b, 3, true)]);
-        let c = h.submit(request(2000, 2));
-        // 2 decodes cost 7 ms; 11 % more allows 286 tokens (30 past the bend).
-        let step = h.step().unwrap();
+        let c = metrics::with_local_recorder(&recorder, || {
+            // At idle nothing is paced: the first step admits both at once.
+            assert_eq!(chunks(&h.step().unwrap()), vec![(a, 3, true), (b, 3, true)]);
+            let c = h.submit(request(2000, 2));
+            // 2 decodes cost 7 ms; 11 % more allows 286 tokens (30 past the bend).
+            let step = h.step().unwrap();
+            assert_eq!(
+                chunks(&step),
+                vec![(a, 1, true), (b, 1, true), (c, chunk, false)],
+                "patience {patience_ms} ms"
+            );
+            c
+        });
         assert_eq!(
-            chunks(&step),
-            vec![(a, 1, true), (b, 1, true), (c, chunk, false)],
-            "patience {patience_ms} ms"
+            recorder.counter("textgen_prefill_paced_steps_total"),
+            paced_steps
         );
         h.run_to_idle(100);
         assert_eq!(h.tokens(c), expected_tokens(c, 2000, 2));
