@@ -120,6 +120,7 @@ impl SchedulerState {
     fn pacing_cap(&self, now: Instant) -> Option<u32> {
         let pacing = self.config.prefill_pacing?;
         let running = self.running.values();
+        // Every waiting sequence counts: a preempted one's stream is stalled too.
         let unanswered = running
             .clone()
             .filter(|s| !s.first_token_sent)

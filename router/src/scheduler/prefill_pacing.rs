@@ -33,7 +33,9 @@ pub struct StepOutlook {
     pub decodes: u32,
     /// The step's token budget (`--max-batch-prefill-tokens`).
     pub budget: u32,
-    /// How long the sequence that has waited longest for its first token has waited.
+    /// The longest any sequence has waited for its first token since its submission. A
+    /// preempted sequence back in the queue counts from its submission too, so its stalled
+    /// stream lifts the cap at once.
     pub longest_first_token_wait: Option<Duration>,
 }
 
