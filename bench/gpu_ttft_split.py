@@ -37,7 +37,7 @@ SHAPES = ((128, 32), (6000, 4))  # (prompt tokens, new tokens): batch 1's and th
 RUNS = 3  # requests of each shape, cold and warm each
 
 
-async def _one(url: str, prompt: list[int], max_tokens: int, warm: bool) -> tuple[float, float, float]:
+async def _one(url: str, prompt: list[int], max_tokens: int, warm: bool) -> tuple[float, float | None, float]:
     async with httpx.AsyncClient(timeout=600) as client:
         if warm:
             await client.get(f"{url}/health")
@@ -47,10 +47,10 @@ async def _one(url: str, prompt: list[int], max_tokens: int, warm: bool) -> tupl
             async for data in sse_data(response):
                 if first is None and '"choices":[{' in data:
                     first = time.time()
-        return sent, first or time.time(), time.time()
+        return sent, first, time.time()  # first: None when no token came
 
 
-def _send(job) -> tuple[float, float, float]:
+def _send(job) -> tuple[float, float | None, float]:
     return asyncio.run(_one(*job))
 
 
@@ -78,6 +78,13 @@ def split(sent: float, first: float, last: float, records: list[tuple[float, dic
             "prefill_steps": len(prefill), "prefill_ran_ms": round(sum(f["ran_us"] for _, f in prefill) / 1e3, 2),
             "prefill_device_ms": round(sum(f["device_us"] for _, f in prefill) / 1e3, 2),
             "after_last_prefill_ms": round((first - answered) * 1e3, 2)}  # fmt: skip
+
+
+def _row(times: tuple[float, float | None, float], records: list[tuple[float, dict[str, int]]]) -> dict:
+    sent, first, last = times
+    if first is None:
+        return {"error": "no token streamed"}
+    return split(sent, first, last, records) or {"error": "no prefill step found"}
 
 
 def main() -> None:
@@ -114,7 +121,7 @@ def main() -> None:
     finally:
         stop(process)
     records = step_records((args.out / "textgen.log").read_text())
-    rows = [dict(shape, **(split(*times, records) or {"error": "no prefill step found"})) for shape, times in sent]
+    rows = [dict(shape, **_row(times, records)) for shape, times in sent]
     for row in rows:
         print(json.dumps(row), flush=True)
     (args.out / "ttft_split.json").write_text(json.dumps(rows, indent=1))

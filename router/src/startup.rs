@@ -243,6 +243,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         prefix_caching = args.prefix_caching,
         long_rope_prompt_tokens = ?scheduler_config.long_rope_prompt_tokens,
         policy = %args.scheduling_policy,
+        prefill_pacing = ?scheduler_config.prefill_pacing,
         "scheduler"
     );
     scheduler_config.validate()?;
