@@ -4,11 +4,14 @@ The Hub's checkpoints hold one `qkv_proj` (q rows, then k, then v) and one `gate
 (gate rows, then up) per layer. They are split as they load: each rank reads its own rows of
 q, k and v (and of gate and up) from the fused tensor, exactly the rows it would read from
 separate q/k/v (gate/up) tensors, so tensor parallelism slices them as it does Llama's.
+A quantized checkpoint (GPTQ, AWQ, compressed-tensors, block-wise fp8) fuses them alike: each
+rank reads its q, k and v output columns of the one packed tensor.
 LongRoPE (`su` / `longrope` with short and long factors) lives in layers/rotary.py.
 """
 
 from __future__ import annotations
 
+from ..distributed import RowRange
 from ..layers.linear import ColumnParallelLinear
 from ..weights import WeightStore
 from .llama import LlamaAttention, LlamaDecoderLayer, LlamaForCausalLM, LlamaMLP
@@ -22,10 +25,14 @@ def load_fused_rows(linear: ColumnParallelLinear, store: WeightStore, prefix: st
     for part, base in zip(linear.parts, offsets):
         rows = slice(row, row + part.size)
         start, end = base + part.start, base + part.end
-        linear._set_rows(rows, store.get_rows(f"{prefix}.weight", start, end), store, prefix, start)
+        if linear.packed is None:
+            linear._set_rows(rows, store.get_rows(f"{prefix}.weight", start, end), store, prefix, start)
         if linear.bias is not None:
             linear.bias[rows].copy_(store.get_rows(f"{prefix}.bias", start, end))
         row += part.size
+    if linear.packed is not None:  # a quantized checkpoint: each part's output columns of the one tensor
+        parts = [RowRange(base + part.start, base + part.end) for part, base in zip(linear.parts, offsets)]
+        linear.packed.load_columns(store, [prefix] * len(parts), parts)
 
 
 class Phi3Attention(LlamaAttention):

@@ -22,7 +22,8 @@ Loaded:
   `float-quantized` with weights `strategy: block` (`weight_scale` in the same layout)
   (`BlockFp8Scheme`, `layers/quantized.py`: the block scales are kept, the reference product
   dequantizes them; activations stay unrounded).
-These load for the Llama family (llama, mistral, qwen2, qwen3): the weights stay quantized and
+These load for the dense families (llama, mistral, qwen2, qwen3, gemma2, gemma3_text, gemma3,
+phi3; block-wise fp8 for the MoE families too): the weights stay quantized and
 `layers/int4.py` / `layers/quantized.py` do the product. Every other method is refused by name.
 
 `--quantize` takes TGI's values: `fp8` quantizes an unquantized checkpoint (and agrees with an
@@ -39,7 +40,9 @@ from .errors import UnsupportedModelError
 from .moe_config import MOE_FAMILY
 
 _FLOAT_FORMATS = ("float-quantized", "naive-quantized")
-PACKED_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
+# The dense families: Gemma's and Phi-3's decoder linears are Llama's modules (Phi-3's fused
+# qkv_proj and gate_up_proj are read as each rank's output columns of the one tensor).
+PACKED_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "gemma3", "phi3")
 # Block-wise fp8 loads for the MoE families too: their experts keep their block scales
 # (models/moe.py, kernels/expert_scales.py), which the fused MoE kernel applies.
 BLOCK_FP8_FAMILIES = (*PACKED_FAMILIES, *MOE_FAMILY)

@@ -282,9 +282,11 @@ def test_unloadable_quantization_configs_are_refused_by_name(sources, quantizati
         ModelConfig.from_dict({**read_config(sources["llama"]), "quantization_config": quantization})
 
 
-def test_packed_weights_load_for_the_llama_family_only(sources):
-    raw = {**read_config(sources["llama"]), "model_type": "gemma2", "quantization_config": gptq_config()}
-    with pytest.raises(UnsupportedModelError, match="gptq weights load for llama, mistral, qwen2, qwen3, not 'gemma2'"):
+def test_packed_weights_load_for_the_dense_families_only(sources):
+    """(Gemma and Phi-3: test_packed_families.py.)"""
+    raw = {**read_config(sources["llama"]), "model_type": "olmoe", "quantization_config": gptq_config()}
+    families = "llama, mistral, qwen2, qwen3, gemma2, gemma3_text, gemma3, phi3"
+    with pytest.raises(UnsupportedModelError, match=f"gptq weights load for {families}, not 'olmoe'"):
         ModelConfig.from_dict(raw)
 
 
