@@ -257,6 +257,50 @@ def _exact_difference(q, zero):
 
 
 @triton.jit
+def _group_zeros_scales(zeros_ptr, scales_ptr, g_idx_ptr, k0, ks, k_ok, cols, col_ok, N, group_rows,
+                        dtype: tl.constexpr, TILE_GROUP: tl.constexpr, ASM: tl.constexpr):  # fmt: skip
+    """The zero points (int32) and scales (in `dtype`) of a K tile's rows `ks` at columns `cols`
+    (rows of N): one a column where the whole tile is in one group (TILE_GROUP), else each row's
+    own, gathered through g_idx (act-order)."""
+    if TILE_GROUP:
+        group = k0 // group_rows
+        zero = tl.load(zeros_ptr + group * N + cols, mask=col_ok, other=0).to(tl.int32)[None, :]
+        scale = _rounded(tl.load(scales_ptr + group * N + cols, mask=col_ok, other=0.0).to(tl.float32), dtype,
+                         ASM)[None, :]  # fmt: skip
+    else:
+        group = tl.load(g_idx_ptr + ks, mask=k_ok, other=0)
+        at = group[:, None] * N + cols[None, :]
+        both_ok = k_ok[:, None] & col_ok[None, :]
+        zero = tl.load(zeros_ptr + at, mask=both_ok, other=0).to(tl.int32)
+        scale = _rounded(tl.load(scales_ptr + at, mask=both_ok, other=0.0).to(tl.float32), dtype, ASM)
+    return zero, scale
+
+
+@triton.jit
+def packed_weight_tile(qweight_ptr, zeros_ptr, scales_ptr, g_idx_ptr, k0, ks, k_ok, k_hi, cols, col_ok, N, group_rows,
+                       dtype: tl.constexpr, BITS: tl.constexpr, BLOCK_K: tl.constexpr, TILE_GROUP: tl.constexpr,
+                       PAIRS: tl.constexpr, ASM: tl.constexpr):  # fmt: skip
+    """The [BLOCK_K, cols] weight tile of rows ks = k0 + arange(BLOCK_K) (those < k_hi), in
+    `dtype`: its words loaded once each ([BLOCK_K/pack, cols], rows of N words) and unpacked in
+    registers, (q - zero) * scale with the scale in `dtype`, rounded once: the reference's
+    weight. PAIRS: 4-bit words in one group, two values at a time. Shared by the W4A16 kernel
+    and the packed MoE experts' (`fused_moe_packed.py`)."""
+    PACK: tl.constexpr = 32 // BITS
+    words = k0 // PACK + tl.arange(0, BLOCK_K // PACK)  # K is a multiple of PACK, so k_hi // PACK ends the words
+    packed = tl.load(qweight_ptr + words[:, None] * N + cols[None, :],
+                     mask=(words < k_hi // PACK)[:, None] & col_ok[None, :], other=0)  # fmt: skip
+    zero, scale = _group_zeros_scales(zeros_ptr, scales_ptr, g_idx_ptr, k0, ks, k_ok, cols, col_ok, N, group_rows,
+                                      dtype, TILE_GROUP, ASM)  # fmt: skip
+    if PAIRS:
+        return _pairs_dequantized(packed, zero, scale, ASM)
+    # Row k is row k % PACK of word k // PACK, at its slot (`slot_of_row`). The arithmetic shift
+    # of a negative word smears its sign into the high bits; the mask drops them.
+    shifts = _slot_of_row(tl.arange(0, PACK), BITS) * BITS
+    q = tl.reshape((packed[:, None, :] >> shifts[None, :, None]) & ((1 << BITS) - 1), (BLOCK_K, packed.shape[1]))
+    return _rounded(_exact_difference(q, zero) * scale.to(tl.float32), dtype, ASM)
+
+
+@triton.jit
 def _w4a16_kernel(x_ptr, qweight_ptr, zeros_ptr, scales_ptr, g_idx_ptr, out_ptr, M, N, K, group_rows, x_stride,
                   out_stride, split_stride, BITS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, TILE_GROUP: tl.constexpr, IEEE: tl.constexpr,
@@ -266,7 +310,6 @@ def _w4a16_kernel(x_ptr, qweight_ptr, zeros_ptr, scales_ptr, g_idx_ptr, out_ptr,
     # all but the first find its words in L2. With SPLIT_K > 1 program (.., .., s) reduces the
     # s-th range of K and writes its float32 partial at s * split_stride into out_ptr.
     PACK: tl.constexpr = 32 // BITS
-    WORDS: tl.constexpr = BLOCK_K // PACK
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < M
@@ -274,7 +317,6 @@ def _w4a16_kernel(x_ptr, qweight_ptr, zeros_ptr, scales_ptr, g_idx_ptr, out_ptr,
     k_lo, k_hi = split_range(K, SPLIT_K, BLOCK_K, 2)
     if SPLIT_K > 1:
         out_ptr += tl.program_id(2).to(tl.int64) * split_stride
-    shifts = _slot_of_row(tl.arange(0, PACK), BITS) * BITS  # where each of a word's rows sits
     x_rows = x_ptr + rows.to(tl.int64)[:, None] * x_stride
     wait_for_previous_kernel(PDL)
     if SWAP_AB:
@@ -291,28 +333,13 @@ def _w4a16_kernel(x_ptr, qweight_ptr, zeros_ptr, scales_ptr, g_idx_ptr, out_ptr,
             packed = tl.load(qweight_ptr + (ks // PACK)[:, None] * N + cols[None, :],
                              mask=k_ok[:, None] & col_ok[None, :], other=0)  # fmt: skip
             q = (packed >> (_slot_of_row(ks % PACK, BITS) * BITS)[:, None]) & ((1 << BITS) - 1)
-        else:
-            words = k0 // PACK + tl.arange(0, WORDS)  # K is a multiple of PACK, so k_hi // PACK ends the words
-            packed = tl.load(qweight_ptr + words[:, None] * N + cols[None, :],
-                             mask=(words < k_hi // PACK)[:, None] & col_ok[None, :], other=0)  # fmt: skip
-        if TILE_GROUP:  # the whole tile in one group: one zero and scale per column
-            group = k0 // group_rows
-            zero = tl.load(zeros_ptr + group * N + cols, mask=col_ok, other=0).to(tl.int32)[None, :]
-            scale = _rounded(tl.load(scales_ptr + group * N + cols, mask=col_ok, other=0.0).to(tl.float32), x.dtype,
-                             ASM)[None, :]  # fmt: skip
-        else:  # each row's own group (act-order): gathered through g_idx
-            group = tl.load(g_idx_ptr + ks, mask=k_ok, other=0)
-            at = group[:, None] * N + cols[None, :]
-            both_ok = k_ok[:, None] & col_ok[None, :]
-            zero = tl.load(zeros_ptr + at, mask=both_ok, other=0).to(tl.int32)
-            scale = _rounded(tl.load(scales_ptr + at, mask=both_ok, other=0.0).to(tl.float32), x.dtype, ASM)
-        if PAIRS:  # 4-bit words, one group: two values at a time
-            w = _pairs_dequantized(packed, zero, scale, ASM)
-        else:
-            if not UNPACK_BY_ROW:
-                q = tl.reshape((packed[:, None, :] >> shifts[None, :, None]) & ((1 << BITS) - 1), (BLOCK_K, BLOCK_N))
+            zero, scale = _group_zeros_scales(zeros_ptr, scales_ptr, g_idx_ptr, k0, ks, k_ok, cols, col_ok, N,
+                                              group_rows, x.dtype, TILE_GROUP, ASM)  # fmt: skip
             # The reference's weight: the scale in x's dtype, the product rounded once.
             w = _rounded(_exact_difference(q, zero) * scale.to(tl.float32), x.dtype, ASM)
+        else:
+            w = packed_weight_tile(qweight_ptr, zeros_ptr, scales_ptr, g_idx_ptr, k0, ks, k_ok, k_hi, cols, col_ok, N,
+                                   group_rows, x.dtype, BITS, BLOCK_K, TILE_GROUP, PAIRS, ASM)  # fmt: skip
         if IEEE:  # float32 activations: exact float32 products, not tf32
             acc += tl.dot(x, w, input_precision="ieee")
         elif SWAP_AB:

@@ -80,6 +80,16 @@ def pack_rows(values: torch.Tensor, bits: int) -> torch.Tensor:
     return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
 
 
+def dequantize_packed_reference(qweight: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor, g_idx: torch.Tensor,
+                                bits: int, dtype: torch.dtype) -> torch.Tensor:  # fmt: skip
+    """`PackedWeight`'s layout as the [out, in] weight in `dtype`: (q - zero) * scale, the scale in
+    `dtype`, the product computed in float32 (exact for half scales) and rounded once."""
+    groups = g_idx.long()
+    values = unpack_rows(to_gptq_order(qweight, bits), bits)
+    weight = (values - zeros[groups].int()).float() * scales[groups].to(dtype).float()
+    return weight.t().to(dtype)
+
+
 @dataclass
 class _Slice:
     """A rank's part of one checkpoint linear: qweight int32 words [in/pack, out] in GPTQ's order
@@ -118,12 +128,8 @@ class PackedWeight(nn.Module):
         return F.linear(x, self.dequantize(x.dtype), bias)
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """The [out, in] weight in `dtype`: (q - zero) * scale, the scale in `dtype`, the product
-        computed in float32 (exact for half scales) and rounded once."""
-        groups = self.g_idx.long()
-        values = unpack_rows(to_gptq_order(self.qweight, self.scheme.bits), self.scheme.bits)
-        weight = (values - self.zeros[groups].int()).float() * self.scales[groups].to(dtype).float()
-        return weight.t().to(dtype)
+        """The [out, in] weight in `dtype` (`dequantize_packed_reference`)."""
+        return dequantize_packed_reference(self.qweight, self.zeros, self.scales, self.g_idx, self.scheme.bits, dtype)
 
     # Loading.
     def load_columns(self, store: WeightStore, prefixes: list[str], parts) -> None:

@@ -43,17 +43,19 @@ from ..kernels.dispatch import use_fused
 from ..kernels.fp8_matmul import FP8
 from ..kernels.expert_scales import dequantize_experts, scale_shapes
 from ..kernels.fused_moe import ExpertScales, fused_experts, fused_moe_applies
+from ..kernels.fused_moe_packed import fused_packed_experts, packed_moe_applies
 from ..kernels.moe_pairs import pair_experts, pairs_apply
 from ..kernels.moe_routing import fused_route, routes_in_one_launch
 from ..layers.linear import weight_rows
 from ..layers.quantized import block_fp8_part, block_fp8_slice
 from ..layers.norm import RMSNorm
+from ..layers.packed_experts import PackedExperts, load_packed_experts
 from ..weights import WeightStore
 from .config import ModelConfig
 from .errors import UnsupportedModelError
 from .llama import LlamaAttention, LlamaForCausalLM, LlamaMLP
 from .moe_config import MoeConfig
-from .quantization import BlockFp8Scheme
+from .quantization import BlockFp8Scheme, PackedScheme
 from .sharding import ShardingError
 
 
@@ -83,14 +85,16 @@ def reference_experts(
 ) -> torch.Tensor:
     """sum_j topk_weights[t, j] * expert_{topk_ids[t, j]}(x[t]), accumulated in float32: [T, hidden]
     in x's dtype. With tensor parallelism this is the rank's partial sum. fp8 experts (`scales`,
-    per row or per block) are dequantized one at a time to x's dtype (`dequantize_experts`)."""
+    per row or per block) and packed ones (`PackedExperts`) are dequantized one at a time to x's
+    dtype (`_dequantized`)."""
     tokens, hidden = x.shape
     if scales is not None:
         scales.check(w13, w2)
-    out = torch.zeros(tokens, w2.shape[1], dtype=torch.float32, device=x.device)
+    out = torch.zeros(tokens, hidden, dtype=torch.float32, device=x.device)
     flat_ids = topk_ids.reshape(-1)
     order = torch.argsort(flat_ids, stable=True)
-    counts = torch.bincount(flat_ids, minlength=w13.shape[0]).tolist()
+    experts = w13.experts if isinstance(w13, PackedExperts) else w13.shape[0]
+    counts = torch.bincount(flat_ids, minlength=experts).tolist()
     token_of = order // topk_ids.shape[1]
     weight_of = topk_weights.reshape(-1)[order]
     start = 0
@@ -98,12 +102,19 @@ def reference_experts(
         if count == 0:
             continue
         rows = token_of[start : start + count]
-        gate_up, down = dequantize_experts(w13, w2, scales, x.dtype, expert)
+        gate_up, down = _dequantized(w13, w2, scales, x.dtype, expert)
         gate, up = F.linear(x[rows], gate_up).chunk(2, dim=-1)
         y = F.linear(F.silu(gate) * up, down)
         out[rows] += y.float() * weight_of[start : start + count, None]  # a token picks an expert once
         start += count
     return out.to(x.dtype)
+
+
+def _dequantized(w13, w2, scales: ExpertScales | None, dtype: torch.dtype, expert: int | None = None):
+    """The experts' (or `expert`'s) gate_up and down weights in `dtype`, as the kernels use them."""
+    if isinstance(w13, PackedExperts):
+        return w13.dequantize(dtype, expert), w2.dequantize(dtype, expert)
+    return dequantize_experts(w13, w2, scales, dtype, expert)
 
 
 def dense_experts(
@@ -117,7 +128,7 @@ def dense_experts(
     """The same sum with static shapes (every expert on every token, weighted by a dense [T, experts]
     combine matrix that is zero off the top k): what a CUDA graph can capture where the fused
     kernel is switched off. experts/top_k times the reference's work."""
-    w13, w2 = dequantize_experts(w13, w2, scales, x.dtype)
+    w13, w2 = _dequantized(w13, w2, scales, x.dtype)
     combine = torch.zeros(x.shape[0], w13.shape[0], dtype=torch.float32, device=x.device)
     combine.scatter_(1, topk_ids, topk_weights.float())
     gate, up = torch.einsum("th,eih->eti", x, w13).chunk(2, dim=-1)
@@ -135,10 +146,14 @@ def experts_forward(
 ) -> torch.Tensor:
     """The routed experts' output [T, hidden]: pair by pair for a decode batch with few pairs an
     expert (`pairs_apply`), else the grouped kernel, where they apply; else the reference loop, or
-    its static-shape twin under CUDA-graph capture (the loop syncs with the host)."""
-    if use_fused(x) and pairs_apply(x, w13, w2, topk_ids, scales):
+    its static-shape twin under CUDA-graph capture (the loop syncs with the host). Packed
+    (GPTQ / AWQ) experts take their own grouped kernel (`fused_moe_packed.py`)."""
+    if isinstance(w13, PackedExperts):
+        if use_fused(x) and packed_moe_applies(x, w13, w2):
+            return fused_packed_experts(x, w13, w2, topk_weights, topk_ids)
+    elif use_fused(x) and pairs_apply(x, w13, w2, topk_ids, scales):
         return pair_experts(x, w13, w2, topk_weights, topk_ids, scales)
-    if use_fused(x) and fused_moe_applies(x, w13, w2, scales):
+    elif use_fused(x) and fused_moe_applies(x, w13, w2, scales):
         return fused_experts(x, w13, w2, topk_weights, topk_ids, scales=scales)
     if x.is_cuda and torch.cuda.is_current_stream_capturing():
         return dense_experts(x, w13, w2, topk_weights, topk_ids, scales)
@@ -162,14 +177,19 @@ class MoeBlock(nn.Module):
         # A block-wise fp8 checkpoint's experts keep their block scales (see the module docstring).
         self.block_fp8 = cfg.packed if isinstance(cfg.packed, BlockFp8Scheme) else None
         self.scale_block = None if self.block_fp8 is None else self.block_fp8.block  # None: a scale a row
-        self.w13 = nn.Parameter(
-            torch.empty(moe.num_experts, 2 * local, hidden, dtype=FP8 if fp8 else dtype, device=device),
-            requires_grad=False,
-        )
-        self.w2 = nn.Parameter(
-            torch.empty(moe.num_experts, hidden, local, dtype=FP8 if fp8 else dtype, device=device), requires_grad=False
-        )
-        self.w13_scale = self.w2_scale = None
+        # A GPTQ / AWQ / pack-quantized checkpoint's experts stay packed: `load` stacks them.
+        self.packed = cfg.packed if isinstance(cfg.packed, PackedScheme) else None
+        self.dtype, self.device = dtype, device
+        self.w13 = self.w2 = self.w13_scale = self.w2_scale = None
+        if self.packed is None:
+            self.w13 = nn.Parameter(
+                torch.empty(moe.num_experts, 2 * local, hidden, dtype=FP8 if fp8 else dtype, device=device),
+                requires_grad=False,
+            )
+            self.w2 = nn.Parameter(
+                torch.empty(moe.num_experts, hidden, local, dtype=FP8 if fp8 else dtype, device=device),
+                requires_grad=False,
+            )
         if fp8:
             # Per row, or the blocks this rank's slice (from intermediate row rows[0]) touches.
             shape13, shape2 = scale_shapes(self.scale_block, self.rows[0], moe.num_experts, local, hidden)
@@ -187,9 +207,13 @@ class MoeBlock(nn.Module):
         start, end = self.rows
         local = end - start
         gate_name, up_name, down_name = self.moe.weight_names
-        hidden, size = self.w2.shape[1], self.moe.expert_intermediate_size
+        hidden, size = self.router.shape[1], self.moe.expert_intermediate_size
         self.router.copy_(self._read(store, f"{prefix}.gate", hidden))
-        for e in range(self.moe.num_experts):
+        if self.packed is not None:
+            self.w13, self.w2 = load_packed_experts(store, self.packed, prefix, self.moe.weight_names,
+                                                    self.moe.num_experts, hidden, size, self.rows, self.dtype,
+                                                    self.device)  # fmt: skip
+        for e in range(self.moe.num_experts if self.packed is None else 0):
             expert = f"{prefix}.experts.{e}"
             if self.block_fp8 is not None:
                 self._load_block_fp8(store, expert, e)
@@ -281,7 +305,7 @@ class MoeDecoderLayer(nn.Module):
 def check_moe_supported(cfg: ModelConfig) -> None:
     if cfg.moe is None:
         raise UnsupportedModelError(f"{cfg.model_type} is not a Mixture-of-Experts model")
-    if cfg.quantize not in (None, "fp8"):
+    if cfg.quantize not in (None, "fp8") and not isinstance(cfg.packed, PackedScheme):
         raise UnsupportedModelError(
             f"{cfg.model_type}: {cfg.quantize} weights are not supported for Mixture-of-Experts models yet; "
             "serve the bf16/fp16 checkpoint, or it with --quantize fp8"

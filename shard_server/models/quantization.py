@@ -23,8 +23,10 @@ Loaded:
   (`BlockFp8Scheme`, `layers/quantized.py`: the block scales are kept, the reference product
   dequantizes them; activations stay unrounded).
 These load for the dense families (llama, mistral, qwen2, qwen3, gemma2, gemma3_text, gemma3,
-phi3; block-wise fp8 for the MoE families too): the weights stay quantized and
-`layers/int4.py` / `layers/quantized.py` do the product. Every other method is refused by name.
+phi3) and, all but int8, for the MoE families (mixtral, qwen2_moe, qwen3_moe, olmoe), whose
+routers may be left unquantized (and named as such): the weights stay quantized and
+`layers/int4.py` / `layers/quantized.py` / `layers/packed_experts.py` do the product. Every
+other method is refused by name.
 
 `--quantize` takes TGI's values: `fp8` quantizes an unquantized checkpoint (and agrees with an
 fp8 one); `gptq`, `awq` and `marlin` (the kernel TGI picks for both) only name what the
@@ -41,11 +43,13 @@ from .moe_config import MOE_FAMILY
 
 _FLOAT_FORMATS = ("float-quantized", "naive-quantized")
 # The dense families: Gemma's and Phi-3's decoder linears are Llama's modules (Phi-3's fused
-# qkv_proj and gate_up_proj are read as each rank's output columns of the one tensor).
-PACKED_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "gemma3", "phi3")
-# Block-wise fp8 loads for the MoE families too: their experts keep their block scales
-# (models/moe.py, kernels/expert_scales.py), which the fused MoE kernel applies.
-BLOCK_FP8_FAMILIES = (*PACKED_FAMILIES, *MOE_FAMILY)
+# qkv_proj and gate_up_proj are read as each rank's output columns of the one tensor). int8
+# (compressed-tensors int-quantized) weights load for these.
+DENSE_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "gemma3", "phi3")
+# GPTQ, AWQ and pack-quantized weights load for the MoE families too (their experts stacked,
+# `layers/packed_experts.py`), and so do block-wise fp8 ones (the experts keep their block
+# scales, kernels/expert_scales.py). Either way the fused MoE kernels apply them.
+PACKED_FAMILIES = BLOCK_FP8_FAMILIES = (*DENSE_FAMILIES, *MOE_FAMILY)
 # An MoE router (and Qwen2-MoE's shared-expert gate): llm-compressor leaves them unquantized
 # ("re:.*mlp.gate$"), and the MoE block reads them as stored.
 ROUTER_NAMES = ("gate", "shared_expert_gate")
@@ -144,24 +148,22 @@ def packed_scheme(raw: dict) -> QuantizedScheme | None:
     if method == "compressed-tensors":
         scheme = _check_compressed_tensors(config)
         if scheme is not None:
-            block = isinstance(scheme, BlockFp8Scheme)
-            _check_family(raw, method, BLOCK_FP8_FAMILIES if block else PACKED_FAMILIES)
-            routers = block and raw.get("model_type") in MOE_FAMILY  # read as stored: may be left out
-            ignored = [m for m in config.get("ignore") or [] if "lm_head" not in m and not (routers and _names_router(m))]
+            int8 = isinstance(scheme, Int8Scheme)
+            _check_family(raw, method, DENSE_FAMILIES if int8 else PACKED_FAMILIES)
+            ignored = _unquantized_linears(raw, config.get("ignore"))
             if ignored:
                 raise _refused(method, f"ignore {ignored} (unquantized decoder linears) is not loaded")
         return scheme
     if method not in ("gptq", "awq"):
         return None
-    if raw.get("model_type") not in PACKED_FAMILIES:
-        raise _refused(method, f"{method} weights load for {', '.join(PACKED_FAMILIES)}, not {raw.get('model_type')!r}")
+    _check_family(raw, method, PACKED_FAMILIES)
     bits = config.get("bits", config.get("w_bit"))
     group_size = config.get("group_size", config.get("q_group_size", 128))
     if not isinstance(group_size, int) or (group_size <= 0 and group_size != -1):
         raise _refused(method, f"group_size {group_size!r} is not a positive integer or -1")
     if config.get("lm_head"):
         raise _refused(method, "a quantized lm_head (lm_head: true) is not loaded")
-    skipped = [m for m in config.get("modules_to_not_convert") or [] if m != "lm_head"]
+    skipped = _unquantized_linears(raw, config.get("modules_to_not_convert"))
     if skipped:
         raise _refused(method, f"modules_to_not_convert {skipped} (unquantized decoder linears) are not loaded")
     if method == "gptq":
@@ -198,13 +200,21 @@ def served_quantization(checkpoint: str | None, flag: str | None) -> str | None:
     raise UnsupportedModelError(f"--quantize {flag} needs {needs}, and this is {declared}; drop the flag or change it")
 
 
+def _unquantized_linears(raw: dict, entries: list[str] | None) -> list[str]:
+    """The entries of a list of modules left unquantized that name decoder linears: not the LM
+    head, nor in an MoE model its routers, which the MoE block reads as stored anyway
+    (llm-compressor's "re:.*mlp.gate$", AutoAWQ's "gate")."""
+    moe = raw.get("model_type") in MOE_FAMILY
+    return [m for m in entries or [] if "lm_head" not in m and not (moe and _names_router(m))]
+
+
 def _names_router(entry: str) -> bool:
-    """Whether a compressed-tensors `ignore` entry (a module name, or "re:" and a pattern) names
-    only MoE routers: its last component is one of ROUTER_NAMES."""
+    """Whether an entry of such a list (a module name, or "re:" and a pattern) names only MoE
+    routers: its last component is one of ROUTER_NAMES."""
     return re.split(r"\W", entry.removesuffix("$"))[-1] in ROUTER_NAMES
 
 
-def _check_family(raw: dict, method: str, families: tuple[str, ...] = PACKED_FAMILIES) -> None:
+def _check_family(raw: dict, method: str, families: tuple[str, ...]) -> None:
     if raw.get("model_type") not in families:
         raise _refused(method, f"{method} weights load for {', '.join(families)}, not {raw.get('model_type')!r}")
 

@@ -28,9 +28,12 @@ from safetensors.torch import load_file, save_file
 
 from shard_server.weights import read_config
 
-# Llama's decoder linears, and Phi-3's fused qkv_proj and gate_up_proj.
-LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "qkv_proj", "gate_up_proj")
-_INPUTS = {"q_proj": "qkv", "k_proj": "qkv", "v_proj": "qkv", "gate_proj": "gate_up", "up_proj": "gate_up"}
+# Llama's decoder linears (an MoE expert's too), Phi-3's fused qkv_proj and gate_up_proj, and
+# Mixtral's experts' w1 (gate), w3 (up) and w2 (down). MoE routers (`gate`) stay unquantized.
+LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "qkv_proj", "gate_up_proj",
+           "w1", "w2", "w3")  # fmt: skip
+_INPUTS = {"q_proj": "qkv", "k_proj": "qkv", "v_proj": "qkv", "gate_proj": "gate_up", "up_proj": "gate_up",
+           "w1": "w13", "w3": "w13"}  # fmt: skip
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # written down here again, not imported: the writer is the check
 
 

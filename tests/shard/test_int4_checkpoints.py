@@ -282,14 +282,6 @@ def test_unloadable_quantization_configs_are_refused_by_name(sources, quantizati
         ModelConfig.from_dict({**read_config(sources["llama"]), "quantization_config": quantization})
 
 
-def test_packed_weights_load_for_the_dense_families_only(sources):
-    """(Gemma and Phi-3: test_packed_families.py.)"""
-    raw = {**read_config(sources["llama"]), "model_type": "olmoe", "quantization_config": gptq_config()}
-    families = "llama, mistral, qwen2, qwen3, gemma2, gemma3_text, gemma3, phi3"
-    with pytest.raises(UnsupportedModelError, match=f"gptq weights load for {families}, not 'olmoe'"):
-        ModelConfig.from_dict(raw)
-
-
 def test_quantize_flag_must_agree_with_the_checkpoint(sources):
     raw = read_config(sources["llama"])
     gptq = ModelConfig.from_dict({**raw, "quantization_config": gptq_config()})

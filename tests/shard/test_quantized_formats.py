@@ -338,14 +338,11 @@ def test_unloadable_quantization_configs_are_refused_by_name(sources, quantizati
 DENSE = "llama, mistral, qwen2, qwen3, gemma2, gemma3_text, gemma3, phi3"
 
 
-@pytest.mark.parametrize(
-    ("quantization", "families"),
-    [(pack_quantized_config(), DENSE), (int8_config(), DENSE)],
-)  # fmt: skip
-def test_the_integer_formats_load_for_the_dense_families_only(sources, quantization, families):
-    """(Block-wise fp8 loads for every family, the MoE ones too: test_moe_models.py.)"""
-    raw = {**read_config(sources["llama"]), "model_type": "olmoe", "quantization_config": quantization}
-    with pytest.raises(UnsupportedModelError, match=f"weights load for {families}, not 'olmoe'"):
+def test_int8_weights_load_for_the_dense_families_only(sources):
+    """(Block-wise fp8 and pack-quantized weights load for every family, the MoE ones too:
+    test_moe_models.py, test_packed_moe.py.)"""
+    raw = {**read_config(sources["llama"]), "model_type": "olmoe", "quantization_config": int8_config()}
+    with pytest.raises(UnsupportedModelError, match=f"weights load for {DENSE}, not 'olmoe'"):
         ModelConfig.from_dict(raw)
 
 

@@ -1,0 +1,196 @@
+"""GPTQ and AWQ Mixture-of-Experts checkpoints: experts packed (`layers/packed_experts.py`), the
+routers as stored, attention and shared-expert linears packed as a dense model's.
+
+Each checkpoint is compared with its oracle, the same model with the dequantized weights dense
+(int4_checkpoints.py): every expert's weights are equal, logits differ only by summation order
+(1e-5 relative, fp32), greedy tokens are equal, TP=2 gives TP=1's logits (1e-4). The fused
+kernel (`kernels/fused_moe_packed.py`, through Triton's interpreter on CPU) is checked against
+the reference loop over the same packed experts, float32 and float16, contiguous groups and
+act-order, 4 and 8 bits.
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+
+from shard_server.distributed import ParallelContext
+from shard_server.kernels.dispatch import fused_kernels
+from shard_server.kernels.fused_moe import MoeTile
+from shard_server.kernels.fused_moe_packed import fused_packed_experts
+from shard_server.layers.packed_experts import PackedExperts
+from shard_server.models.config import ModelConfig, UnsupportedModelError
+from shard_server.models.moe import MoeBlock, reference_experts, route
+from shard_server.weights import WeightsError, read_config
+
+from .int4_checkpoints import awq_config, edit_checkpoint, gptq_config, write_packed_checkpoint
+from .quantized_checkpoints import pack_quantized_config, write_quantized_checkpoint
+from .test_int4_checkpoints import _greedy, rel
+from .test_tensor_parallel import load_rank_model, prefill_logits, run_ranks
+from .tiny_models import make_tiny_moe_model
+
+FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe")  # w1/w2/w3 names; a packed shared expert; top-3
+FORMATS = {
+    "gptq4-g32-asym-v2": gptq_config(4, 32, sym=False, checkpoint_format="gptq_v2"),
+    "gptq4-g32-actorder-sym-v1": gptq_config(4, 32, desc_act=True, sym=True),
+    "gptq8-channel-asym-v1": gptq_config(8, -1, sym=False),
+    "awq-g32": awq_config(32),
+    # llm-compressor's W4A16 of an MoE model: asymmetric, act-order groups, routers ignored.
+    "ct-w4a16-g32-actorder": {**pack_quantized_config(4, 32, symmetric=False, actorder="group"),
+                              "ignore": ["lm_head", "re:.*mlp.gate$"]},  # fmt: skip
+}
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    """{(family, format): (quantized dir, oracle dir)}."""
+    written = {}
+    for family in FAMILIES:
+        source = tmp_path_factory.mktemp(family)
+        make_tiny_moe_model(family, source)
+        for index, (name, quantization) in enumerate(FORMATS.items()):
+            target = tmp_path_factory.mktemp("packed") / f"{family}-{name}"
+            write = write_quantized_checkpoint if name.startswith("ct-") else write_packed_checkpoint
+            written[family, name] = write(source, target, quantization, seed=index)
+    return written
+
+
+CASES = [(family, name) for family in FAMILIES for name in FORMATS]
+
+
+def _blocks(model) -> list[MoeBlock]:
+    return [layer.mlp for layer in model.layers]
+
+
+@pytest.mark.parametrize(("family", "name"), CASES)
+def test_every_expert_stays_packed_and_holds_the_oracles_weights(checkpoints, family, name):
+    packed_dir, oracle_dir = checkpoints[family, name]
+    model, oracle = load_rank_model(packed_dir, ParallelContext()), load_rank_model(oracle_dir, ParallelContext())
+    assert model.config.quantize == FORMATS[name]["quant_method"]
+    for block, dense in zip(_blocks(model), _blocks(oracle)):
+        assert isinstance(block.w13, PackedExperts) and isinstance(block.w2, PackedExperts)
+        assert block.w13.qweight.dtype == torch.int32 and block.w13.bits == model.config.packed.bits
+        assert torch.equal(block.router, dense.router)
+        for e in range(block.w13.experts):
+            assert torch.equal(block.w13.dequantize(torch.float32, e), dense.w13[e]), (family, name, e)
+            assert torch.equal(block.w2.dequantize(torch.float32, e), dense.w2[e]), (family, name, e)
+        if block.shared_expert is not None:
+            assert block.shared_expert.gate_up_proj.packed is not None
+            assert torch.equal(block.shared_expert.down_proj.packed.dequantize(), dense.shared_expert.down_proj.weight)
+
+
+@pytest.mark.parametrize(("family", "name"), CASES)
+def test_a_packed_moe_model_generates_its_oracles_greedy_tokens(checkpoints, family, name):
+    packed_dir, oracle_dir = checkpoints[family, name]
+    got, want = _greedy(packed_dir), _greedy(oracle_dir)
+    assert want["logits"].std(dim=-1).min() > 0.1, "logits too flat to compare"
+    assert rel(got["logits"], want["logits"]) < 1e-5
+    assert got["greedy"] == want["greedy"]
+
+
+def test_two_ranks_match_one(checkpoints):
+    """Each rank reads its intermediate rows of every expert: gate/up output columns (cutting
+    qzeros words, and AWQ's qweight words) and down input rows (whole words; act-order: the groups
+    its rows use, padded to the most any expert needs)."""
+    cases = [("qwen3_moe", "gptq4-g32-asym-v2"), ("mixtral", "awq-g32"), ("qwen2_moe", "gptq4-g32-actorder-sym-v1"),
+             ("qwen3_moe", "gptq8-channel-asym-v1"), ("qwen2_moe", "ct-w4a16-g32-actorder")]  # fmt: skip
+    directories = [checkpoints[case][0] for case in cases]
+    outputs = run_ranks(2, directories, "logits")
+    for index, directory in enumerate(directories):
+        one = prefill_logits(load_rank_model(directory, ParallelContext()), ParallelContext())
+        for rank in range(2):
+            torch.testing.assert_close(outputs[rank][index]["logits"], one, atol=1e-4, rtol=1e-4,
+                                       msg=f"{cases[index]} rank {rank}")  # fmt: skip
+
+
+def test_each_rank_holds_its_slice_of_every_expert(checkpoints):
+    cfg_dir = checkpoints["qwen3_moe", "awq-g32"][0]
+    whole = _blocks(load_rank_model(cfg_dir, ParallelContext()))
+    for rank in range(2):
+        ctx = ParallelContext(rank, 2)
+        part = _blocks(load_rank_model(cfg_dir, ctx))
+        for block, full in zip(part, whole):
+            start, end = ctx.split(full.moe.expert_intermediate_size)
+            size = full.moe.expert_intermediate_size
+            rows = torch.cat([torch.arange(start, end), size + torch.arange(start, end)])
+            for e in range(full.w13.experts):
+                assert torch.equal(block.w13.dequantize(torch.float32, e), full.w13.dequantize(torch.float32, e)[rows])
+                assert torch.equal(block.w2.dequantize(torch.float32, e), full.w2.dequantize(torch.float32, e)[:, start:end])
+
+
+# The fused kernel against the reference loop, over the same packed experts.
+
+SMALL = MoeTile(block_m=16, block_n=16, block_k=32, group_m=2, num_warps=4, num_stages=2)  # masked edges, many tiles
+
+
+@pytest.mark.parametrize("name", list(FORMATS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("tokens, skew", [(1, 0.0), (7, 0.0), (12, 6.0)])  # 12: every token to the same experts
+def test_the_fused_kernel_gives_the_reference_loops_output(checkpoints, name, dtype, tokens, skew):
+    block = _blocks(load_rank_model(checkpoints["qwen3_moe", name][0], ParallelContext()))[0]
+    gen = torch.Generator().manual_seed(tokens)
+    x = torch.randn(tokens, block.router.shape[1], generator=gen).to(dtype)
+    logits = torch.randn(tokens, block.w13.experts, generator=gen)
+    logits[:, :3] += skew
+    weights, ids = route(logits, block.moe.top_k, True)
+    w13, w2 = _in_dtype(block.w13, dtype), _in_dtype(block.w2, dtype)
+    want = reference_experts(x, w13, w2, weights, ids)
+    for tile in (None, SMALL):
+        with fused_kernels(True, on_cpu=True):
+            got = fused_packed_experts(x, w13, w2, weights, ids, tile=tile)
+        assert got.dtype == dtype
+        tolerance = 1e-5 if dtype == torch.float32 else 1e-2
+        assert rel(got, want) < tolerance, (name, tile)
+
+
+def _in_dtype(experts: PackedExperts, dtype) -> PackedExperts:
+    """The same experts with their scales in `dtype` (a float16 model's checkpoint stores them so)."""
+    return PackedExperts(experts.bits, experts.qweight, experts.zeros, experts.scales.to(dtype), experts.g_idx,
+                         experts.group_rows)  # fmt: skip
+
+
+def test_no_pairs_give_zeros():
+    block_in, out = 64, 32
+    experts = PackedExperts(4, torch.zeros(3, block_in // 8, 2 * out, dtype=torch.int32),
+                            torch.zeros(3, 1, 2 * out, dtype=torch.int16), torch.ones(3, 1, 2 * out),
+                            torch.zeros(3, block_in, dtype=torch.int32), block_in)  # fmt: skip
+    down = PackedExperts(4, torch.zeros(3, out // 8, block_in, dtype=torch.int32), torch.zeros(3, 1, block_in, dtype=torch.int16),
+                         torch.ones(3, 1, block_in), torch.zeros(3, out, dtype=torch.int32), out)  # fmt: skip
+    x = torch.randn(0, block_in)
+    with fused_kernels(True, on_cpu=True):
+        got = fused_packed_experts(x, experts, down, torch.zeros(0, 2), torch.zeros(0, 2, dtype=torch.long))
+    assert got.shape == (0, block_in)
+
+
+# Bad checkpoints and configs.
+
+EXPERT = "model.layers.1.mlp.experts.2"
+
+
+@pytest.mark.parametrize("name,edit,message", [
+    ("gptq4-g32-asym-v2", lambda t: t.pop(f"{EXPERT}.down_proj.scales"), f"{EXPERT}.down_proj.scales is missing"),
+    ("awq-g32", lambda t: t.pop(f"{EXPERT}.up_proj.qweight"), f"{EXPERT}.up_proj.qweight is missing \\(awq 4-bit"),
+    ("gptq4-g32-actorder-sym-v1", lambda t: t.update({f"{EXPERT}.up_proj.g_idx": t[f"{EXPERT}.up_proj.g_idx"].flip(0)}),
+     f"{EXPERT}.up_proj.g_idx differs from {EXPERT}.gate_proj.g_idx"),
+    ("gptq4-g32-asym-v2", lambda t: t.update({f"{EXPERT}.gate_proj.qweight": t[f"{EXPERT}.gate_proj.qweight"].float()}),
+     f"{EXPERT}.gate_proj.qweight is F32"),
+])  # fmt: skip
+def test_a_bad_expert_is_refused_naming_its_tensor(checkpoints, tmp_path, name, edit, message):
+    directory = tmp_path / name
+    shutil.copytree(checkpoints["qwen3_moe", name][0], directory)
+    edit_checkpoint(directory, edit)
+    with pytest.raises(WeightsError, match=message):
+        load_rank_model(directory, ParallelContext())
+
+
+def test_an_moe_checkpoint_may_leave_only_its_routers_unquantized(checkpoints):
+    raw = read_config(checkpoints["mixtral", "awq-g32"][0])
+    ModelConfig.from_dict({**raw, "quantization_config": {**awq_config(32), "modules_to_not_convert": ["gate"]}})
+    with pytest.raises(UnsupportedModelError, match="modules_to_not_convert \\['self_attn.o_proj'\\]"):
+        ModelConfig.from_dict({**raw, "quantization_config": {**awq_config(32),
+                                                              "modules_to_not_convert": ["gate", "self_attn.o_proj"]}})
+    dense = {**raw, "model_type": "mistral"}  # a router means nothing there
+    with pytest.raises(UnsupportedModelError, match="modules_to_not_convert \\['gate'\\]"):
+        ModelConfig.from_dict({**dense, "quantization_config": {**awq_config(32), "modules_to_not_convert": ["gate"]}})
