@@ -21,6 +21,10 @@ pairs, else `kernels/fused_moe.py` (pairs sorted by expert, two grouped GEMMs). 
 data-dependent shapes), or under CUDA-graph capture `dense_experts`, its static-shape twin
 (correct but experts/top_k times the work).
 
+GPTQ, AWQ and compressed-tensors pack-quantized experts stay packed (`layers/packed_experts.py`,
+one stack for gate_up and one for down) and run on their own grouped kernel
+(`kernels/fused_moe_packed.py`); the reference dequantizes each hit expert.
+
 fp8 experts carry float32 scales (`kernels/expert_scales.py`): one a row (`--quantize fp8` on a
 bf16/fp16 checkpoint, or a per-channel fp8 checkpoint's), or a block-wise fp8 checkpoint's
 [bn, bk] block scales as stored (Qwen3-30B-A3B-FP8: 128x128). A rank reads only its slice of

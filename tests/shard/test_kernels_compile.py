@@ -35,6 +35,8 @@ BLOCK_FP8_ROWS = dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, FP8_ROWS=False, FP16_
 
 # name: (module, kernel, constexprs, pointer types other than bf16)
 MOE_POINTERS = {"w_scale_ptr": "*fp32", "sorted_pairs_ptr": "*i32", "block_expert_ptr": "*i32"}
+PACKED_MOE_POINTERS = {"q_ptr": "*i32", "zeros_ptr": "*i16", "scales_ptr": "*fp16", "g_idx_ptr": "*i32",
+                       "sorted_pairs_ptr": "*i32", "block_expert_ptr": "*i32"}  # fmt: skip
 ALIGN_POINTERS = {"ids_ptr": "*i64", "sorted_ptr": "*i32", "block_expert_ptr": "*i32"}
 CASES = {
     "store_kv": ("shard_server.attention.triton_kernels", "store_kv_kernel",
@@ -170,6 +172,17 @@ CASES = {
                                    dict(GATE_UP=False, SCALES="block", BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8,
                                         PRECISION=None),
                                    dict(MOE_POINTERS, w_ptr="*fp8e4nv")),  # fmt: skip
+    # Packed (GPTQ / AWQ) experts: two values at a time in one group a tile, act-order gathers, 8 bits.
+    "moe_packed_gate_up_pairs": ("shard_server.kernels.fused_moe_packed", "_moe_packed_kernel",
+                                 dict(GATE_UP=True, BITS=4, BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, GROUP_M=1,
+                                      TILE_GROUP=True, PAIRS_DQ=True, IEEE=False, ASM=True), PACKED_MOE_POINTERS),  # fmt: skip
+    "moe_packed_down_gathered": ("shard_server.kernels.fused_moe_packed", "_moe_packed_kernel",
+                                 dict(GATE_UP=False, BITS=4, BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8,
+                                      TILE_GROUP=False, PAIRS_DQ=False, IEEE=False, ASM=True), PACKED_MOE_POINTERS),  # fmt: skip
+    "moe_packed_gate_up_8bit_fp16": ("shard_server.kernels.fused_moe_packed", "_moe_packed_kernel",
+                                     dict(GATE_UP=True, BITS=8, BLOCK_M=32, BLOCK_N=64, BLOCK_K=128, GROUP_M=4,
+                                          TILE_GROUP=True, PAIRS_DQ=False, IEEE=False, ASM=True),
+                                     dict(PACKED_MOE_POINTERS, a_ptr="*fp16", out_ptr="*fp16")),  # fmt: skip
     "moe_align": ("shard_server.kernels.moe_align", "_align_kernel", dict(BLOCK_M=16, EXPERTS_POW2=128, CHUNK=128),
                   dict(ALIGN_POINTERS, next_slot_ptr="*i32")),
     "moe_align_sorted": ("shard_server.kernels.moe_align", "_align_sorted_kernel",
