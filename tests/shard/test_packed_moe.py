@@ -120,35 +120,71 @@ def test_each_rank_holds_its_slice_of_every_expert(checkpoints):
                 assert torch.equal(block.w2.dequantize(torch.float32, e), full.w2.dequantize(torch.float32, e)[:, start:end])
 
 
-# The fused kernel against the reference loop, over the same packed experts.
+# The fused kernel against the reference loop, over the same packed experts: interpreted on CPU,
+# compiled on a GPU (bf16 too there: the interpreter's bf16 dots are unreliable).
 
+CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if CUDA else "cpu"
+DTYPES = [torch.float32, torch.float16, *([torch.bfloat16] if CUDA else [])]
+TOLERANCE = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 3e-2}
 SMALL = MoeTile(block_m=16, block_n=16, block_k=32, group_m=2, num_warps=4, num_stages=2)  # masked edges, many tiles
 
 
 @pytest.mark.parametrize("name", list(FORMATS))
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("tokens, skew", [(1, 0.0), (7, 0.0), (12, 6.0)])  # 12: every token to the same experts
 def test_the_fused_kernel_gives_the_reference_loops_output(checkpoints, name, dtype, tokens, skew):
     block = _blocks(load_rank_model(checkpoints["qwen3_moe", name][0], ParallelContext()))[0]
     gen = torch.Generator().manual_seed(tokens)
-    x = torch.randn(tokens, block.router.shape[1], generator=gen).to(dtype)
+    x = torch.randn(tokens, block.router.shape[1], generator=gen).to(dtype).to(DEVICE)
     logits = torch.randn(tokens, block.w13.experts, generator=gen)
     logits[:, :3] += skew
-    weights, ids = route(logits, block.moe.top_k, True)
-    w13, w2 = _in_dtype(block.w13, dtype), _in_dtype(block.w2, dtype)
+    weights, ids = (t.to(DEVICE) for t in route(logits, block.moe.top_k, True))
+    w13, w2 = _on(block.w13, dtype, DEVICE), _on(block.w2, dtype, DEVICE)
     want = reference_experts(x, w13, w2, weights, ids)
     for tile in (None, SMALL):
         with fused_kernels(True, on_cpu=True):
             got = fused_packed_experts(x, w13, w2, weights, ids, tile=tile)
         assert got.dtype == dtype
-        tolerance = 1e-5 if dtype == torch.float32 else 1e-2
-        assert rel(got, want) < tolerance, (name, tile)
+        assert rel(got, want) < TOLERANCE[dtype], (name, tile)
 
 
-def _in_dtype(experts: PackedExperts, dtype) -> PackedExperts:
-    """The same experts with their scales in `dtype` (a float16 model's checkpoint stores them so)."""
-    return PackedExperts(experts.bits, experts.qweight, experts.zeros, experts.scales.to(dtype), experts.g_idx,
-                         experts.group_rows)  # fmt: skip
+def _on(experts: PackedExperts, dtype, device) -> PackedExperts:
+    """The same experts on `device` with their scales in `dtype` (a half model's checkpoint stores them so)."""
+    return PackedExperts(experts.bits, experts.qweight.to(device), experts.zeros.to(device),
+                         experts.scales.to(dtype).to(device), experts.g_idx.to(device), experts.group_rows)  # fmt: skip
+
+
+def _random_experts(experts: int, depth: int, width: int, group: int, device) -> PackedExperts:
+    """Random 4-bit words with zero points near 8 and fp16 scales that keep outputs unit-sized."""
+    gen = torch.Generator(device).manual_seed(depth)
+    groups = depth // group
+    return PackedExperts(
+        4, torch.randint(-(2**31), 2**31 - 1, (experts, depth // 8, width), generator=gen, device=device,
+                         dtype=torch.int32),
+        torch.randint(6, 10, (experts, groups, width), generator=gen, device=device).to(torch.int16),
+        (torch.rand(experts, groups, width, generator=gen, device=device) * 0.5 / depth**0.5).half(),
+        (torch.arange(depth, device=device) // group).int().expand(experts, depth).contiguous(), group,
+    )  # fmt: skip
+
+
+@pytest.mark.skipif(not CUDA, reason="GPU-sized case: the Triton interpreter is too slow on CPU")
+@pytest.mark.parametrize("tokens", [1, 16, 300])
+def test_a_qwen3_30b_shaped_layer_matches_the_reference_eagerly_and_from_a_cuda_graph(tokens):
+    """128 experts, hidden 2048, 768 intermediate rows (one rank), groups of 128, top 8, bf16."""
+    w13, w2 = _random_experts(128, 2048, 2 * 768, 128, "cuda"), _random_experts(128, 768, 2048, 128, "cuda")
+    gen = torch.Generator("cuda").manual_seed(tokens)
+    x = torch.randn(tokens, 2048, generator=gen, device="cuda").bfloat16()
+    weights, ids = route(torch.randn(tokens, 128, generator=gen, device="cuda"), 8, True)
+    want = reference_experts(x, w13, w2, weights, ids)
+    assert rel(fused_packed_experts(x, w13, w2, weights, ids), want) < TOLERANCE[torch.bfloat16]
+    fused_packed_experts(x, w13, w2, weights, ids)  # compiled before capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        replayed = fused_packed_experts(x, w13, w2, weights, ids)
+    x.copy_(torch.randn(tokens, 2048, generator=gen, device="cuda").bfloat16())
+    graph.replay()
+    assert rel(replayed, reference_experts(x, w13, w2, weights, ids)) < TOLERANCE[torch.bfloat16]
 
 
 def test_no_pairs_give_zeros():
