@@ -161,3 +161,12 @@ def edit_checkpoint(directory: Path, edit=None, config_edit=None) -> None:
         config = read_config(directory)
         config_edit(config["quantization_config"])
         (directory / "config.json").write_text(json.dumps(config))
+
+
+def damaged_copy(source: Path, target: Path, edit=None, config_edit=None) -> Path:
+    """A copy of checkpoint `source` at `target`, rewritten by `edit_checkpoint(target, edit, config_edit)`."""
+    import shutil
+
+    shutil.copytree(source, target)
+    edit_checkpoint(target, edit, config_edit)
+    return target

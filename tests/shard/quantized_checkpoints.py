@@ -31,7 +31,7 @@ from safetensors.torch import load_file, save_file
 
 from shard_server.weights import read_config
 
-from .int4_checkpoints import _INPUTS, LINEARS, _words
+from .int4_checkpoints import _INPUTS, LINEARS, _words, write_packed_checkpoint
 
 FP8_MAX = 448.0
 
@@ -201,3 +201,18 @@ def block_fp8_ct_config(block=(128, 128)) -> dict:
               "dynamic": True, "observer": None}  # fmt: skip
     return _ct_config("float-quantized", {"targets": ["Linear"], "weights": weights, "input_activations": inputs,
                                           "output_activations": None})  # fmt: skip
+
+
+def write_family_checkpoints(tmp_path_factory, families, make_model, formats: dict) -> dict:
+    """{(family, format name): (quantized dir, oracle dir)}: each family's tiny model
+    (`make_model(family, directory)`) written in each of `formats` (GPTQ / AWQ, or compressed-tensors)."""
+    written = {}
+    for family in families:
+        source = tmp_path_factory.mktemp(family)
+        make_model(family, source)
+        for index, (name, quantization) in enumerate(formats.items()):
+            compressed = quantization["quant_method"] == "compressed-tensors"
+            write = write_quantized_checkpoint if compressed else write_packed_checkpoint
+            written[family, name] = write(source, tmp_path_factory.mktemp("packed") / f"{family}-{name}", quantization,
+                                          seed=index)  # fmt: skip
+    return written

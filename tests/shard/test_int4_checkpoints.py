@@ -162,6 +162,14 @@ def test_a_tiny_model_in_each_format_generates_the_oracles_greedy_tokens(checkpo
     assert got["greedy"] == want["greedy"] and len(set(got["greedy"])) > 1
 
 
+def assert_generates_the_oracles_tokens(packed_dir, oracle_dir, flat: float = 0.1) -> None:
+    """Prefill logits within 1e-5 of the oracle's (summation order only) and the same greedy tokens."""
+    got, want = _greedy(packed_dir), _greedy(oracle_dir)
+    assert want["logits"].std(dim=-1).min() > flat, "logits too flat to compare"
+    assert rel(got["logits"], want["logits"]) < 1e-5
+    assert got["greedy"] == want["greedy"]
+
+
 def _greedy(directory) -> dict:
     """Prefill logits and 8 greedy tokens (chunked prefill, then decodes) through the runner."""
     from shard_server.kv_cache import KVSpec
@@ -189,13 +197,17 @@ def test_two_ranks_match_one(checkpoints):
     """Column slices cut qzeros (and AWQ's qweight) words; row slices of down_proj (384 inputs,
     groups of 128 or 64) start mid-group at rank 1; act-order ranks read the groups their rows use."""
     names = ["gptq4-g64-actorder-asym-v1", "gptq4-g128-sym-v1", "gptq8-g64-actorder-sym-v2", "awq-g128", "awq-channel"]
-    directories = [checkpoints[name][0] for name in names]
-    outputs = run_ranks(2, directories, "logits")
-    for index, directory in enumerate(directories):
+    assert_two_ranks_give_one_ranks_logits({name: checkpoints[name][0] for name in names})
+
+
+def assert_two_ranks_give_one_ranks_logits(directories: dict) -> None:
+    """Each checkpoint of {label: directory} at two gloo ranks gives its one-rank prefill logits (1e-4)."""
+    outputs = run_ranks(2, list(directories.values()), "logits")
+    for index, (label, directory) in enumerate(directories.items()):
         one = prefill_logits(load_rank_model(directory, ParallelContext()), ParallelContext())
         for rank in range(2):
             torch.testing.assert_close(outputs[rank][index]["logits"], one, atol=1e-4, rtol=1e-4,
-                                       msg=f"{names[index]} rank {rank}")  # fmt: skip
+                                       msg=f"{label} rank {rank}")  # fmt: skip
 
 
 @pytest.mark.parametrize("name", ["gptq4-g64-actorder-asym-v1", "gptq8-g128-asym-v1", "awq-g128"])

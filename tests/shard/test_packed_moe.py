@@ -11,8 +11,6 @@ act-order, 4 and 8 bits.
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 import torch
 
@@ -25,10 +23,10 @@ from shard_server.models.config import ModelConfig, UnsupportedModelError
 from shard_server.models.moe import MoeBlock, reference_experts, route
 from shard_server.weights import WeightsError, read_config
 
-from .int4_checkpoints import awq_config, edit_checkpoint, gptq_config, write_packed_checkpoint
-from .quantized_checkpoints import pack_quantized_config, write_quantized_checkpoint
-from .test_int4_checkpoints import _greedy, rel
-from .test_tensor_parallel import load_rank_model, prefill_logits, run_ranks
+from .int4_checkpoints import awq_config, damaged_copy, gptq_config
+from .quantized_checkpoints import pack_quantized_config, write_family_checkpoints
+from .test_int4_checkpoints import assert_generates_the_oracles_tokens, assert_two_ranks_give_one_ranks_logits, rel
+from .test_tensor_parallel import load_rank_model
 from .tiny_models import make_tiny_moe_model
 
 FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe")  # w1/w2/w3 names; a packed shared expert; top-3
@@ -46,15 +44,7 @@ FORMATS = {
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
     """{(family, format): (quantized dir, oracle dir)}."""
-    written = {}
-    for family in FAMILIES:
-        source = tmp_path_factory.mktemp(family)
-        make_tiny_moe_model(family, source)
-        for index, (name, quantization) in enumerate(FORMATS.items()):
-            target = tmp_path_factory.mktemp("packed") / f"{family}-{name}"
-            write = write_quantized_checkpoint if name.startswith("ct-") else write_packed_checkpoint
-            written[family, name] = write(source, target, quantization, seed=index)
-    return written
+    return write_family_checkpoints(tmp_path_factory, FAMILIES, make_tiny_moe_model, FORMATS)
 
 
 CASES = [(family, name) for family in FAMILIES for name in FORMATS]
@@ -83,11 +73,7 @@ def test_every_expert_stays_packed_and_holds_the_oracles_weights(checkpoints, fa
 
 @pytest.mark.parametrize(("family", "name"), CASES)
 def test_a_packed_moe_model_generates_its_oracles_greedy_tokens(checkpoints, family, name):
-    packed_dir, oracle_dir = checkpoints[family, name]
-    got, want = _greedy(packed_dir), _greedy(oracle_dir)
-    assert want["logits"].std(dim=-1).min() > 0.1, "logits too flat to compare"
-    assert rel(got["logits"], want["logits"]) < 1e-5
-    assert got["greedy"] == want["greedy"]
+    assert_generates_the_oracles_tokens(*checkpoints[family, name])
 
 
 def test_two_ranks_match_one(checkpoints):
@@ -96,13 +82,7 @@ def test_two_ranks_match_one(checkpoints):
     its rows use, padded to the most any expert needs)."""
     cases = [("qwen3_moe", "gptq4-g32-asym-v2"), ("mixtral", "awq-g32"), ("qwen2_moe", "gptq4-g32-actorder-sym-v1"),
              ("qwen3_moe", "gptq8-channel-asym-v1"), ("qwen2_moe", "ct-w4a16-g32-actorder")]  # fmt: skip
-    directories = [checkpoints[case][0] for case in cases]
-    outputs = run_ranks(2, directories, "logits")
-    for index, directory in enumerate(directories):
-        one = prefill_logits(load_rank_model(directory, ParallelContext()), ParallelContext())
-        for rank in range(2):
-            torch.testing.assert_close(outputs[rank][index]["logits"], one, atol=1e-4, rtol=1e-4,
-                                       msg=f"{cases[index]} rank {rank}")  # fmt: skip
+    assert_two_ranks_give_one_ranks_logits({case: checkpoints[case][0] for case in cases})
 
 
 def test_each_rank_holds_its_slice_of_every_expert(checkpoints):
@@ -214,9 +194,7 @@ EXPERT = "model.layers.1.mlp.experts.2"
      f"{EXPERT}.gate_proj.qweight is F32"),
 ])  # fmt: skip
 def test_a_bad_expert_is_refused_naming_its_tensor(checkpoints, tmp_path, name, edit, message):
-    directory = tmp_path / name
-    shutil.copytree(checkpoints["qwen3_moe", name][0], directory)
-    edit_checkpoint(directory, edit)
+    directory = damaged_copy(checkpoints["qwen3_moe", name][0], tmp_path / name, edit)
     with pytest.raises(WeightsError, match=message):
         load_rank_model(directory, ParallelContext())
 
