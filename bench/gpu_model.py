@@ -323,6 +323,11 @@ FP8_BLOCK = 128
 ZERO_WORDS = {"gptq": 0x77777777, "awq": 0x88888888 - (1 << 32)}
 
 
+# Quantized checkpoints are written for Llama and, experts packed and routers unquantized (as
+# GPTQModel / AutoAWQ leave them), the MoE layouts.
+QUANTIZED_LAYOUTS = ("llama", "qwen3_moe", "mixtral")
+
+
 def _packed_specs(prefix: str, out: int, depth: int, checkpoint: str) -> list[TensorSpec]:
     """The tensors of one [out, depth] linear in a 4-bit or block-wise fp8 checkpoint."""
     if checkpoint == "fp8-block":
@@ -340,8 +345,8 @@ def tensor_specs(cfg: dict, checkpoint: str | None = None) -> list[TensorSpec]:
     """Every tensor in the order its random values are drawn (which fixes the weights); with
     `checkpoint` ("gptq", "awq" or "fp8-block") the decoder's linears in that format. Tied
     embeddings: no lm_head, the embedding table is drawn as the head."""
-    if checkpoint is not None and (experts(cfg) or cfg["model_type"] != "llama"):
-        raise ValueError("quantized checkpoints are written for the dense Llama layout only")
+    if checkpoint is not None and cfg["model_type"] not in QUANTIZED_LAYOUTS:
+        raise ValueError(f"quantized checkpoints are written for {', '.join(QUANTIZED_LAYOUTS)} only")
     h, vocab, tied = cfg["hidden_size"], cfg["vocab_size"], cfg["tie_word_embeddings"]
     norm_kind = layout(cfg).norm_kind
     specs = [TensorSpec("model.embed_tokens.weight", (vocab, h), "head" if tied else "normal"),
@@ -351,7 +356,7 @@ def tensor_specs(cfg: dict, checkpoint: str | None = None) -> list[TensorSpec]:
     for layer in range(cfg["num_hidden_layers"]):
         prefix = f"model.layers.{layer}."
         for name, shape in _layer_shapes(cfg).items():
-            if checkpoint is None:
+            if checkpoint is None or name.endswith(".gate.weight"):  # an MoE router stays unquantized
                 specs.append(TensorSpec(prefix + name, shape, "normal"))
             else:
                 specs += _packed_specs(prefix + name.removesuffix(".weight"), *shape, checkpoint)
@@ -377,12 +382,15 @@ def active_params_per_token(cfg: dict) -> int:
 
 def decode_bytes_per_token(cfg: dict, checkpoint: str | None = None, element_bytes: int = 2) -> int:
     """Bytes one decoded token reads from the weights: `active_params_per_token` in the model
-    dtype, or, for a quantized (untied Llama) checkpoint, every stored tensor but the embedding
-    table (one row)."""
+    dtype, or, for a quantized (untied) checkpoint, every stored tensor but the embedding table
+    (one row) and, of an MoE model's experts, the routed share."""
     if checkpoint is None:
         return element_bytes * active_params_per_token(cfg)
-    stored = sum(spec.nbytes(element_bytes) for spec in tensor_specs(cfg, checkpoint))
-    return stored - (cfg["vocab_size"] - 1) * cfg["hidden_size"] * element_bytes
+    stored = 0
+    for spec in tensor_specs(cfg, checkpoint):
+        count = experts(cfg) if ".experts." in spec.name else None
+        stored += spec.nbytes(element_bytes) * (count[1] / count[0] if count else 1)
+    return int(stored) - (cfg["vocab_size"] - 1) * cfg["hidden_size"] * element_bytes
 
 
 def plan_shards(specs: list[TensorSpec], element_bytes: int, max_shard_bytes: int) -> list[list[TensorSpec]]:

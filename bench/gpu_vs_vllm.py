@@ -1,7 +1,7 @@
 """textgen against vLLM on one H200 (issue 23): the same random 8B (bf16; `--shape qwen3-30b-a3b` /
 `mixtral-8x7b`: issue 24's 61 GB Qwen3-MoE and 93.4 GB Mixtral; `--shape gemma2-9b` / `phi3-medium`: issue 24's
-model families, 18.5 / 27.9 GB; `tiny`, `tiny-moe`, `tiny-mixtral`, `tiny-gemma2`, `tiny-phi3`: harness checks; `--checkpoint gptq|awq|fp8-block`: a Llama shape as
-a random quantized checkpoint, issue 25), both engines at their shipped defaults, one client (bench/peer_load.py)
+model families, 18.5 / 27.9 GB; `tiny`, `tiny-moe`, `tiny-mixtral`, `tiny-gemma2`, `tiny-phi3`: harness checks; `--checkpoint gptq|awq|fp8-block`: a Llama or MoE
+shape as a random quantized checkpoint, experts packed and routers bf16, issue 25), both engines at their shipped defaults, one client (bench/peer_load.py)
 driving both over `/v1/completions` with token-id prompts, in one run. Reports each engine's figures and
 textgen / vLLM ratios.
 

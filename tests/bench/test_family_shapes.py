@@ -129,10 +129,24 @@ def test_full_shapes_shard_under_the_cap():
         assert len(gpu_model.plan_shards(specs, 2, gpu_model.DEFAULT_MAX_SHARD_BYTES)) == files
 
 
-def test_quantized_checkpoints_are_refused_outside_the_llama_layout():
+def test_quantized_checkpoints_are_refused_outside_the_llama_and_moe_layouts():
     for shape in (gpu_model.TINY_GEMMA2, gpu_model.TINY_PHI3):
-        with pytest.raises(ValueError, match="Llama layout"):
+        with pytest.raises(ValueError, match="written for llama, qwen3_moe, mixtral only"):
             gpu_model.tensor_specs(shape, "gptq")
+
+
+def test_a_quantized_moe_checkpoint_packs_the_experts_and_counts_the_routed_share():
+    """Qwen3-30B-A3B in GPTQ: the routers stay bf16; a token reads 8 of 128 experts' packed bytes."""
+    shape = gpu_model.QWEN3_30B_A3B
+    specs = {spec.name: spec for spec in gpu_model.tensor_specs(shape, "gptq")}
+    assert specs["model.layers.0.mlp.gate.weight"].kind == "normal"
+    assert specs["model.layers.0.mlp.experts.5.down_proj.qweight"].shape == (768 // 8, 2048)
+    assert not any(name.startswith("model.layers.0.mlp.experts.") and name.endswith(".weight") for name in specs)
+    bf16, gptq = gpu_model.decode_bytes_per_token(shape), gpu_model.decode_bytes_per_token(shape, "gptq")
+    stored = sum(spec.nbytes(2) for spec in specs.values())
+    # 6.08 GB a token in bf16; in GPTQ the linears shrink ~3.6x and the bf16 LM head (0.62 GB)
+    # stays: 2.07 GB, where counting every expert's bytes would give most of the 16.9 GB stored.
+    assert 0.3 < gptq / bf16 < 0.4 and gptq < 0.15 * stored
 
 
 # -- tiny: written, loaded, compared ---------------------------------------------------------

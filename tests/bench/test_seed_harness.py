@@ -268,6 +268,28 @@ def test_the_4bit_writer_gives_checkpoints_the_shard_loads_as_declared(tmp_path,
     assert torch.isfinite(logits).all() and logits.abs().max() > 0
 
 
+@pytest.mark.parametrize("checkpoint", ["gptq", "awq"])
+def test_the_4bit_writer_packs_an_moe_models_experts_and_the_shard_runs_them(tmp_path, tokenizer_dir, checkpoint):
+    """The Qwen3-MoE layout (issue 25 on issue 24's models): experts stacked packed, routers dense."""
+    from shard_server.attention.base import StepLayout
+    from shard_server.layers.packed_experts import PackedExperts
+    from tests.shard.helpers import load_runner
+
+    shape = dict(gpu_model.TINY_MOE, hidden_size=128, moe_intermediate_size=128)
+    gpu_model.write_random_llama(tmp_path, tokenizer_dir, TEXT_VOCAB, shape=shape, device="cpu", dtype=torch.float16,
+                                 checkpoint=checkpoint)  # fmt: skip
+    runner = load_runner(tmp_path, dtype=torch.float16, block_size=4, num_blocks=8)
+    block = runner.model.layers[0].mlp
+    assert isinstance(block.w13, PackedExperts) and block.router.dtype == torch.float16
+    weight = block.w2.dequantize(torch.float32, 3)
+    steps = weight / block.w2.scales[3][block.w2.g_idx[3].long()].float().t()
+    assert torch.equal(steps, steps.round()) and steps.min() == -8 and steps.max() == 7
+    metadata = runner.backend.build_metadata(StepLayout([5], [5], [[0, 1]], 4), torch.device("cpu"))
+    with torch.inference_mode():
+        logits = runner.model.compute_logits(runner.model(torch.arange(5) + 300, torch.arange(5), runner.kv_cache, metadata))
+    assert torch.isfinite(logits).all() and logits.abs().max() > 0
+
+
 def test_the_block_fp8_writer_gives_a_checkpoint_the_shard_loads_as_declared(tmp_path, tokenizer_dir):
     from shard_server.layers.quantized import BlockFp8Weight
 
