@@ -1,8 +1,8 @@
 """The fused MoE's alignment (pairs sorted by expert, groups padded to row tiles), timed three
-ways at Qwen3-30B-A3B's routing: one program (`_align_kernel`; up to 256 pairs also
-`_align_sorted_kernel`), in chunks (`_align_in_chunks`) and the torch ops (`align_to_blocks`),
+ways at Qwen3-30B-A3B's routing: one program (`_align_sorted_kernel`, up to 256 pairs), in chunks (`_align_in_chunks`) and the torch ops (`align_to_blocks`),
 each replayed from a CUDA graph; every result is checked equal to the torch ops'. Sets
-`ALIGN_IN_ONE_PROGRAM_UP_TO` and `ALIGN_BY_SORT` (kernels/moe_align.py).
+`ALIGN_IN_ONE_PROGRAM_UP_TO` (kernels/moe_align.py). (Until stop 59 a counting sort in one
+program, `one_program` in bench/results/moe_align*_h100.json, timed beside them; the sort replaced it.)
 
     python3 bench/gpu_moe_align.py OUT_JSON [--tokens 17,32,...]
 """
@@ -25,7 +25,6 @@ from shard_server.models.moe import route  # noqa: E402
 
 EXPERTS, TOP_K = 128, 8
 TOKENS = (5, 17, 32, 64, 128, 256, 512, 1024, 4096, 8192)
-ONE_PROGRAM_UP_TO = 8192  # pairs past which one program is not timed (its loop grows with them)
 
 
 def case(tokens: int, generator: torch.Generator) -> dict:
@@ -37,10 +36,8 @@ def case(tokens: int, generator: torch.Generator) -> dict:
     one_program = moe_align._align_in_one_program
     ways = {"torch": lambda: moe_align.align_to_blocks(ids, EXPERTS, block_m),
             "chunks": lambda: moe_align._align_in_chunks(flat, EXPERTS, block_m, blocks)}  # fmt: skip
-    if pairs <= ONE_PROGRAM_UP_TO:
-        ways["one_program"] = lambda: one_program(flat, EXPERTS, block_m, blocks, by_sort=False)
     if pairs <= moe_align.ALIGN_IN_ONE_PROGRAM_UP_TO:  # the most the sorting program holds
-        ways["sorted"] = lambda: one_program(flat, EXPERTS, block_m, blocks, by_sort=True)
+        ways["sorted"] = lambda: one_program(flat, EXPERTS, block_m, blocks)
     want = ways["torch"]()
     result = {"pairs": pairs, "block_m": block_m}
     for name, way in ways.items():

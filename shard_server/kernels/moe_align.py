@@ -48,16 +48,16 @@ def align_to_blocks(topk_ids: torch.Tensor, experts: int, block_m: int) -> tuple
     return sorted_pairs, block_expert
 
 
-# One program aligns up to this many pairs (small decode batches). Past it the pairs are aligned
-# in chunks, one program each (`_align_in_chunks`), since a single program's loop grows with the
-# pairs. On an H100 at Qwen3-30B-A3B's routing (bench/results/moe_align_h100.json), one program
-# took 14.6 us at 136 and 256 pairs, 22.0 at 512, 64.6 at 2,048; the chunks 15.0-15.8 us from
-# 136 to 4,096 pairs, 28.5 at 32,768; the torch ops 74-140 us.
+# One program aligns up to this many pairs (small decode batches): every pair at once, sorted in
+# registers (`_align_sorted_kernel`). Past it the pairs are aligned in chunks, one program each
+# (`_align_in_chunks`). On an H100 at Qwen3-30B-A3B's routing (bench/results/moe_align_h100.json,
+# moe_align_sorted_h100.json): the sorting program 6.2 us at 40 pairs, 8.7-8.8 at 136-256; the
+# counting sort one program had before it 8.5 and 14.6-14.8; the chunks 12.6-15.8 us from 40 to
+# 4,096 pairs, 28.5 at 32,768; the torch ops 54-140 us.
 ALIGN_IN_ONE_PROGRAM_UP_TO = 256
-ALIGN_CHUNK = 128  # pairs a step of the program's loops: [chunk, chunk] and [chunk, experts] compares
+ALIGN_CHUNK = 128  # pairs a step of the chunk programs' loops: [chunk, experts] compares
 ALIGN_MAX_EXPERTS = 256  # a [chunk, experts] compare in one program's registers
 ALIGN_LAYOUT_CELLS = 4096  # [chunks, experts] counts the layout program scans at a time
-ALIGN_BY_SORT = False  # one program sorts every pair at once (`_align_sorted_kernel`); untimed yet
 
 
 def align_pairs(topk_ids: torch.Tensor, experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -71,25 +71,19 @@ def align_pairs(topk_ids: torch.Tensor, experts: int, block_m: int) -> tuple[tor
     blocks = block_count(pairs, experts, block_m)
     if pairs > ALIGN_IN_ONE_PROGRAM_UP_TO:
         return _align_in_chunks(flat, experts, block_m, blocks)
-    return _align_in_one_program(flat, experts, block_m, blocks, ALIGN_BY_SORT)
+    return _align_in_one_program(flat, experts, block_m, blocks)
 
 
-def _align_in_one_program(flat: torch.Tensor, experts: int, block_m: int, blocks: int, by_sort: bool
+def _align_in_one_program(flat: torch.Tensor, experts: int, block_m: int, blocks: int
                           ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """One program: a counting sort chunk by chunk (`_align_kernel`), or (`by_sort`, up to
-    ALIGN_IN_ONE_PROGRAM_UP_TO pairs) every pair at once, sorted in registers (`_align_sorted_kernel`)."""
+    """One program, up to ALIGN_IN_ONE_PROGRAM_UP_TO pairs: every pair sorted in registers."""
     pairs = flat.numel()
     sorted_pairs = torch.empty(blocks * block_m, dtype=torch.int32, device=flat.device)
     block_expert = torch.empty(blocks, dtype=torch.int32, device=flat.device)
-    if by_sort:
-        _align_sorted_kernel[(1,)](flat, sorted_pairs, block_expert, pairs, experts, blocks, BLOCK_M=block_m,
-                                   EXPERTS_POW2=next_power_of_two(experts),
-                                   PAIRS_POW2=next_power_of_two(ALIGN_IN_ONE_PROGRAM_UP_TO),
-                                   CHUNK=ALIGN_CHUNK, num_warps=4)  # fmt: skip
-        return sorted_pairs, block_expert
-    next_slot = torch.empty(experts, dtype=torch.int32, device=flat.device)  # the kernel's scratch
-    _align_kernel[(1,)](flat, sorted_pairs, block_expert, next_slot, pairs, experts, blocks, BLOCK_M=block_m,
-                        EXPERTS_POW2=next_power_of_two(experts), CHUNK=ALIGN_CHUNK, num_warps=4)  # fmt: skip
+    _align_sorted_kernel[(1,)](flat, sorted_pairs, block_expert, pairs, experts, blocks, BLOCK_M=block_m,
+                               EXPERTS_POW2=next_power_of_two(experts),
+                               PAIRS_POW2=next_power_of_two(ALIGN_IN_ONE_PROGRAM_UP_TO),
+                               CHUNK=ALIGN_CHUNK, num_warps=4)  # fmt: skip
     return sorted_pairs, block_expert
 
 
@@ -198,35 +192,3 @@ def _align_sorted_kernel(ids_ptr, sorted_ptr, block_expert_ptr, PAIRS, EXPERTS, 
     tl.debug_barrier()  # the padding is written before the pairs overwrite some of it
     tl.store(sorted_ptr + slot, order % PAIRS_POW2, mask=pair_ok)
     _store_block_experts(block_expert_ptr, ends, EXPERTS, BLOCKS, BLOCK_M, EXPERTS_POW2, CHUNK)
-
-
-@triton.jit(do_not_specialize=["PAIRS", "BLOCKS"])  # counts that vary step to step: one build
-def _align_kernel(ids_ptr, sorted_ptr, block_expert_ptr, next_slot_ptr, PAIRS, EXPERTS, BLOCKS,
-                  BLOCK_M: tl.constexpr, EXPERTS_POW2: tl.constexpr, CHUNK: tl.constexpr):  # fmt: skip
-    # A counting sort in one program: count each expert's pairs, lay the padded groups out, then
-    # place every pair at its group's next free slot, chunk by chunk in pair order (so a group
-    # keeps pair order, as the stable argsort of `align_to_blocks` does).
-    experts = tl.arange(0, EXPERTS_POW2)
-    expert_ok = experts < EXPERTS
-    counts = tl.zeros((EXPERTS_POW2,), tl.int32)
-    for p0 in range(0, PAIRS, CHUNK):
-        pair = p0 + tl.arange(0, CHUNK)
-        ids = tl.load(ids_ptr + pair, mask=pair < PAIRS, other=-1).to(tl.int32)
-        counts += tl.sum((ids[:, None] == experts[None, :]).to(tl.int32), axis=0)
-    padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
-    ends = tl.cumsum(padded, axis=0)
-    next_slot = ends - padded
-    _fill_padding(sorted_ptr, PAIRS, BLOCKS * BLOCK_M, CHUNK)
-    _store_block_experts(block_expert_ptr, ends, EXPERTS, BLOCKS, BLOCK_M, EXPERTS_POW2, CHUNK)
-    earlier = tl.arange(0, CHUNK)[None, :] < tl.arange(0, CHUNK)[:, None]
-    for p0 in range(0, PAIRS, CHUNK):
-        pair = p0 + tl.arange(0, CHUNK)
-        pair_ok = pair < PAIRS
-        ids = tl.load(ids_ptr + pair, mask=pair_ok, other=-1).to(tl.int32)
-        tl.store(next_slot_ptr + experts, next_slot, mask=expert_ok)
-        tl.debug_barrier()  # every thread sees the slots before gathering them by expert
-        base = tl.load(next_slot_ptr + ids, mask=pair_ok, other=0)
-        rank = tl.sum(((ids[:, None] == ids[None, :]) & earlier).to(tl.int32), axis=1)  # same expert, earlier
-        tl.store(sorted_ptr + base + rank, pair, mask=pair_ok)
-        next_slot += tl.sum((ids[:, None] == experts[None, :]).to(tl.int32), axis=0)
-        tl.debug_barrier()  # the gathers are done before the next chunk's slots overwrite them

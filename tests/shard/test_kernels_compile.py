@@ -183,8 +183,6 @@ CASES = {
                                      dict(GATE_UP=True, BITS=8, BLOCK_M=32, BLOCK_N=64, BLOCK_K=128, GROUP_M=4,
                                           TILE_GROUP=True, PAIRS_DQ=False, IEEE=False, ASM=True),
                                      dict(PACKED_MOE_POINTERS, a_ptr="*fp16", out_ptr="*fp16")),  # fmt: skip
-    "moe_align": ("shard_server.kernels.moe_align", "_align_kernel", dict(BLOCK_M=16, EXPERTS_POW2=128, CHUNK=128),
-                  dict(ALIGN_POINTERS, next_slot_ptr="*i32")),
     "moe_align_sorted": ("shard_server.kernels.moe_align", "_align_sorted_kernel",
                          dict(BLOCK_M=16, EXPERTS_POW2=128, PAIRS_POW2=256, CHUNK=128), ALIGN_POINTERS),
     "moe_align_chunk_counts": ("shard_server.kernels.moe_align", "_chunk_counts_kernel",
