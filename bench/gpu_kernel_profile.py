@@ -12,7 +12,8 @@ Poisson 32 req/s workload's decode steps), the 256-request mix's two
 decode shapes (batch 256 at context 512, batch 80 at context 1280), one 2048-token prefill
 (the TTFT case; again with the dense prefill path off), one mixed step (64 decodes plus
 8,128 prompt tokens) and one prefill step as the 256-request mix runs them (again paged only).
-Any other decode is named `decode_b{BATCH}_ctx{CONTEXT}`.
+Any other decode is named `decode_b{BATCH}_ctx{CONTEXT}`, and those decodes beside one fresh
+prompt `mixed_b{BATCH}_ctx{CONTEXT}_plus_{PROMPT}` (a whole runner step, its release included).
 
     python3 bench/gpu_kernel_profile.py MODEL_DIR OUT_JSON [--quantize fp8] [--kv-cache-dtype fp8_e4m3fn]
         [--pdl | --pdl-prefetch] [--merge-in-kernel] [CASE ...]
@@ -229,15 +230,21 @@ def prefill_case(runner, lengths: list[int], decodes: int = 0, decode_context: i
     return summary
 
 
-def named_decode_cases(runner, names: set[str]) -> list:
-    """Cases for any other `decode_b{BATCH}_ctx{CONTEXT}` asked for by name (a model too big
-    for the listed shapes' KV, say); ValueError for a name that is neither."""
+def named_cases(runner, names: set[str]) -> list:
+    """Cases for any other `decode_b{BATCH}_ctx{CONTEXT}` (a model too big for the listed shapes'
+    KV, say) or `mixed_b{BATCH}_ctx{CONTEXT}_plus_{PROMPT}` (those decodes beside one fresh
+    prompt: what a small mixed step adds to a decode step) asked for by name; ValueError for a
+    name that is neither."""
     cases = []
     for name in sorted(names):
-        shape = re.fullmatch(r"decode_b(\d+)_ctx(\d+)", name)
-        if shape is None:
-            raise ValueError(f"unknown case {name!r}: a listed case or decode_b<batch>_ctx<context>")
-        cases.append((name, lambda b=int(shape[1]), c=int(shape[2]): decode_case(runner, b, c)))
+        if shape := re.fullmatch(r"decode_b(\d+)_ctx(\d+)", name):
+            cases.append((name, lambda b=int(shape[1]), c=int(shape[2]): decode_case(runner, b, c)))
+        elif shape := re.fullmatch(r"mixed_b(\d+)_ctx(\d+)_plus_(\d+)", name):
+            cases.append((name, lambda b=int(shape[1]), c=int(shape[2]), p=int(shape[3]):
+                          prefill_case(runner, [p], decodes=b, decode_context=c, repeats=5)))  # fmt: skip
+        else:
+            raise ValueError(f"unknown case {name!r}: a listed case, decode_b<batch>_ctx<context> or "
+                             "mixed_b<batch>_ctx<context>_plus_<prompt>")  # fmt: skip
     return cases
 
 
@@ -303,7 +310,7 @@ def profile(model_dir: Path, out: Path, quantize, kv_dtype, wanted: set) -> None
         ("mix_prefill_6x1024_15x128_plus_128x600", mix_prefill),
         ("mix_prefill_paged_attention", lambda: paged_only(runner, mix_prefill)),
     ]
-    cases += named_decode_cases(runner, wanted - {name for name, _ in cases})
+    cases += named_cases(runner, wanted - {name for name, _ in cases})
     for name, case in cases:
         if wanted and name not in wanted:
             continue
