@@ -116,7 +116,9 @@ pub struct Args {
     /// Prefill pacing: while streams are decoding, a step takes only the prompt tokens that
     /// keep its expected time within this fraction of its decodes' own (learned from the
     /// steps run), so arriving prompts stretch no stream's step much; `off`: each step may
-    /// take the whole `--max-batch-prefill-tokens`.
+    /// take the whole `--max-batch-prefill-tokens`. Off by default: on an H100 (8B, Poisson
+    /// 8 and 32 req/s) slacks of 0.1 and 0.25 left TPOT within 1 % and doubled TTFT p50, a
+    /// small mixed step costing ~12 % more than a decode step (bench/results/pacing_h100_stop59.md).
     #[arg(long, env = "PREFILL_PACING_SLACK", default_value = "off", value_parser = parse_pacing_slack)]
     pub prefill_pacing_slack: PacingSlack,
     /// Milliseconds a request may wait for its first token before pacing yields and the
