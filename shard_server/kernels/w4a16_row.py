@@ -122,14 +122,25 @@ def _w4a16_row_kernel(x_ptr, qweight_ptr, zeros_ptr, scales_ptr, out_ptr, N, K, 
                       NEAR_TOP: tl.constexpr, ASM: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
     # With SPLIT_K > 1 program (.., s) reduces the s-th range of K and writes its float32 partial
     # at s * split_stride into out_ptr.
-    PACK: tl.constexpr = 32 // BITS
-    BLOCK_K: tl.constexpr = WORDS * PACK
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < N
-    k_lo, k_hi = split_range(K, SPLIT_K, BLOCK_K, 1)
+    k_lo, k_hi = split_range(K, SPLIT_K, WORDS * (32 // BITS), 1)
     if SPLIT_K > 1:
         out_ptr += tl.program_id(1).to(tl.int64) * split_stride
     wait_for_previous_kernel(PDL)
+    sums = row_times_packed(x_ptr, qweight_ptr, zeros_ptr, scales_ptr, cols, col_ok, N, k_lo, k_hi, group_rows, BITS,
+                            BLOCK_N, WORDS, NEAR_TOP, ASM)  # fmt: skip
+    tl.store(out_ptr + cols, sums.to(out_ptr.dtype.element_ty), mask=col_ok)
+
+
+@triton.jit
+def row_times_packed(x_ptr, qweight_ptr, zeros_ptr, scales_ptr, cols, col_ok, N, k_lo, k_hi, group_rows,
+                     BITS: tl.constexpr, BLOCK_N: tl.constexpr, WORDS: tl.constexpr, NEAR_TOP: tl.constexpr,
+                     ASM: tl.constexpr):  # fmt: skip
+    """Rows [k_lo, k_hi) of one activation row (x_ptr) times the packed weight's columns `cols`:
+    [BLOCK_N] float32 sums. Shared by the row kernel and the packed MoE pairs (`moe_pairs_packed.py`)."""
+    PACK: tl.constexpr = 32 // BITS
+    BLOCK_K: tl.constexpr = WORDS * PACK
     acc = tl.zeros((WORDS, BLOCK_N), tl.float32)
     word_end = k_hi // PACK  # K is a multiple of PACK
     # Each step asks for the next step's words before it works on its own: two loads in flight.
@@ -161,7 +172,7 @@ def _w4a16_row_kernel(x_ptr, qweight_ptr, zeros_ptr, scales_ptr, out_ptr, N, K, 
         zero = tl.load(zeros_ptr + group * N + cols, mask=col_ok, other=0).to(tl.float32)
         scale = tl.load(scales_ptr + group * N + cols, mask=col_ok, other=0.0).to(tl.float32)
         acc += (part - x_sum[:, None] * zero[None, :]) * scale[None, :]
-    tl.store(out_ptr + cols, tl.sum(acc, axis=0).to(out_ptr.dtype.element_ty), mask=col_ok)
+    return tl.sum(acc, axis=0)
 
 
 def near_top_applies(x: torch.Tensor, bits: int, tile: W4A16Row) -> bool:

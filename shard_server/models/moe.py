@@ -49,6 +49,7 @@ from ..kernels.expert_scales import dequantize_experts, scale_shapes
 from ..kernels.fused_moe import ExpertScales, fused_experts, fused_moe_applies
 from ..kernels.fused_moe_packed import fused_packed_experts, packed_moe_applies
 from ..kernels.moe_pairs import pair_experts, pairs_apply
+from ..kernels.moe_pairs_packed import packed_pair_experts, packed_pairs_apply
 from ..kernels.moe_routing import fused_route, routes_in_one_launch
 from ..layers.linear import weight_rows
 from ..layers.quantized import block_fp8_part, block_fp8_slice
@@ -151,8 +152,11 @@ def experts_forward(
     """The routed experts' output [T, hidden]: pair by pair for a decode batch with few pairs an
     expert (`pairs_apply`), else the grouped kernel, where they apply; else the reference loop, or
     its static-shape twin under CUDA-graph capture (the loop syncs with the host). Packed
-    (GPTQ / AWQ) experts take their own grouped kernel (`fused_moe_packed.py`)."""
+    (GPTQ / AWQ) experts take their own kernels alike: pair by pair (`moe_pairs_packed.py`) or
+    grouped (`fused_moe_packed.py`)."""
     if isinstance(w13, PackedExperts):
+        if use_fused(x) and packed_pairs_apply(x, w13, w2, topk_ids):
+            return packed_pair_experts(x, w13, w2, topk_weights, topk_ids)
         if use_fused(x) and packed_moe_applies(x, w13, w2):
             return fused_packed_experts(x, w13, w2, topk_weights, topk_ids)
     elif use_fused(x) and pairs_apply(x, w13, w2, topk_ids, scales):

@@ -18,6 +18,7 @@ from shard_server.distributed import ParallelContext
 from shard_server.kernels.dispatch import fused_kernels
 from shard_server.kernels.fused_moe import MoeTile
 from shard_server.kernels.fused_moe_packed import fused_packed_experts
+from shard_server.kernels.moe_pairs_packed import packed_pair_experts
 from shard_server.layers.packed_experts import PackedExperts
 from shard_server.models.config import ModelConfig, UnsupportedModelError
 from shard_server.models.moe import MoeBlock, reference_experts, route
@@ -129,6 +130,38 @@ def test_the_fused_kernel_gives_the_reference_loops_output(checkpoints, name, dt
         assert rel(got, want) < TOLERANCE[dtype], (name, tile)
 
 
+@pytest.mark.parametrize("name", ["gptq4-g32-asym-v2", "gptq8-channel-asym-v1", "awq-g32"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("tokens", [1, 3])  # 3 and 9 pairs over 8 experts: some hit twice
+def test_the_pairs_kernel_gives_the_reference_loops_output(checkpoints, name, dtype, tokens):
+    """Decode batches pair by pair: the exact quantized weight (the reference rounds it to the
+    activations' dtype first), so float32 to 1e-5 and half dtypes within a rounding."""
+    block = _blocks(load_rank_model(checkpoints["qwen3_moe", name][0], ParallelContext()))[0]
+    gen = torch.Generator().manual_seed(tokens)
+    x = torch.randn(tokens, block.router.shape[1], generator=gen).to(dtype).to(DEVICE)
+    weights, ids = (t.to(DEVICE) for t in route(torch.randn(tokens, block.w13.experts, generator=gen), 3, True))
+    w13, w2 = _on(block.w13, dtype, DEVICE), _on(block.w2, dtype, DEVICE)
+    with fused_kernels(True, on_cpu=True):
+        got = packed_pair_experts(x, w13, w2, weights, ids)
+    assert got.dtype == dtype
+    assert rel(got, reference_experts(x, w13, w2, weights, ids)) < TOLERANCE[dtype], name
+
+
+def test_decode_batches_take_the_pairs_and_act_order_or_more_pairs_the_grouped_kernel(checkpoints, monkeypatch):
+    from shard_server.models import moe
+
+    taken = []
+    monkeypatch.setattr(moe, "packed_pair_experts", lambda *args: taken.append("pairs") or "pairs")
+    monkeypatch.setattr(moe, "fused_packed_experts", lambda *args: taken.append("grouped") or "grouped")
+    for name, tokens, want in (("gptq4-g32-asym-v2", 1, "pairs"), ("gptq4-g32-asym-v2", 2, "grouped"),
+                               ("gptq4-g32-actorder-sym-v1", 1, "grouped")):  # fmt: skip
+        block = _blocks(load_rank_model(checkpoints["qwen3_moe", name][0], ParallelContext()))[0]
+        x = torch.randn(tokens, block.router.shape[1])
+        weights, ids = route(torch.randn(tokens, block.w13.experts), 2, True)  # a quarter of 8 experts: 2 pairs
+        with fused_kernels(True, on_cpu=True):
+            assert moe.experts_forward(x, block.w13, block.w2, weights, ids) == want, (name, tokens)
+
+
 def _on(experts: PackedExperts, dtype, device) -> PackedExperts:
     """The same experts on `device` with their scales in `dtype` (a half model's checkpoint stores them so)."""
     return PackedExperts(experts.bits, experts.qweight.to(device), experts.zeros.to(device),
@@ -149,19 +182,19 @@ def _random_experts(experts: int, depth: int, width: int, group: int, device) ->
 
 
 @pytest.mark.skipif(not CUDA, reason="GPU-sized case: the Triton interpreter is too slow on CPU")
-@pytest.mark.parametrize("tokens", [1, 16, 300])
-def test_a_qwen3_30b_shaped_layer_matches_the_reference_eagerly_and_from_a_cuda_graph(tokens):
+@pytest.mark.parametrize("way, tokens", [("grouped", 1), ("grouped", 16), ("grouped", 300), ("pairs", 1), ("pairs", 4)])
+def test_a_qwen3_30b_shaped_layer_matches_the_reference_eagerly_and_from_a_cuda_graph(way, tokens):
     """128 experts, hidden 2048, 768 intermediate rows (one rank), groups of 128, top 8, bf16."""
     w13, w2 = _random_experts(128, 2048, 2 * 768, 128, "cuda"), _random_experts(128, 768, 2048, 128, "cuda")
+    experts = fused_packed_experts if way == "grouped" else packed_pair_experts
     gen = torch.Generator("cuda").manual_seed(tokens)
     x = torch.randn(tokens, 2048, generator=gen, device="cuda").bfloat16()
     weights, ids = route(torch.randn(tokens, 128, generator=gen, device="cuda"), 8, True)
     want = reference_experts(x, w13, w2, weights, ids)
-    assert rel(fused_packed_experts(x, w13, w2, weights, ids), want) < TOLERANCE[torch.bfloat16]
-    fused_packed_experts(x, w13, w2, weights, ids)  # compiled before capture
+    assert rel(experts(x, w13, w2, weights, ids), want) < TOLERANCE[torch.bfloat16]
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        replayed = fused_packed_experts(x, w13, w2, weights, ids)
+        replayed = experts(x, w13, w2, weights, ids)
     x.copy_(torch.randn(tokens, 2048, generator=gen, device="cuda").bfloat16())
     graph.replay()
     assert rel(replayed, reference_experts(x, w13, w2, weights, ids)) < TOLERANCE[torch.bfloat16]
