@@ -19,7 +19,8 @@ prompt `mixed_b{BATCH}_ctx{CONTEXT}_plus_{PROMPT}` (a whole runner step, its rel
         [--pdl | --pdl-prefetch] [--merge-in-kernel] [CASE ...]
 
 `--merge-in-kernel`: split attention merged by each tile's last program, no combine launch
-(`MERGE_SPLITS_IN_KERNEL`). `--pdl`: the decoder's Triton kernels launch with programmatic dependent launch
+(`MERGE_SPLITS_IN_KERNEL`). `--mixed-splits N`: every mixed graph's decode tiles in N key ranges
+(`MIXED_SPLITS`; compare `mixed_b*_plus_*` cases with and without). `--pdl`: the decoder's Triton kernels launch with programmatic dependent launch
 (`shard_server/kernels/pdl.py`), graphs captured so; `--pdl-prefetch`: and the skinny matmul
 asks L2 for its weights before it waits. Run with and without to compare step times (kernel
 durations overlap under it: compare `step_ms`).
@@ -275,9 +276,12 @@ def main() -> None:
                         help="with fp8 weights, decode graphs of up to this batch launch with PDL (default: shipped)")
     parser.add_argument("--merge-in-kernel", action="store_true",
                         help="split attention merged by each tile's last program (MERGE_SPLITS_IN_KERNEL)")
+    parser.add_argument("--mixed-splits", type=int, default=None,
+                        help="every mixed graph's small tiles in this many key ranges (MIXED_SPLITS; default: shipped)")
     args = parser.parse_intermixed_args()  # cases may follow the options
     cuda_graphs.PDL_UP_TO_BATCH = args.pdl_up_to  # read when the graphs are captured
     triton_paged.MERGE_SPLITS_IN_KERNEL = args.merge_in_kernel  # read when the backend is built
+    triton_paged.MIXED_SPLITS = args.mixed_splits  # read when the mixed graphs are captured
     kv_dtype = KV_CACHE_DTYPES[args.kv_cache_dtype] if args.kv_cache_dtype else None
     with programmatic_launch(args.pdl or args.pdl_prefetch, prefetch_weights=args.pdl_prefetch):
         profile(args.model_dir, args.out, args.quantize, kv_dtype, set(args.cases))

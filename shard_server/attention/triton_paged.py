@@ -51,6 +51,13 @@ SPLIT_TARGET_PROGRAMS = 4096
 MAX_SPLITS = 8
 # ... except a launch too small to give every SM a program: batch 1 (8 KV heads) takes 16.
 MIN_PROGRAMS = 128
+# A mixed graph's small tiles take `split_count` over the bucket's capacity in tiles (up to one
+# per token), not over the decodes a step runs: 4 key ranges for the 64-token bucket, 2 for 128
+# and 192, 1 from 256, where a decode graph of 8-64 sequences takes 8; so a mixed step's decodes
+# attend with fewer ranges than a decode step's (bench/results/pacing_h100_stop59.md). None:
+# that rule; a number: that many ranges for every mixed graph, for a profile to weigh the idle
+# padding programs it adds against the decodes' split (bench/gpu_kernel_profile.py --mixed-splits).
+MIXED_SPLITS: int | None = None
 # The fewest keys of a range: a context shorter than SPLITS of them takes fewer ranges (the
 # programs of the others read nothing and write no partial output). 0: every context takes
 # SPLITS ranges of its own length / SPLITS.
@@ -218,7 +225,8 @@ class TritonPagedAttention(AttentionBackend):
             metadata.dense_batches = tuple(self.dense.to_device(plan, slots, device) for plan in plans)
         small = [launch for launch in metadata.launches if launch.config == self.small]
         if pad_to is not None and small:
-            metadata.splits = split_count(small[0].num_tiles, self.shape.num_kv_heads)
+            mixed_override = tokens is not None and MIXED_SPLITS is not None
+            metadata.splits = MIXED_SPLITS if mixed_override else split_count(small[0].num_tiles, self.shape.num_kv_heads)
             if metadata.splits > 1 and self.merge_splits_in_kernel:
                 tiles = small[0].num_tiles * self.shape.num_kv_heads
                 metadata.arrivals = torch.zeros(tiles, dtype=torch.int32, device=device)

@@ -84,6 +84,29 @@ def test_fixed_shape_mixed_metadata_equals_unpadded(name, window):
     torch.testing.assert_close(got[:real], expected, atol=1e-4, rtol=0)
 
 
+@pytest.mark.parametrize("splits", [1, 3])  # the tiny bucket's shipped rule gives 8
+def test_a_mixed_graph_split_as_a_profile_asks_gives_the_same_attention(splits, monkeypatch):
+    """`MIXED_SPLITS` (bench/gpu_kernel_profile.py --mixed-splits): any key-range count for the
+    mixed graphs' small tiles, the same output as the shipped rule's."""
+    from shard_server.attention import triton_paged
+
+    specs, tokens, seqs = LAYOUTS["chunk_over_a_cached_prefix"]
+    layout, q, k, v, k_cache, v_cache = make_step(specs, HEADS, KV_HEADS, DIM, BLOCK, torch.float32, DEVICE)
+    backend = TritonPagedAttention(AttentionShape(HEADS, KV_HEADS, DIM, DIM**-0.5), dense_min_tokens=None)
+    shipped = mixed_metadata(backend, tokens, seqs)
+    monkeypatch.setattr(triton_paged, "MIXED_SPLITS", splits)
+    asked = mixed_metadata(backend, tokens, seqs)
+    assert asked.splits == splits != shipped.splits
+    outputs = []
+    for metadata in (shipped, asked):
+        backend.refill(metadata, layout)
+        pad = lambda t: torch.cat([t, torch.zeros(tokens - t.shape[0], *t.shape[1:], device=DEVICE)])  # noqa: E731
+        outputs.append(backend.forward(pad(q), pad(k), pad(v), k_cache.clone(), v_cache.clone(), metadata))
+    torch.testing.assert_close(outputs[1], outputs[0], atol=1e-5, rtol=0)
+    decode = backend.build_metadata(layout, DEVICE, pad_to=seqs + 1, width=WIDTH)  # decode graphs keep their rule
+    assert decode.splits == triton_paged.split_count(decode.launches[0].num_tiles, KV_HEADS)
+
+
 def _sections(metadata):
     return [metadata.slot_mapping, metadata.query_starts, metadata.query_lens, metadata.context_lens] + [
         t for launch in metadata.launches for t in (launch.tile_seq, launch.tile_first)
