@@ -65,9 +65,8 @@ def _packed_pairs_kernel(x_ptr, q_ptr, zeros_ptr, scales_ptr, ids_ptr, weights_p
     words_each = K // (32 // BITS) * WIDTH
     wait_for_previous_kernel(PDL)  # the routing and gate_up write what comes next
     if GATE_UP:
-        e = tl.load(ids_ptr + row).to(tl.int64)
         x_row = x_ptr + (row // TOP_K) * x_stride
-        q, zeros, scales = q_ptr + e * words_each, zeros_ptr + e * GROUPS * WIDTH, scales_ptr + e * GROUPS * WIDTH
+        q, zeros, scales = _expert(q_ptr, zeros_ptr, scales_ptr, ids_ptr + row, words_each, GROUPS * WIDTH)
         gate = row_times_packed(x_row, q, zeros, scales, cols, col_ok, WIDTH, 0, K, group_rows, BITS, BLOCK_N, WORDS,
                                 NEAR_TOP, ASM)  # fmt: skip
         up = row_times_packed(x_row, q, zeros, scales, cols + N, col_ok, WIDTH, 0, K, group_rows, BITS, BLOCK_N, WORDS,
@@ -78,12 +77,18 @@ def _packed_pairs_kernel(x_ptr, q_ptr, zeros_ptr, scales_ptr, ids_ptr, weights_p
         acc = tl.zeros((BLOCK_N,), tl.float32)
         for j in range(TOP_K):
             pair = row * TOP_K + j
-            e = tl.load(ids_ptr + pair).to(tl.int64)
-            q, zeros, scales = q_ptr + e * words_each, zeros_ptr + e * GROUPS * WIDTH, scales_ptr + e * GROUPS * WIDTH
+            q, zeros, scales = _expert(q_ptr, zeros_ptr, scales_ptr, ids_ptr + pair, words_each, GROUPS * WIDTH)
             y = row_times_packed(x_ptr + pair * x_stride, q, zeros, scales, cols, col_ok, WIDTH, 0, K, group_rows, BITS,
                                  BLOCK_N, WORDS, NEAR_TOP, ASM)  # fmt: skip
             acc += y.to(dtype).to(tl.float32) * tl.load(weights_ptr + pair)
         tl.store(out_ptr + row * out_stride + cols, acc.to(dtype), mask=col_ok)
+
+
+@triton.jit
+def _expert(q_ptr, zeros_ptr, scales_ptr, id_ptr, words_each, group_cells):
+    """The packed words, zero points and scales of the expert at `id_ptr`."""
+    e = tl.load(id_ptr).to(tl.int64)
+    return q_ptr + e * words_each, zeros_ptr + e * group_cells, scales_ptr + e * group_cells
 
 
 def _launch(x, experts, ids, weights, out, rows: int, features: int, top_k: int, tile: W4A16Row, gate_up: bool):
