@@ -38,7 +38,7 @@ BITS = (4, 8)
 
 
 def packed_moe_applies(x: torch.Tensor, gate_up, down) -> bool:
-    """Activations of a float dtype, 4- or 8-bit experts whose K steps hold whole words."""
+    """2-D activations of a float dtype, 4- or 8-bit experts."""
     return x.dim() == 2 and x.dtype in DTYPES and gate_up.bits in BITS and down.bits == gate_up.bits
 
 
@@ -116,7 +116,7 @@ def _launch(a, experts, out, sorted_pairs, block_expert, n, top_k, tile: MoeTile
     depth = experts.in_features
     tile, one_group = _fitted(tile, experts, depth)
     blocks_m = block_expert.numel()
-    step = (depth if experts.group_rows >= depth else experts.group_rows) if one_group else 1
+    step = min(experts.group_rows, depth) if one_group else 1
     pairs_dq = experts.bits == 4 and one_group and a.dtype in PAIR_MAGIC
     _moe_packed_kernel[(blocks_m * triton.cdiv(n, tile.block_n),)](
         a, experts.qweight, experts.zeros, experts.scales, experts.g_idx, out, sorted_pairs, block_expert, n, depth,

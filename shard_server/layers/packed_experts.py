@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from ..distributed import RowRange
+from ..models.moe_config import MoeConfig
 from ..models.quantization import PackedScheme
 from ..weights import WeightStore
 from .int4 import PackedWeight, dequantize_packed_reference
@@ -76,19 +77,18 @@ class PackedExperts:
                                            self.g_idx[expert], self.bits, dtype)  # fmt: skip
 
 
-def load_packed_experts(store: WeightStore, scheme: PackedScheme, prefix: str, weight_names: tuple[str, str, str],
-                        experts: int, hidden: int, size: int, rows: tuple[int, int], dtype: torch.dtype,
-                        device) -> tuple[PackedExperts, PackedExperts]:  # fmt: skip
-    """(gate_up, down) of `prefix`.experts.{e}, for intermediate rows [rows[0], rows[1]) of `size`."""
-    gate_name, up_name, down_name = weight_names
+def load_packed_experts(store: WeightStore, scheme: PackedScheme, prefix: str, moe: MoeConfig, hidden: int,
+                        rows: tuple[int, int], dtype: torch.dtype, device) -> tuple[PackedExperts, PackedExperts]:
+    """(gate_up, down) of `prefix`.experts.{e}, for this rank's intermediate rows [rows[0], rows[1])."""
+    gate_name, up_name, down_name = moe.weight_names
     start, end = rows
     gate_up, down = [], []
-    for e in range(experts):
+    for e in range(moe.num_experts):
         expert = f"{prefix}.experts.{e}"
         weight = quantized_weight(scheme, (2 * (end - start), hidden), dtype, device)
         weight.load_columns(store, [f"{expert}.{gate_name}", f"{expert}.{up_name}"], [RowRange(start, end)] * 2)
         gate_up.append(weight)
         weight = quantized_weight(scheme, (hidden, end - start), dtype, device)
-        weight.load_rows(store, f"{expert}.{down_name}", start, end, size)
+        weight.load_rows(store, f"{expert}.{down_name}", start, end, moe.expert_intermediate_size)
         down.append(weight)
     return PackedExperts.stack(gate_up), PackedExperts.stack(down)

@@ -22,8 +22,9 @@ data-dependent shapes), or under CUDA-graph capture `dense_experts`, its static-
 (correct but experts/top_k times the work).
 
 GPTQ, AWQ and compressed-tensors pack-quantized experts stay packed (`layers/packed_experts.py`,
-one stack for gate_up and one for down) and run on their own grouped kernel
-(`kernels/fused_moe_packed.py`); the reference dequantizes each hit expert.
+one stack for gate_up and one for down) and run on their own kernels, pair by pair for a decode
+batch with few pairs (`kernels/moe_pairs_packed.py`), else grouped (`kernels/fused_moe_packed.py`);
+the reference dequantizes each hit expert.
 
 fp8 experts carry float32 scales (`kernels/expert_scales.py`): one a row (`--quantize fp8` on a
 bf16/fp16 checkpoint, or a per-channel fp8 checkpoint's), or a block-wise fp8 checkpoint's
@@ -187,7 +188,6 @@ class MoeBlock(nn.Module):
         self.scale_block = None if self.block_fp8 is None else self.block_fp8.block  # None: a scale a row
         # A GPTQ / AWQ / pack-quantized checkpoint's experts stay packed: `load` stacks them.
         self.packed = cfg.packed if isinstance(cfg.packed, PackedScheme) else None
-        self.dtype, self.device = dtype, device
         self.w13 = self.w2 = self.w13_scale = self.w2_scale = None
         if self.packed is None:
             self.w13 = nn.Parameter(
@@ -212,16 +212,24 @@ class MoeBlock(nn.Module):
             self.shared_expert_gate = nn.Parameter(torch.empty(1, hidden, dtype=dtype, device=device), requires_grad=False)
 
     def load(self, store: WeightStore, prefix: str) -> None:
+        hidden = self.router.shape[1]
+        self.router.copy_(self._read(store, f"{prefix}.gate", hidden))
+        if self.packed is not None:
+            self.w13, self.w2 = load_packed_experts(store, self.packed, prefix, self.moe, hidden, self.rows,
+                                                    self.router.dtype, self.router.device)  # fmt: skip
+        else:
+            self._load_experts(store, prefix)
+        if self.shared_expert is not None:
+            self.shared_expert.load(store, f"{prefix}.shared_expert")
+            self.shared_expert_gate.copy_(store.get(f"{prefix}.shared_expert_gate.weight"))
+
+    def _load_experts(self, store: WeightStore, prefix: str) -> None:
+        """The routed experts of a float, fp8 or block-wise fp8 checkpoint, into w13 and w2."""
         start, end = self.rows
         local = end - start
         gate_name, up_name, down_name = self.moe.weight_names
         hidden, size = self.router.shape[1], self.moe.expert_intermediate_size
-        self.router.copy_(self._read(store, f"{prefix}.gate", hidden))
-        if self.packed is not None:
-            self.w13, self.w2 = load_packed_experts(store, self.packed, prefix, self.moe.weight_names,
-                                                    self.moe.num_experts, hidden, size, self.rows, self.dtype,
-                                                    self.device)  # fmt: skip
-        for e in range(self.moe.num_experts if self.packed is None else 0):
+        for e in range(self.moe.num_experts):
             expert = f"{prefix}.experts.{e}"
             if self.block_fp8 is not None:
                 self._load_block_fp8(store, expert, e)
@@ -232,9 +240,6 @@ class MoeBlock(nn.Module):
                        self._read(store, f"{expert}.{up_name}", hidden, rows=(start, end)))  # fmt: skip
             self._fill(self.w2, self.w2_scale, (e, slice(None)), store, f"{expert}.{down_name}", 0,
                        self._read(store, f"{expert}.{down_name}", size, cols=(start, end)))  # fmt: skip
-        if self.shared_expert is not None:
-            self.shared_expert.load(store, f"{prefix}.shared_expert")
-            self.shared_expert_gate.copy_(store.get(f"{prefix}.shared_expert_gate.weight"))
 
     def _read(self, store: WeightStore, prefix: str, in_features: int, rows=None, cols=None) -> torch.Tensor:
         """Checkpoint rows or columns [start, end) of `prefix`'s weight (all of it without either): as

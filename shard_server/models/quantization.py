@@ -49,7 +49,7 @@ DENSE_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text",
 # GPTQ, AWQ and pack-quantized weights load for the MoE families too (their experts stacked,
 # `layers/packed_experts.py`), and so do block-wise fp8 ones (the experts keep their block
 # scales, kernels/expert_scales.py). Either way the fused MoE kernels apply them.
-PACKED_FAMILIES = BLOCK_FP8_FAMILIES = (*DENSE_FAMILIES, *MOE_FAMILY)
+PACKED_FAMILIES = (*DENSE_FAMILIES, *MOE_FAMILY)
 # An MoE router (and Qwen2-MoE's shared-expert gate): llm-compressor leaves them unquantized
 # ("re:.*mlp.gate$"), and the MoE block reads them as stored.
 ROUTER_NAMES = ("gate", "shared_expert_gate")
@@ -143,7 +143,7 @@ def packed_scheme(raw: dict) -> QuantizedScheme | None:
     config = raw.get("quantization_config") or {}
     method = config.get("quant_method")
     if method == "fp8" and config.get("weight_block_size") is not None:
-        _check_family(raw, method, BLOCK_FP8_FAMILIES)
+        _check_family(raw, method, PACKED_FAMILIES)
         return _block_fp8(config)
     if method == "compressed-tensors":
         scheme = _check_compressed_tensors(config)
