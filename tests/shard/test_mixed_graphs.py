@@ -84,10 +84,12 @@ def test_fixed_shape_mixed_metadata_equals_unpadded(name, window):
     torch.testing.assert_close(got[:real], expected, atol=1e-4, rtol=0)
 
 
-@pytest.mark.parametrize("splits", [1, 3])  # the tiny bucket's shipped rule gives 8
-def test_a_mixed_graph_split_as_a_profile_asks_gives_the_same_attention(splits, monkeypatch):
+@pytest.mark.parametrize("splits,run_time", [(1, False), (3, False), (16, True)])  # the bucket's rule: 8
+def test_a_mixed_graph_split_as_a_profile_asks_gives_the_same_attention(splits, run_time, monkeypatch):
     """`MIXED_SPLITS` (bench/gpu_kernel_profile.py --mixed-splits): any key-range count for the
-    mixed graphs' small tiles, the same output as the shipped rule's."""
+    mixed graphs' small tiles, the same output as the shipped rule's; with
+    `MIXED_RANGES_AT_RUN_TIME` each step writes fewer ranges than the grid's, as a decode graph of
+    its small tiles would take."""
     from shard_server.attention import triton_paged
 
     specs, tokens, seqs = LAYOUTS["chunk_over_a_cached_prefix"]
@@ -95,8 +97,18 @@ def test_a_mixed_graph_split_as_a_profile_asks_gives_the_same_attention(splits, 
     backend = TritonPagedAttention(AttentionShape(HEADS, KV_HEADS, DIM, DIM**-0.5), dense_min_tokens=None)
     shipped = mixed_metadata(backend, tokens, seqs)
     monkeypatch.setattr(triton_paged, "MIXED_SPLITS", splits)
+    monkeypatch.setattr(triton_paged, "MIXED_RANGES_AT_RUN_TIME", run_time)
+    if run_time:  # a rule that gives this tiny step's two decodes 2 ranges, not the grid's 16
+        monkeypatch.setattr(triton_paged, "SPLIT_TARGET_PROGRAMS", 8)
+        monkeypatch.setattr(triton_paged, "MIN_PROGRAMS", 0)
     asked = mixed_metadata(backend, tokens, seqs)
     assert asked.splits == splits != shipped.splits
+    assert (asked.ranges is not None) == run_time and shipped.ranges is None
+    if run_time:
+        backend.refill(asked, layout)
+        small_tiles = asked.launches[0].tile_seq.cpu().lt(len(specs)).sum().item()
+        want = triton_paged.split_count(small_tiles, KV_HEADS)
+        assert asked.ranges.cpu().tolist() == [want] == [2]
     outputs = []
     for metadata in (shipped, asked):
         backend.refill(metadata, layout)
