@@ -6,6 +6,9 @@
 #   family    with FAMILY=phi3-medium (or another gpu_model shape): that family's served batch-1
 #             tok/s (gpu_vs_vllm, textgen alone) and its batch-1 decode profiled both ways;
 #   quantized the quantized kernels' CUDA tests (W4A16, block fp8 through Triton and cuBLASLt);
+#   mixed     the mixed graphs' CUDA tests, then MIXED_CASES (decodes alone and beside a prompt)
+#             profiled three ways: the mixed graphs' shipped split rule, 8 key ranges for every
+#             step, and each step's own count up to 8 (--mixed-run-time);
 #   block_mid block fp8 at decode batches of 32 and 64 rows: cuBLASLt against weight streaming
 #             (bench/gpu_block_fp8.py's MID_ROWS_CANDIDATES), into $OUT/block_fp8_mid.json.
 # Caps: TESTS_S (150), MODEL_S (240), PROFILE_S (100 a profile), FAMILY_S (150), QUANTIZED_S
@@ -19,7 +22,9 @@ profile() {  # NAME MODEL_DIR CASES... [--merge-in-kernel]
   local name=$1 model=$2; shift 2
   stage "$name" "${PROFILE_S:-100}" python3 bench/gpu_kernel_profile.py "$model" "$OUT/$name.json" "$@"
 }
-if wants profiles; then  # the 16 GB model is written while the tests run (gpu_speculation's model child)
+MIXED_CASES=${MIXED_CASES:-decode_b32_ctx400 mixed_b32_ctx400_plus_64 mixed_b32_ctx400_plus_200 decode_b64_ctx600 \
+  mixed_b64_ctx600_plus_300 mixed_b64_ctx600_plus_700 decode_b200_ctx400 mixed_b200_ctx400_plus_256}
+if wants profiles || wants mixed; then  # the 16 GB model is written while the tests run (gpu_speculation's model child)
   python3 bench/gpu_speculation.py --write-models --tokenizer-dir "$TOKENIZER" --router-binary /bin/true \
     --out /tmp/spec-models --servers off --model-dir "$MODEL" > "$LOGS/model.log" 2>&1 &
   writer=$!
@@ -32,6 +37,14 @@ if wants profiles; then
   wait $writer; echo "model rc=$?" >> "$LOGS/model.log"
   profile profile_split "$MODEL" $CASES
   profile profile_merged "$MODEL" $CASES --merge-in-kernel
+fi
+if wants mixed; then
+  stage mixed_tests "${TESTS_S:-150}" python3 -m pytest -q -x -p no:cacheprovider tests/shard/test_mixed_graphs.py
+  timeout "${MODEL_S:-240}" tail --pid=$writer -f /dev/null || kill $writer
+  wait $writer
+  profile mixed_shipped "$MODEL" $MIXED_CASES
+  profile mixed_split8 "$MODEL" $MIXED_CASES --mixed-splits 8
+  profile mixed_run_time8 "$MODEL" $MIXED_CASES --mixed-splits 8 --mixed-run-time
 fi
 if wants family; then
   family_dir=/tmp/$FAMILY-random
