@@ -309,7 +309,9 @@ def _paged_attention(
         lo = 0
     if SPLITS > 1:
         # Fewer ranges at run time: the programs past them start past hi and read nothing.
-        ranges = tl.load(ranges_ptr) if RANGES_AT_RUN_TIME else SPLITS
+        ranges = SPLITS
+        if RANGES_AT_RUN_TIME:
+            ranges = tl.load(ranges_ptr)
         chunk = tl.maximum(tl.cdiv(tl.cdiv(hi - lo, ranges), BLOCK_N) * BLOCK_N, MIN_SPLIT_KEYS)
         lo = lo + tl.program_id(2) * chunk
         hi = tl.minimum(hi, lo + chunk)
