@@ -8,7 +8,8 @@
 #   quantized the quantized kernels' CUDA tests (W4A16, block fp8 through Triton and cuBLASLt);
 #   mixed     the mixed graphs' CUDA tests, then MIXED_CASES (decodes alone and beside a prompt)
 #             profiled three ways: the mixed graphs' shipped split rule, 8 key ranges for every
-#             step, and each step's own count up to 8 (--mixed-run-time);
+#             step, and each step's own count up to 8 (--mixed-run-time); MORE_TESTS: test files
+#             run in the same stage (while the model is written);
 #   block_mid block fp8 at decode batches of 32 and 64 rows: cuBLASLt against weight streaming
 #             (bench/gpu_block_fp8.py's MID_ROWS_CANDIDATES), into $OUT/block_fp8_mid.json.
 # Caps: TESTS_S (150), MODEL_S (240), PROFILE_S (100 a profile), FAMILY_S (150), QUANTIZED_S
@@ -39,7 +40,8 @@ if wants profiles; then
   profile profile_merged "$MODEL" $CASES --merge-in-kernel
 fi
 if wants mixed; then
-  stage mixed_tests "${TESTS_S:-150}" python3 -m pytest -q -x -p no:cacheprovider tests/shard/test_mixed_graphs.py
+  stage mixed_tests "${TESTS_S:-150}" python3 -m pytest -q -x -p no:cacheprovider tests/shard/test_mixed_graphs.py \
+    ${MORE_TESTS:-}
   timeout "${MODEL_S:-240}" tail --pid=$writer -f /dev/null || kill $writer
   wait $writer
   profile mixed_shipped "$MODEL" $MIXED_CASES
