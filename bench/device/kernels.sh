@@ -8,7 +8,7 @@
 #   quantized the quantized kernels' CUDA tests (W4A16, block fp8 through Triton and cuBLASLt);
 #   mixed     the mixed graphs' CUDA tests, then MIXED_CASES (decodes alone and beside a prompt)
 #             profiled three ways: the mixed graphs' shipped split rule, 8 key ranges for every
-#             step, and each step's own count up to 8 (--mixed-run-time); MORE_TESTS: test files
+#             step, and each step's own count up to 8 (--mixed-run-time, on RUN_TIME_CASES); MORE_TESTS: test files
 #             run in the same stage (while the model is written);
 #   block_mid block fp8 at decode batches of 32 and 64 rows: cuBLASLt against weight streaming
 #             (bench/gpu_block_fp8.py's MID_ROWS_CANDIDATES), into $OUT/block_fp8_mid.json.
@@ -23,7 +23,7 @@ profile() {  # NAME MODEL_DIR CASES... [--merge-in-kernel]
   local name=$1 model=$2; shift 2
   stage "$name" "${PROFILE_S:-100}" python3 bench/gpu_kernel_profile.py "$model" "$OUT/$name.json" "$@"
 }
-MIXED_CASES=${MIXED_CASES:-decode_b32_ctx400 mixed_b32_ctx400_plus_64 mixed_b32_ctx400_plus_200 decode_b64_ctx600 \
+MIXED_CASES=${MIXED_CASES:-decode_b32_ctx400 mixed_b32_ctx400_plus_64 decode_b64_ctx600 \
   mixed_b64_ctx600_plus_300 mixed_b64_ctx600_plus_700 decode_b200_ctx400 mixed_b200_ctx400_plus_256}
 if wants profiles || wants mixed; then  # the 16 GB model is written while the tests run (gpu_speculation's model child)
   python3 bench/gpu_speculation.py --write-models --tokenizer-dir "$TOKENIZER" --router-binary /bin/true \
@@ -46,7 +46,9 @@ if wants mixed; then
   wait $writer
   profile mixed_shipped "$MODEL" $MIXED_CASES
   profile mixed_split8 "$MODEL" $MIXED_CASES --mixed-splits 8
-  profile mixed_run_time8 "$MODEL" $MIXED_CASES --mixed-splits 8 --mixed-run-time
+  # the step's own count differs from 8 past ~64 decodes (the batch-200 case); one at 64 for its cost
+  profile mixed_run_time8 "$MODEL" ${RUN_TIME_CASES:-mixed_b64_ctx600_plus_300 mixed_b200_ctx400_plus_256} \
+    --mixed-splits 8 --mixed-run-time
 fi
 if wants family; then
   family_dir=/tmp/$FAMILY-random
