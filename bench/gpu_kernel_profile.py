@@ -20,8 +20,8 @@ prompt `mixed_b{BATCH}_ctx{CONTEXT}_plus_{PROMPT}` (a whole runner step, its rel
 
 `--merge-in-kernel`: split attention merged by each tile's last program, no combine launch
 (`MERGE_SPLITS_IN_KERNEL`). `--mixed-splits N`: every mixed graph's decode tiles in N key ranges
-(`MIXED_SPLITS`; compare `mixed_b*_plus_*` cases with and without); with `--mixed-run-time`
-each step's decodes split as a decode graph of as many would, at most N, read at run time. `--pdl`: the decoder's Triton kernels launch with programmatic dependent launch
+(`MIXED_SPLITS`; compare `mixed_b*_plus_*` cases with and without). `--packed-pairs`: GPTQ/AWQ
+experts of few-pair decode batches pair by pair (`moe_pairs_packed.PACKED_PAIRS`, off as shipped). `--pdl`: the decoder's Triton kernels launch with programmatic dependent launch
 (`shard_server/kernels/pdl.py`), graphs captured so; `--pdl-prefetch`: and the skinny matmul
 asks L2 for its weights before it waits. Run with and without to compare step times (kernel
 durations overlap under it: compare `step_ms`).
@@ -45,6 +45,7 @@ from bench.gpu_parity import parity_runner  # noqa: E402
 from bench.gpu_step_profile import _prefill_batch  # noqa: E402
 from shard_server import cuda_graphs  # noqa: E402
 from shard_server.attention import triton_paged  # noqa: E402
+from shard_server.kernels import moe_pairs_packed  # noqa: E402
 from shard_server.kernels.pdl import programmatic_launch  # noqa: E402
 from shard_server.kv_cache import KV_CACHE_DTYPES  # noqa: E402
 from shard_server.pb import generate_pb2 as pb  # noqa: E402
@@ -279,14 +280,13 @@ def main() -> None:
                         help="split attention merged by each tile's last program (MERGE_SPLITS_IN_KERNEL)")
     parser.add_argument("--mixed-splits", type=int, default=None,
                         help="every mixed graph's small tiles in this many key ranges (MIXED_SPLITS; default: shipped)")
-    parser.add_argument("--mixed-run-time", action="store_true",
-                        help="with --mixed-splits N: each mixed step splits as a decode graph of its small tiles, "
-                             "at most N (MIXED_RANGES_AT_RUN_TIME)")
+    parser.add_argument("--packed-pairs", action="store_true",
+                        help="GPTQ/AWQ experts of few-pair decode batches pair by pair (moe_pairs_packed.PACKED_PAIRS)")
     args = parser.parse_intermixed_args()  # cases may follow the options
     cuda_graphs.PDL_UP_TO_BATCH = args.pdl_up_to  # read when the graphs are captured
     triton_paged.MERGE_SPLITS_IN_KERNEL = args.merge_in_kernel  # read when the backend is built
     triton_paged.MIXED_SPLITS = args.mixed_splits  # read when the mixed graphs are captured
-    triton_paged.MIXED_RANGES_AT_RUN_TIME = args.mixed_run_time  # ... and when each step is packed
+    moe_pairs_packed.PACKED_PAIRS = args.packed_pairs  # read at each MoE layer's call
     kv_dtype = KV_CACHE_DTYPES[args.kv_cache_dtype] if args.kv_cache_dtype else None
     with programmatic_launch(args.pdl or args.pdl_prefetch, prefetch_weights=args.pdl_prefetch):
         profile(args.model_dir, args.out, args.quantize, kv_dtype, set(args.cases))

@@ -7,8 +7,8 @@
 #             tok/s (gpu_vs_vllm, textgen alone) and its batch-1 decode profiled both ways;
 #   quantized the quantized kernels' CUDA tests (W4A16, block fp8 through Triton and cuBLASLt);
 #   mixed     the mixed graphs' CUDA tests, then MIXED_CASES (decodes alone and beside a prompt)
-#             profiled three ways: the mixed graphs' shipped split rule, 8 key ranges for every
-#             step, and each step's own count up to 8 (--mixed-run-time, on RUN_TIME_CASES); MORE_TESTS: test files
+#             profiled two ways: the mixed graphs' shipped split rule and 8 key ranges for every
+#             step (bench/results/kernel_profile_mixed_splits_h100.md); MORE_TESTS: test files
 #             run in the same stage (while the model is written);
 #   block_mid block fp8 at decode batches of 32 and 64 rows: cuBLASLt against weight streaming
 #             (bench/gpu_block_fp8.py's MID_ROWS_CANDIDATES), into $OUT/block_fp8_mid.json.
@@ -46,9 +46,6 @@ if wants mixed; then
   wait $writer
   profile mixed_shipped "$MODEL" $MIXED_CASES
   profile mixed_split8 "$MODEL" $MIXED_CASES --mixed-splits 8
-  # the step's own count differs from 8 past ~64 decodes (the batch-200 case); one at 64 for its cost
-  profile mixed_run_time8 "$MODEL" ${RUN_TIME_CASES:-mixed_b64_ctx600_plus_300 mixed_b200_ctx400_plus_256} \
-    --mixed-splits 8 --mixed-run-time
 fi
 if wants family; then
   family_dir=/tmp/$FAMILY-random

@@ -26,9 +26,7 @@ and each program writes its unnormalised partial output with its running max and
 at batch 1 one program per KV head would leave most of the GPU idle while each walks the
 whole context alone. A range is at least MIN_SPLIT_KEYS keys, so a short context takes fewer
 ranges than SPLITS; a program whose range is empty writes only its max (-inf) and sum (0),
-and `combine_splits` reads no partial output where the max is -inf. With RANGES_AT_RUN_TIME
-the keys split over a count read from the metadata, at most SPLITS (a mixed graph's grid is
-fixed, its decodes are not): the programs past it read nothing. With MERGE_IN_KERNEL the
+and `combine_splits` reads no partial output where the max is -inf. With MERGE_IN_KERNEL the
 last of a tile's SPLITS programs to finish (counted on an int32 per tile and KV head, which it
 sets back to 0 for the next launch) merges the partials itself, and no `combine_splits`
 launch follows: one kernel a layer fewer at small batches, but measured slower on an H100
@@ -245,7 +243,6 @@ def _paged_attention(
     partial_ml_ptr,  # with SPLITS > 1: float32 [2, SPLITS, T, H], running max then sum
     arrivals_ptr,  # with MERGE_IN_KERNEL: int32 [tiles, KV_HEADS], zeros between launches
     merged_ptr,  # with MERGE_IN_KERNEL: [T, H, D], where the merged output goes
-    ranges_ptr,  # with RANGES_AT_RUN_TIME: int32 [1], the key ranges of this step (<= SPLITS)
     tile_seq_ptr,  # [tiles] sequence of each tile
     tile_first_ptr,  # [tiles] first query offset of the tile inside its sequence
     query_starts_ptr,  # [B] first step row of each sequence
@@ -274,7 +271,6 @@ def _paged_attention(
     SPLITS: tl.constexpr,  # key ranges per tile (program_id 2); 1: no split
     MIN_SPLIT_KEYS: tl.constexpr,  # with SPLITS > 1: the fewest keys of a range (0: ~1/SPLITS of them)
     MERGE_IN_KERNEL: tl.constexpr,  # with SPLITS > 1: the tile's last program merges the partials
-    RANGES_AT_RUN_TIME: tl.constexpr,  # with SPLITS > 1: the keys split over ranges_ptr's count
     FP16_DOTS: tl.constexpr,  # an fp8 pool under bf16 queries: the dots run in fp16
     V_LOAD: tl.constexpr,  # "plain"; fp8 values to fp16 dots: "words" / "words_ptx" (`_fp8_words_as_fp16`)
     PDL: tl.constexpr,
@@ -308,11 +304,7 @@ def _paged_attention(
     else:
         lo = 0
     if SPLITS > 1:
-        # Fewer ranges at run time: the programs past them start past hi and read nothing.
-        ranges = SPLITS
-        if RANGES_AT_RUN_TIME:
-            ranges = tl.load(ranges_ptr)
-        chunk = tl.maximum(tl.cdiv(tl.cdiv(hi - lo, ranges), BLOCK_N) * BLOCK_N, MIN_SPLIT_KEYS)
+        chunk = tl.maximum(tl.cdiv(tl.cdiv(hi - lo, SPLITS), BLOCK_N) * BLOCK_N, MIN_SPLIT_KEYS)
         lo = lo + tl.program_id(2) * chunk
         hi = tl.minimum(hi, lo + chunk)
     kv_base = kv_head * HEAD_DIM

@@ -58,15 +58,12 @@ def pack_step(
     tokens: int | None = None,
     fixed_tiles: tuple[int, int] | None = None,
     dense: Callable[[list[int], list[int]], list[bool]] | None = None,
-    key_ranges: Callable[[int], int] | None = None,
 ) -> PackedStep:
     """Packs a step's metadata. `pad_to`: sequences padded to this count (a graph's shape);
     `tokens`: a mixed graph's token bucket (rows padded to it, `fixed_tiles` tile counts);
     `width`: the table columns (default: as many as the step reads; only those are written
     with `only_used_columns`). `dense(query_lens, context_lens)`: which sequences of an
-    unpadded step take the dense prefill path instead of a tile. `key_ranges(small tiles)`: the
-    key ranges of this step's small tiles, from its count of real ones, packed as a one-int
-    section (`ranges`) after the tiles: a graph's split counts that follow its steps."""
+    unpadded step take the dense prefill path instead of a tile."""
     bs = layout.block_size
     q_lens, ctx_lens, block_tables = list(layout.query_lens), list(layout.context_lens), layout.block_tables
     real = len(q_lens)
@@ -99,14 +96,9 @@ def pack_step(
     sections: list[Section] = [(n, len(p)) for n, p in zip(("slots", "starts", "q_lens", "ctx_lens"), parts)]
     is_dense = dense(q_lens, ctx_lens) if dense is not None and pad_to is None else [False] * real
     paged = [not d for d in is_dense] + [True] * extra
-    launches = _tiles(q_padded, paged, tiles, fixed_tiles)
-    for config, seqs, firsts in launches:
+    for config, seqs, firsts in _tiles(q_padded, paged, tiles, fixed_tiles):
         sections.append((config, len(seqs)))
         parts += [seqs, firsts]
-    if key_ranges is not None:
-        small = [seqs for config, seqs, _ in launches if config is tiles.small]
-        parts.append([key_ranges(sum(s < real for s in small[0]) if small else 0)])
-        sections.append(("ranges", 1))
     columns = max(1, needed) if only_used_columns else width
     sections.append(("tables", batch * columns))
     head: list[int] = []

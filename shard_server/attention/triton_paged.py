@@ -54,15 +54,12 @@ MIN_PROGRAMS = 128
 # A mixed graph's small tiles take `split_count` over the bucket's capacity in tiles (up to one
 # per token), not over the decodes a step runs: 4 key ranges for the 64-token bucket, 2 for 128
 # and 192, 1 from 256, where a decode graph of 8-64 sequences takes 8; so a mixed step's decodes
-# attend with fewer ranges than a decode step's (bench/results/pacing_h100_stop59.md). None:
-# that rule; a number: that many ranges for every mixed graph, for a profile to weigh the idle
-# padding programs it adds against the decodes' split (bench/gpu_kernel_profile.py --mixed-splits).
+# attend with fewer ranges than a decode step's (bench/results/pacing_h100_stop59.md). Yet that
+# rule wins: 8 ranges for every mixed graph made its steps 0.4-2.4 ms slower (H100, 8B, 32-200
+# decodes beside 64-700 prompt tokens, bench/results/kernel_profile_mixed_splits_h100.md), the
+# padding tiles' idle programs (~2 ns of the launch each) costing more than the split saves.
+# None: that rule; a number: that many ranges for every mixed graph (gpu_kernel_profile --mixed-splits).
 MIXED_SPLITS: int | None = None
-# With MIXED_SPLITS, each mixed step's small tiles take `split_count` over its real small tiles
-# (as a decode graph of that many would), at most MIXED_SPLITS, written into its metadata
-# (`ranges`) and read by the kernel at run time; the programs past that count read nothing.
-# Off: every step takes MIXED_SPLITS ranges (for a profile to weigh the two).
-MIXED_RANGES_AT_RUN_TIME = False
 # The fewest keys of a range: a context shorter than SPLITS of them takes fewer ranges (the
 # programs of the others read nothing and write no partial output). 0: every context takes
 # SPLITS ranges of its own length / SPLITS.
@@ -117,8 +114,7 @@ class TritonMetadata:
     launches: list[TileLaunch]
     pad_to: int | None
     width: int
-    splits: int = 1  # key ranges per small (decode) tile: the launch's grid
-    ranges: torch.Tensor | None = None  # a mixed graph's: int32 [1], this step's ranges (<= splits)
+    splits: int = 1  # key ranges per small (decode) tile
     arrivals: torch.Tensor | None = None  # merged in the kernel: int32 [small tiles, KV heads], zeros
     tokens: int | None = None  # a mixed graph's token bucket: rows padded to it, fixed tile counts
     dense_rows: tuple[tuple[int, int], ...] = ()  # (first row, length) of each dense-path prompt
@@ -220,9 +216,7 @@ class TritonPagedAttention(AttentionBackend):
         small tiles' keys by their padded count (`split_count`)."""
         if tokens is not None and pad_to is None:
             raise ValueError("a token bucket needs a sequence bound (pad_to)")
-        mixed = self._mixed_splits(tokens, pad_to)
-        ranges_up_to = mixed if mixed and MIXED_RANGES_AT_RUN_TIME else None
-        step = self._pack(layout, pad_to, width, tokens=tokens, ranges_up_to=ranges_up_to)
+        step = self._pack(layout, pad_to, width, tokens=tokens)
         packed = host_to_device(torch.from_numpy(step.host), device)
         metadata = self._views(packed, step.sections, pad_to, step.width)
         metadata.tokens = tokens
@@ -233,7 +227,8 @@ class TritonPagedAttention(AttentionBackend):
             metadata.dense_batches = tuple(self.dense.to_device(plan, slots, device) for plan in plans)
         small = [launch for launch in metadata.launches if launch.config == self.small]
         if pad_to is not None and small:
-            metadata.splits = mixed or split_count(small[0].num_tiles, self.shape.num_kv_heads)
+            mixed_override = tokens is not None and MIXED_SPLITS is not None
+            metadata.splits = MIXED_SPLITS if mixed_override else split_count(small[0].num_tiles, self.shape.num_kv_heads)
             if metadata.splits > 1 and self.merge_splits_in_kernel:
                 tiles = small[0].num_tiles * self.shape.num_kv_heads
                 metadata.arrivals = torch.zeros(tiles, dtype=torch.int32, device=device)
@@ -244,9 +239,7 @@ class TritonPagedAttention(AttentionBackend):
         block tables (last in the buffer) only the columns this step reads are written: the
         captured width covers the model's whole context (8,192 columns for a 131k-token
         Llama 3.1), and the kernel never reads a column past a sequence's own blocks."""
-        ranges_up_to = None if metadata.ranges is None else metadata.splits
-        step = self._pack(layout, metadata.pad_to, metadata.width, only_used_columns=True, tokens=metadata.tokens,
-                          ranges_up_to=ranges_up_to)  # fmt: skip
+        step = self._pack(layout, metadata.pad_to, metadata.width, only_used_columns=True, tokens=metadata.tokens)
         host = torch.from_numpy(step.host)
         tables = step.sections[-1][1]
         head = host[: host.shape[0] - aligned(tables)]
@@ -257,22 +250,11 @@ class TritonPagedAttention(AttentionBackend):
         copy_into(metadata.block_tables[:, :columns], host[head.shape[0] : head.shape[0] + tables].view(-1, columns))
 
     def _pack(self, layout: StepLayout, pad_to: int | None, width: int | None, only_used_columns: bool = False,
-              tokens: int | None = None, ranges_up_to: int | None = None) -> PackedStep:  # fmt: skip
+              tokens: int | None = None) -> PackedStep:  # fmt: skip
         """The step's metadata on the host (triton_packing.py); with a token bucket (`tokens`),
-        every section but the tables has the same size for any layout that fits it. With
-        `ranges_up_to`, the step's key ranges for its small tiles, at most that many."""
+        every section but the tables has the same size for any layout that fits it."""
         fixed = None if tokens is None else mixed_tile_counts(self.small, self.large, tokens, pad_to)
-        ranges = None
-        if ranges_up_to is not None:
-            ranges = lambda tiles: min(ranges_up_to, split_count(max(1, tiles), self.shape.num_kv_heads))  # noqa: E731
-        return pack_step(layout, self.tile_plan, pad_to, width, only_used_columns, tokens, fixed, self.dense.takes,
-                         ranges)  # fmt: skip
-
-    @staticmethod
-    def _mixed_splits(tokens: int | None, pad_to: int | None) -> int | None:
-        """A mixed graph's key ranges when a profile asks for them (MIXED_SPLITS); None: the
-        capacity rule (or not a mixed graph)."""
-        return MIXED_SPLITS if tokens is not None and pad_to is not None else None
+        return pack_step(layout, self.tile_plan, pad_to, width, only_used_columns, tokens, fixed, self.dense.takes)
 
     @staticmethod
     def _views(packed: torch.Tensor, sections, pad_to, width) -> TritonMetadata:
@@ -297,7 +279,6 @@ class TritonPagedAttention(AttentionBackend):
             launches=launches,
             pad_to=pad_to,
             width=width,
-            ranges=named.get("ranges"),
         )
 
     # -- per-layer compute -------------------------------------------------------------
@@ -375,14 +356,12 @@ class TritonPagedAttention(AttentionBackend):
         target, ml = out, out  # unsplit: the kernel writes the output itself (ml unused)
         merge_in_kernel = splits > 1 and metadata.arrivals is not None
         arrivals = metadata.arrivals if merge_in_kernel else launch.tile_seq  # (unused unless merging)
-        ranges_at_run_time = splits > 1 and metadata.ranges is not None
-        ranges = metadata.ranges if ranges_at_run_time else launch.tile_seq  # (unused unless so)
         if splits > 1:
             target = torch.empty((splits, tokens, heads, dim), dtype=torch.float32, device=q.device)
             ml = torch.empty((2, splits, tokens, heads), dtype=torch.float32, device=q.device)
         strides = (tokens * heads * dim, heads, tokens * heads)  # split, ml token, ml split
         kernels.paged_attention[(launch.num_tiles, shape.num_kv_heads, splits)](
-            q, k_cache, v_cache, target, ml, arrivals, out, ranges,
+            q, k_cache, v_cache, target, ml, arrivals, out,
             launch.tile_seq, launch.tile_first,
             metadata.query_starts, metadata.query_lens, metadata.context_lens, metadata.block_tables,
             q.stride(0), q.stride(1), out.stride(0), out.stride(1),
@@ -392,7 +371,6 @@ class TritonPagedAttention(AttentionBackend):
             HEAD_DIM=shape.head_dim, HEAD_DIM_P=self.head_dim_p,
             IEEE=q.dtype == torch.float32, WINDOW=shape.sliding_window or 0, SPLITS=splits,
             MIN_SPLIT_KEYS=MIN_SPLIT_KEYS if splits > 1 else 0, MERGE_IN_KERNEL=merge_in_kernel,
-            RANGES_AT_RUN_TIME=ranges_at_run_time,
             FP16_DOTS=fp16_dots, V_LOAD=value_load, SOFTCAP=shape.logit_softcap or 0.0,
             num_warps=config.num_warps, num_stages=config.num_stages, **launch_args(q),
         )  # fmt: skip

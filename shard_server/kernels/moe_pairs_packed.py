@@ -32,6 +32,10 @@ from .moe_pairs import MAX_PAIRS_PER_EXPERT
 from .pdl import launch_args, wait_for_previous_kernel
 from .w4a16_row import W4A16Row, near_top_applies, row_tile_for, row_times_packed
 
+# Off: served, the random GPTQ Qwen3-30B-A3B decoded 165.1 tok/s at batch 1 through this path
+# against 203.3 through the grouped kernel (H100, bench/results/gpu_moe_qwen3_30b_gptq_pairs_h100.md).
+# `bench/gpu_kernel_profile.py --packed-pairs` turns it on to profile it.
+PACKED_PAIRS = False
 # Many programs each streaming a short slice, as moe_pairs.py's tiles (not tuned on a GPU yet).
 GATE_UP_TILE = W4A16Row(block_n=16, words=16, num_warps=4, num_stages=2, near_top=True)
 DOWN_TILE = W4A16Row(block_n=8, words=16, num_warps=4, num_stages=2, near_top=True)
@@ -44,9 +48,9 @@ def _tiles(gate_up, down) -> tuple[W4A16Row | None, W4A16Row | None]:
 
 
 def packed_pairs_apply(x: torch.Tensor, gate_up, down, topk_ids: torch.Tensor) -> bool:
-    """A batch with no more pairs than a quarter of the experts, float activations, experts whose
-    groups are contiguous."""
-    few = 0 < topk_ids.numel() <= MAX_PAIRS_PER_EXPERT * gate_up.experts
+    """With PACKED_PAIRS: a batch with no more pairs than a quarter of the experts, float
+    activations, experts whose groups are contiguous."""
+    few = PACKED_PAIRS and 0 < topk_ids.numel() <= MAX_PAIRS_PER_EXPERT * gate_up.experts
     return few and x.dim() == 2 and x.dtype in DTYPES and None not in _tiles(gate_up, down)
 
 

@@ -24,9 +24,9 @@ METADATA = {name: "*i32" for name in ("slots_ptr", "tile_seq_ptr", "tile_first_p
                                       "query_lens_ptr", "context_lens_ptr", "block_tables_ptr")}  # fmt: skip
 LLAMA_8B = dict(KV_HEADS=8, GROUP=4, GROUP_P=4, PAGE=16, HEAD_DIM=128, HEAD_DIM_P=128, IEEE=False, WINDOW=0,
                 FP16_DOTS=False, V_LOAD="plain", SOFTCAP=0.0)
-SPLIT = dict(METADATA, out_ptr="*fp32", partial_ml_ptr="*fp32", arrivals_ptr="*i32", ranges_ptr="*i32")
+SPLIT = dict(METADATA, out_ptr="*fp32", partial_ml_ptr="*fp32", arrivals_ptr="*i32")
 # The attention kernel's switches a case leaves out: off, as the shipped launches pass them.
-ATTENTION_SWITCHES = dict(MIN_SPLIT_KEYS=0, MERGE_IN_KERNEL=False, RANGES_AT_RUN_TIME=False)
+ATTENTION_SWITCHES = dict(MIN_SPLIT_KEYS=0, MERGE_IN_KERNEL=False)
 FP8_POOL = {"k_cache_ptr": "*fp8e4nv", "v_cache_ptr": "*fp8e4nv"}  # --kv-cache-dtype fp8_e4m3fn
 SKINNY = dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=256)
 FP8_WEIGHT = {"w_ptr": "*fp8e4nv", "w_scale_ptr": "*fp32"}
@@ -71,10 +71,6 @@ CASES = {
                          dict(LLAMA_8B, BLOCK_Q=4, BLOCK_N=64, SPLITS=1), METADATA),  # fmt: skip
     "split_decode_attention": ("shard_server.attention.triton_kernels", "paged_attention_kernel",
                                dict(LLAMA_8B, BLOCK_Q=4, BLOCK_N=64, SPLITS=16), SPLIT),  # fmt: skip
-    # A mixed graph's decodes, their key ranges read at run time (MIXED_RANGES_AT_RUN_TIME).
-    "split_decode_attention_run_time_ranges": ("shard_server.attention.triton_kernels", "paged_attention_kernel",
-                                               dict(LLAMA_8B, BLOCK_Q=4, BLOCK_N=64, SPLITS=8, RANGES_AT_RUN_TIME=True),
-                                               SPLIT),  # fmt: skip
     "prefill_attention": ("shard_server.attention.triton_kernels", "paged_attention_kernel",
                           dict(LLAMA_8B, BLOCK_Q=32, BLOCK_N=64, SPLITS=1), METADATA),  # fmt: skip
     # Gemma 2's attention logit soft-capping (50.0 in its configs), in decode and prefill tiles.
@@ -240,7 +236,7 @@ def compile_for_hopper(name: str, aligned: bool = False, **options):
 
     module, attribute, constants, pointers = CASES[name]
     kernel = getattr(importlib.import_module(module), attribute)
-    if "RANGES_AT_RUN_TIME" in kernel.arg_names:
+    if "MERGE_IN_KERNEL" in kernel.arg_names:
         constants = {**ATTENTION_SWITCHES, **constants}
     if "PDL" in kernel.arg_names:  # programmatic dependent launch: off unless the case says
         constants = {"PDL": False, **constants}

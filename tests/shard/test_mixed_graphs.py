@@ -84,12 +84,10 @@ def test_fixed_shape_mixed_metadata_equals_unpadded(name, window):
     torch.testing.assert_close(got[:real], expected, atol=1e-4, rtol=0)
 
 
-@pytest.mark.parametrize("splits,run_time", [(1, False), (3, False), (16, True)])  # the bucket's rule: 8
-def test_a_mixed_graph_split_as_a_profile_asks_gives_the_same_attention(splits, run_time, monkeypatch):
+@pytest.mark.parametrize("splits", [1, 3])  # the tiny bucket's shipped rule gives 8
+def test_a_mixed_graph_split_as_a_profile_asks_gives_the_same_attention(splits, monkeypatch):
     """`MIXED_SPLITS` (bench/gpu_kernel_profile.py --mixed-splits): any key-range count for the
-    mixed graphs' small tiles, the same output as the shipped rule's; with
-    `MIXED_RANGES_AT_RUN_TIME` each step writes fewer ranges than the grid's, as a decode graph of
-    its small tiles would take."""
+    mixed graphs' small tiles, the same output as the shipped rule's."""
     from shard_server.attention import triton_paged
 
     specs, tokens, seqs = LAYOUTS["chunk_over_a_cached_prefix"]
@@ -97,18 +95,8 @@ def test_a_mixed_graph_split_as_a_profile_asks_gives_the_same_attention(splits, 
     backend = TritonPagedAttention(AttentionShape(HEADS, KV_HEADS, DIM, DIM**-0.5), dense_min_tokens=None)
     shipped = mixed_metadata(backend, tokens, seqs)
     monkeypatch.setattr(triton_paged, "MIXED_SPLITS", splits)
-    monkeypatch.setattr(triton_paged, "MIXED_RANGES_AT_RUN_TIME", run_time)
-    if run_time:  # a rule that gives this tiny step's two decodes 2 ranges, not the grid's 16
-        monkeypatch.setattr(triton_paged, "SPLIT_TARGET_PROGRAMS", 8)
-        monkeypatch.setattr(triton_paged, "MIN_PROGRAMS", 0)
     asked = mixed_metadata(backend, tokens, seqs)
     assert asked.splits == splits != shipped.splits
-    assert (asked.ranges is not None) == run_time and shipped.ranges is None
-    if run_time:
-        backend.refill(asked, layout)
-        small_tiles = asked.launches[0].tile_seq.cpu().lt(len(specs)).sum().item()
-        want = triton_paged.split_count(small_tiles, KV_HEADS)
-        assert asked.ranges.cpu().tolist() == [want] == [2]
     outputs = []
     for metadata in (shipped, asked):
         backend.refill(metadata, layout)
@@ -421,14 +409,16 @@ def test_warmup_captures_mixed_graphs_and_their_replay_equals_eager_steps(tiny_m
         runner = make_runner(tiny_model_dirs["llama"], "triton", device)
         warmup(runner, 64, 8, PoolSizing(1024, 0.05, graphs))
         if graphs:
-            assert runner.mixed_graphs.buckets == [64] and runner.mixed_graphs.max_seqs == 8
+            assert runner.mixed_graphs.buckets == buckets_for(64) and runner.mixed_graphs.max_seqs == 8
             assert runner.mixed_graphs.pool is runner.graphs.pool  # one shared pool
             original = runner.mixed_graphs.run
             runner.mixed_graphs.run = lambda *args: runs.append(args[0]) or original(*args)
         else:
             assert runner.graphs is None and runner.mixed_graphs is None
         results[graphs] = _staggered(runner, prompts, new_tokens=8, top_n=3)
-    assert runs == [64] * len(prompts)  # every step with a prompt; the decodes took decode graphs
+    # Every step with a prompt (9 + 4b tokens beside b decodes) took the smallest bucket holding
+    # it: 9, 14, 19, 24, 29 tokens; the decode-only steps took decode graphs.
+    assert runs == [16, 16, 32, 32, 32]
     for seq, eager in results[()].items():
         replayed = results[(1, 2, 4, 8)][seq]
         assert [t for t, _, _ in replayed] == [t for t, _, _ in eager]

@@ -147,13 +147,18 @@ def test_the_pairs_kernel_gives_the_reference_loops_output(checkpoints, name, dt
     assert rel(got, reference_experts(x, w13, w2, weights, ids)) < TOLERANCE[dtype], name
 
 
-def test_decode_batches_take_the_pairs_and_act_order_or_more_pairs_the_grouped_kernel(checkpoints, monkeypatch):
+@pytest.mark.parametrize("pairs_on", [False, True])  # off as shipped (measured slower), on for a profile
+def test_decode_batches_take_the_pairs_and_act_order_or_more_pairs_the_grouped_kernel(checkpoints, monkeypatch,
+                                                                                      pairs_on):  # fmt: skip
+    from shard_server.kernels import moe_pairs_packed
     from shard_server.models import moe
 
+    monkeypatch.setattr(moe_pairs_packed, "PACKED_PAIRS", pairs_on)
     taken = []
     monkeypatch.setattr(moe, "packed_pair_experts", lambda *args: taken.append("pairs") or "pairs")
     monkeypatch.setattr(moe, "fused_packed_experts", lambda *args: taken.append("grouped") or "grouped")
-    for name, tokens, want in (("gptq4-g32-asym-v2", 1, "pairs"), ("gptq4-g32-asym-v2", 2, "grouped"),
+    few = "pairs" if pairs_on else "grouped"
+    for name, tokens, want in (("gptq4-g32-asym-v2", 1, few), ("gptq4-g32-asym-v2", 2, "grouped"),
                                ("gptq4-g32-actorder-sym-v1", 1, "grouped")):  # fmt: skip
         block = _blocks(load_rank_model(checkpoints["qwen3_moe", name][0], ParallelContext()))[0]
         x = torch.randn(tokens, block.router.shape[1])
