@@ -20,8 +20,8 @@ prompt `mixed_b{BATCH}_ctx{CONTEXT}_plus_{PROMPT}` (a whole runner step, its rel
 
 `--merge-in-kernel`: split attention merged by each tile's last program, no combine launch
 (`MERGE_SPLITS_IN_KERNEL`). `--mixed-splits N`: every mixed graph's decode tiles in N key ranges
-(`MIXED_SPLITS`; compare `mixed_b*_plus_*` cases with and without). `--packed-pairs`: GPTQ/AWQ
-experts of few-pair decode batches pair by pair (`moe_pairs_packed.PACKED_PAIRS`, off as shipped). `--pdl`: the decoder's Triton kernels launch with programmatic dependent launch
+(`MIXED_SPLITS`; compare `mixed_b*_plus_*` cases with and without). `--no-packed-pairs`: GPTQ/AWQ
+experts of few-pair decode batches on the grouped kernel too (`moe_pairs_packed.PACKED_PAIRS` off). `--pdl`: the decoder's Triton kernels launch with programmatic dependent launch
 (`shard_server/kernels/pdl.py`), graphs captured so; `--pdl-prefetch`: and the skinny matmul
 asks L2 for its weights before it waits. Run with and without to compare step times (kernel
 durations overlap under it: compare `step_ms`).
@@ -280,8 +280,8 @@ def main() -> None:
                         help="split attention merged by each tile's last program (MERGE_SPLITS_IN_KERNEL)")
     parser.add_argument("--mixed-splits", type=int, default=None,
                         help="every mixed graph's small tiles in this many key ranges (MIXED_SPLITS; default: shipped)")
-    parser.add_argument("--packed-pairs", action="store_true",
-                        help="GPTQ/AWQ experts of few-pair decode batches pair by pair (moe_pairs_packed.PACKED_PAIRS)")
+    parser.add_argument("--no-packed-pairs", dest="packed_pairs", action="store_false",
+                        help="GPTQ/AWQ experts always on the grouped kernel (moe_pairs_packed.PACKED_PAIRS off)")
     args = parser.parse_intermixed_args()  # cases may follow the options
     cuda_graphs.PDL_UP_TO_BATCH = args.pdl_up_to  # read when the graphs are captured
     triton_paged.MERGE_SPLITS_IN_KERNEL = args.merge_in_kernel  # read when the backend is built

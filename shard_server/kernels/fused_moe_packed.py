@@ -17,8 +17,9 @@ rounded once.
 
 Tiles: `fused_moe.py`'s table by rows an expert, with the K step cut to the group size where
 groups are smaller (so a tile stays in one group). Not tuned on a GPU yet: a pair alone in its
-16-row tile streamed the experts at ~13 % of the bandwidth (one token, H100). The pair-by-pair
-path meant for that (`moe_pairs_packed.py`) served batch 1 slower still, and is off.
+16-row tile streamed the experts at ~13 % of the bandwidth (one token, H100). A decode batch of
+2+ tokens with few pairs goes pair by pair instead (`moe_pairs_packed.py`); a lone token stays
+here, where it measured slightly faster.
 """
 
 from __future__ import annotations

@@ -32,13 +32,17 @@ from .moe_pairs import MAX_PAIRS_PER_EXPERT
 from .pdl import launch_args, wait_for_previous_kernel
 from .w4a16_row import W4A16Row, near_top_applies, row_tile_for, row_times_packed
 
-# Off: served, the random GPTQ Qwen3-30B-A3B decoded 165.1 tok/s at batch 1 through this path
-# against 203.3 through the grouped kernel (H100, bench/results/gpu_moe_qwen3_30b_gptq_pairs_h100.md).
-# `bench/gpu_kernel_profile.py --packed-pairs` turns it on to profile it.
-PACKED_PAIRS = False
-# Many programs each streaming a short slice, as moe_pairs.py's tiles (not tuned on a GPU yet).
-GATE_UP_TILE = W4A16Row(block_n=16, words=16, num_warps=4, num_stages=2, near_top=True)
-DOWN_TILE = W4A16Row(block_n=8, words=16, num_warps=4, num_stages=2, near_top=True)
+# One MoE layer of random GPTQ Qwen3-30B-A3B experts, replayed from a CUDA graph on an H100
+# (bench/results/moe_pairs_packed_tiles_h100.json, bench/gpu_moe_pairs_packed.py): with the
+# tiles below, 2 tokens 61.5 us against the grouped kernel's 91.3, 4 tokens 71.7 against 140.1;
+# but 1 token 59.6 against 56.9, so a lone token takes the grouped kernel. (With the first,
+# untuned tiles, 76.8 us at one token, the served batch 1 fell from 203 to 165 tok/s,
+# bench/results/gpu_moe_qwen3_30b_gptq_pairs_h100.md.) At one token both are latency-bound,
+# ~6 % of the copy bandwidth. PACKED_PAIRS off: never this path (a profile's A/B).
+PACKED_PAIRS = True
+MIN_TOKENS = 2
+GATE_UP_TILE = W4A16Row(block_n=32, words=16, num_warps=4, num_stages=2, near_top=True)
+DOWN_TILE = W4A16Row(block_n=32, words=16, num_warps=4, num_stages=2, near_top=True)
 
 
 def _tiles(gate_up, down) -> tuple[W4A16Row | None, W4A16Row | None]:
@@ -48,9 +52,10 @@ def _tiles(gate_up, down) -> tuple[W4A16Row | None, W4A16Row | None]:
 
 
 def packed_pairs_apply(x: torch.Tensor, gate_up, down, topk_ids: torch.Tensor) -> bool:
-    """With PACKED_PAIRS: a batch with no more pairs than a quarter of the experts, float
-    activations, experts whose groups are contiguous."""
-    few = PACKED_PAIRS and 0 < topk_ids.numel() <= MAX_PAIRS_PER_EXPERT * gate_up.experts
+    """With PACKED_PAIRS: a batch of MIN_TOKENS or more with no more pairs than a quarter of the
+    experts, float activations, experts whose groups are contiguous."""
+    tokens = topk_ids.shape[0] if topk_ids.dim() == 2 else 0
+    few = PACKED_PAIRS and tokens >= MIN_TOKENS and topk_ids.numel() <= MAX_PAIRS_PER_EXPERT * gate_up.experts
     return few and x.dim() == 2 and x.dtype in DTYPES and None not in _tiles(gate_up, down)
 
 

@@ -22,9 +22,9 @@ data-dependent shapes), or under CUDA-graph capture `dense_experts`, its static-
 (correct but experts/top_k times the work).
 
 GPTQ, AWQ and compressed-tensors pack-quantized experts stay packed (`layers/packed_experts.py`,
-one stack for gate_up and one for down) and run on their own grouped kernel
-(`kernels/fused_moe_packed.py`; pair by pair for a decode batch with few pairs with
-`moe_pairs_packed.PACKED_PAIRS`, off: measured slower); the reference dequantizes each hit expert.
+one stack for gate_up and one for down) and run on their own kernels, pair by pair for a decode
+batch of 2+ tokens with few pairs (`kernels/moe_pairs_packed.py`), else grouped
+(`kernels/fused_moe_packed.py`); the reference dequantizes each hit expert.
 
 fp8 experts carry float32 scales (`kernels/expert_scales.py`): one a row (`--quantize fp8` on a
 bf16/fp16 checkpoint, or a per-channel fp8 checkpoint's), or a block-wise fp8 checkpoint's

@@ -147,9 +147,9 @@ def test_the_pairs_kernel_gives_the_reference_loops_output(checkpoints, name, dt
     assert rel(got, reference_experts(x, w13, w2, weights, ids)) < TOLERANCE[dtype], name
 
 
-@pytest.mark.parametrize("pairs_on", [False, True])  # off as shipped (measured slower), on for a profile
-def test_decode_batches_take_the_pairs_and_act_order_or_more_pairs_the_grouped_kernel(checkpoints, monkeypatch,
-                                                                                      pairs_on):  # fmt: skip
+@pytest.mark.parametrize("pairs_on", [True, False])  # as shipped, and off for a profile's A/B
+def test_decode_batches_take_the_pairs_and_one_token_act_order_or_more_pairs_the_grouped_kernel(checkpoints,
+                                                                                                monkeypatch, pairs_on):  # fmt: skip
     from shard_server.kernels import moe_pairs_packed
     from shard_server.models import moe
 
@@ -158,11 +158,12 @@ def test_decode_batches_take_the_pairs_and_act_order_or_more_pairs_the_grouped_k
     monkeypatch.setattr(moe, "packed_pair_experts", lambda *args: taken.append("pairs") or "pairs")
     monkeypatch.setattr(moe, "fused_packed_experts", lambda *args: taken.append("grouped") or "grouped")
     few = "pairs" if pairs_on else "grouped"
-    for name, tokens, want in (("gptq4-g32-asym-v2", 1, few), ("gptq4-g32-asym-v2", 2, "grouped"),
-                               ("gptq4-g32-actorder-sym-v1", 1, "grouped")):  # fmt: skip
+    # Top 1 of 8 experts: a quarter of them is 2 pairs, 2 tokens.
+    for name, tokens, want in (("gptq4-g32-asym-v2", 2, few), ("gptq4-g32-asym-v2", 1, "grouped"),
+                               ("gptq4-g32-asym-v2", 3, "grouped"), ("gptq4-g32-actorder-sym-v1", 2, "grouped")):  # fmt: skip
         block = _blocks(load_rank_model(checkpoints["qwen3_moe", name][0], ParallelContext()))[0]
         x = torch.randn(tokens, block.router.shape[1])
-        weights, ids = route(torch.randn(tokens, block.w13.experts), 2, True)  # a quarter of 8 experts: 2 pairs
+        weights, ids = route(torch.randn(tokens, block.w13.experts), 1, True)
         with fused_kernels(True, on_cpu=True):
             assert moe.experts_forward(x, block.w13, block.w2, weights, ids) == want, (name, tokens)
 
