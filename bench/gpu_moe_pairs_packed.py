@@ -33,9 +33,9 @@ from shard_server.models.moe import reference_experts, route  # noqa: E402
 EXPERTS, HIDDEN, INTER, TOP_K, GROUP = 128, 2048, 768, 8, 128
 COPIES = 4
 # (block_n, words, warps, stages) of gate_up's tile, then down's; the first pair is shipped.
-CANDIDATES = [((32, 16, 4, 2), (32, 16, 4, 2)), ((16, 16, 4, 2), (32, 16, 4, 2)), ((16, 16, 2, 2), (16, 16, 2, 2)),
-              ((32, 16, 4, 2), (64, 16, 4, 2)), ((32, 16, 4, 3), (16, 16, 4, 3)), ((16, 16, 4, 2), (64, 16, 4, 2)),
-              ((64, 16, 4, 2), (32, 16, 4, 2)), ((16, 8, 2, 3), (32, 8, 2, 3))]  # fmt: skip
+CANDIDATES = [((16, 16, 4, 2), (8, 16, 4, 2)), ((32, 16, 4, 2), (32, 16, 4, 2)), ((64, 16, 4, 2), (64, 16, 4, 2)),
+              ((64, 8, 4, 3), (64, 8, 4, 3)), ((128, 8, 4, 3), (128, 8, 4, 3)), ((128, 16, 8, 2), (128, 16, 8, 2)),
+              ((32, 32, 4, 2), (32, 16, 2, 2)), ((64, 16, 2, 3), (32, 16, 2, 3))]  # fmt: skip
 
 
 def random_experts(depth: int, width: int, generator: torch.Generator) -> PackedExperts:

@@ -1,16 +1,11 @@
 """GPTQ / AWQ / pack-quantized experts of a decode batch, pair by pair: `moe_pairs.py`'s scheme
-on packed weights (`layers/packed_experts.py`), no sort, no padding, three launches.
+on packed weights (`layers/packed_experts.py`), no sort, no padding, two launches.
 
 - gate_up: a program per (pair, slice of intermediate features) runs its token's row through the
   slice's packed gate and up columns of the pair's expert and writes silu(gate) * up;
-- down: a program per (pair, slice of hidden features) runs the pair's activations through its
-  expert's packed down columns, rounded to the model dtype;
-- `fused_moe.weighted_sum` weighs each token's k outputs in float32 in k order (the grouped
-  path's order), rounded once.
-
-Down takes a program per pair, not per token: a program walking its token's k experts in turn
-left one token 64 programs of 48 dependent K steps each, and the layer latency-bound (59.6 us
-at one token of Qwen3-30B-A3B on an H100, ~6 % of the copy bandwidth).
+- down: a program per (token, slice of hidden features) runs the token's k pairs through their
+  experts' packed down columns in turn, each output rounded to the model dtype and weighted in
+  float32 in k order (the grouped path's order), rounded once.
 
 Each product is one activation row against packed words on the CUDA cores
 (`w4a16_row.row_times_packed`: every value taken where it lies in its word, no tensor-core tile
@@ -26,11 +21,13 @@ experts take the grouped kernel.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 import triton
 import triton.language as tl
 
-from .fused_moe import DTYPES, silu_times_up, weighted_sum
+from .fused_moe import DTYPES, silu_times_up
 from .moe_pairs import MAX_PAIRS_PER_EXPERT
 from .pdl import launch_args, wait_for_previous_kernel
 from .w4a16_row import W4A16Row, near_top_applies, row_tile_for, row_times_packed
@@ -63,27 +60,37 @@ def packed_pairs_apply(x: torch.Tensor, gate_up, down, topk_ids: torch.Tensor) -
 
 
 @triton.jit
-def _packed_pairs_kernel(x_ptr, q_ptr, zeros_ptr, scales_ptr, ids_ptr, out_ptr, N, K, GROUPS, group_rows, TOP_K,
-                         x_stride, out_stride, GATE_UP: tl.constexpr, BITS: tl.constexpr, BLOCK_N: tl.constexpr,
-                         WORDS: tl.constexpr, NEAR_TOP: tl.constexpr, ASM: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
-    # Program (pair, features). GATE_UP: x [T, K] (the pair's token's row); the experts' columns
-    # are [gate | up], 2N of them; out [pairs, N] silu(gate) * up. Else x = that [pairs, K];
-    # out [pairs, N], the pair's down output. q [E, K/pack, WIDTH], zeros/scales [E, GROUPS, WIDTH].
+def _packed_pairs_kernel(x_ptr, q_ptr, zeros_ptr, scales_ptr, ids_ptr, weights_ptr, out_ptr, N, K, GROUPS,
+                         group_rows, TOP_K, x_stride, out_stride, GATE_UP: tl.constexpr, BITS: tl.constexpr,
+                         BLOCK_N: tl.constexpr, WORDS: tl.constexpr, NEAR_TOP: tl.constexpr, ASM: tl.constexpr,
+                         PDL: tl.constexpr):  # fmt: skip
+    # GATE_UP: program (pair, features); x [T, K]; the experts' columns are [gate | up], 2N of
+    # them; out [pairs, N]. Else program (token, features); x = that [pairs, K]; out [T, N].
+    # q [E, K/pack, WIDTH], zeros/scales [E, GROUPS, WIDTH].
     WIDTH = 2 * N if GATE_UP else N
-    pair = tl.program_id(0).to(tl.int64)
+    row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < N
     words_each = K // (32 // BITS) * WIDTH
     wait_for_previous_kernel(PDL)  # the routing and gate_up write what comes next
-    q, zeros, scales = _expert(q_ptr, zeros_ptr, scales_ptr, ids_ptr + pair, words_each, GROUPS * WIDTH)
-    x_row = x_ptr + (pair // TOP_K if GATE_UP else pair) * x_stride
-    y = row_times_packed(x_row, q, zeros, scales, cols, col_ok, WIDTH, 0, K, group_rows, BITS, BLOCK_N, WORDS,
-                         NEAR_TOP, ASM)  # fmt: skip
     if GATE_UP:
+        x_row = x_ptr + (row // TOP_K) * x_stride
+        q, zeros, scales = _expert(q_ptr, zeros_ptr, scales_ptr, ids_ptr + row, words_each, GROUPS * WIDTH)
+        gate = row_times_packed(x_row, q, zeros, scales, cols, col_ok, WIDTH, 0, K, group_rows, BITS, BLOCK_N, WORDS,
+                                NEAR_TOP, ASM)  # fmt: skip
         up = row_times_packed(x_row, q, zeros, scales, cols + N, col_ok, WIDTH, 0, K, group_rows, BITS, BLOCK_N, WORDS,
                               NEAR_TOP, ASM)  # fmt: skip
-        y = silu_times_up(y, up, out_ptr)
-    tl.store(out_ptr + pair * out_stride + cols, y.to(out_ptr.dtype.element_ty), mask=col_ok)
+        tl.store(out_ptr + row * out_stride + cols, silu_times_up(gate, up, out_ptr), mask=col_ok)
+    else:
+        dtype = out_ptr.dtype.element_ty
+        acc = tl.zeros((BLOCK_N,), tl.float32)
+        for j in range(TOP_K):
+            pair = row * TOP_K + j
+            q, zeros, scales = _expert(q_ptr, zeros_ptr, scales_ptr, ids_ptr + pair, words_each, GROUPS * WIDTH)
+            y = row_times_packed(x_ptr + pair * x_stride, q, zeros, scales, cols, col_ok, WIDTH, 0, K, group_rows, BITS,
+                                 BLOCK_N, WORDS, NEAR_TOP, ASM)  # fmt: skip
+            acc += y.to(dtype).to(tl.float32) * tl.load(weights_ptr + pair)
+        tl.store(out_ptr + row * out_stride + cols, acc.to(dtype), mask=col_ok)
 
 
 @triton.jit
@@ -93,11 +100,11 @@ def _expert(q_ptr, zeros_ptr, scales_ptr, id_ptr, words_each, group_cells):
     return q_ptr + e * words_each, zeros_ptr + e * group_cells, scales_ptr + e * group_cells
 
 
-def _launch(x, experts, ids, out, features: int, top_k: int, tile: W4A16Row, gate_up: bool):
+def _launch(x, experts, ids, weights, out, rows: int, features: int, top_k: int, tile: W4A16Row, gate_up: bool):
     depth = experts.in_features
     group_step = min(experts.group_rows, depth)
-    _packed_pairs_kernel[(ids.shape[0], triton.cdiv(features, tile.block_n))](
-        x, experts.qweight, experts.zeros, experts.scales, ids, out, features, depth, experts.zeros.shape[1],
+    _packed_pairs_kernel[(rows, triton.cdiv(features, tile.block_n))](
+        x, experts.qweight, experts.zeros, experts.scales, ids, weights, out, features, depth, experts.zeros.shape[1],
         group_step, top_k, x.stride(0), out.stride(0), GATE_UP=gate_up, BITS=experts.bits, BLOCK_N=tile.block_n,
         WORDS=tile.words, NEAR_TOP=near_top_applies(x, experts.bits, tile), ASM=x.is_cuda, num_warps=tile.num_warps,
         num_stages=tile.num_stages, **launch_args(x),
@@ -114,8 +121,9 @@ def packed_pair_experts(x: torch.Tensor, gate_up, down, topk_weights: torch.Tens
     if x.stride(1) != 1:
         x = x.contiguous()
     ids = topk_ids.reshape(-1).contiguous()
+    weights = topk_weights.reshape(-1).float().contiguous()
     act = torch.empty(tokens * top_k, inter, dtype=x.dtype, device=x.device)
-    _launch(x, gate_up, ids, act, inter, top_k, gate_up_tile, True)
-    per_pair = torch.empty(tokens * top_k, hidden, dtype=x.dtype, device=x.device)
-    _launch(act, down, ids, per_pair, hidden, top_k, down_tile, False)
-    return weighted_sum(per_pair, topk_weights.reshape(-1).float().contiguous(), top_k)
+    _launch(x, gate_up, ids, weights, act, tokens * top_k, inter, top_k, replace(gate_up_tile, split_k=1), True)
+    out = torch.empty(tokens, hidden, dtype=x.dtype, device=x.device)
+    _launch(act, down, ids, weights, out, tokens, hidden, top_k, replace(down_tile, split_k=1), False)
+    return out
