@@ -1,8 +1,9 @@
 """The packed MoE pairs path's tiles against the grouped W4A16 kernel, at decode token counts.
 
-Served at batch 1 the pair-by-pair path (`kernels/moe_pairs_packed.py`, off as shipped) was
-slower than the grouped kernel (`kernels/fused_moe_packed.py`): 165 against 203 tok/s on a
-random GPTQ Qwen3-30B-A3B (H100). This times one MoE layer's experts both ways, the pairs path
+Served at batch 1 with its first tiles, the pair-by-pair path (`kernels/moe_pairs_packed.py`)
+was slower than the grouped kernel (`kernels/fused_moe_packed.py`): 165 against 203 tok/s on a
+random GPTQ Qwen3-30B-A3B (H100); this sweep picked its tiles and the token counts it takes
+(bench/results/moe_pairs_packed_tiles_h100.json). It times one MoE layer's experts both ways, the pairs path
 over candidate (gate_up, down) tiles, on random 4-bit experts of the Qwen3-30B-A3B shape (128
 experts, hidden 2048, 768 intermediate rows, groups of 128, top 8, bf16), replayed from a CUDA
 graph over several copies of the experts so no call finds them in L2. Reported per token count:
