@@ -85,8 +85,9 @@ def main() -> None:
     for tokens in (int(t) for t in args.tokens.split(",")):
         results["cases"].append(case(tokens, copies, generator))
         row = results["cases"][-1]
-        print(f"== {tokens} tokens: grouped {row['grouped_us']:.1f} us, best pairs {row['pairs_us'][row['best_pairs']]:.1f}"
-              f" us ({row['best_pairs']}), shipped pairs {list(row['pairs_us'].values())[0]:.1f} us", flush=True)
+        best, shipped = row["pairs_us"][row["best_pairs"]], list(row["pairs_us"].values())[0]
+        print(f"== {tokens} tokens: grouped {row['grouped_us']:.1f} us, best pairs {best:.1f} us ({row['best_pairs']}),"
+              f" shipped pairs {shipped:.1f} us", flush=True)
         args.out.write_text(json.dumps(results, indent=1))
 
 
