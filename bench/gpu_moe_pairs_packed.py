@@ -33,10 +33,18 @@ from shard_server.models.moe import reference_experts, route  # noqa: E402
 
 EXPERTS, HIDDEN, INTER, TOP_K, GROUP = 128, 2048, 768, 8, 128
 COPIES = 4
-# (block_n, words, warps, stages) of gate_up's tile, then down's; the first pair is shipped.
-CANDIDATES = [((16, 16, 4, 2), (8, 16, 4, 2)), ((32, 16, 4, 2), (32, 16, 4, 2)), ((64, 16, 4, 2), (64, 16, 4, 2)),
-              ((64, 8, 4, 3), (64, 8, 4, 3)), ((128, 8, 4, 3), (128, 8, 4, 3)), ((128, 16, 8, 2), (128, 16, 8, 2)),
-              ((32, 32, 4, 2), (32, 16, 2, 2)), ((64, 16, 2, 3), (32, 16, 2, 3))]  # fmt: skip
+
+
+def _fields(tile: W4A16Row) -> tuple[int, int, int, int]:
+    return tile.block_n, tile.words, tile.num_warps, tile.num_stages
+
+
+# (block_n, words, warps, stages) of gate_up's tile, then down's; the shipped pair first.
+SHIPPED = (_fields(moe_pairs_packed.GATE_UP_TILE), _fields(moe_pairs_packed.DOWN_TILE))
+OTHERS = [((16, 16, 4, 2), (8, 16, 4, 2)), ((32, 16, 4, 2), (32, 16, 4, 2)), ((64, 16, 4, 2), (64, 16, 4, 2)),
+          ((64, 8, 4, 3), (64, 8, 4, 3)), ((128, 8, 4, 3), (128, 8, 4, 3)), ((128, 16, 8, 2), (128, 16, 8, 2)),
+          ((32, 32, 4, 2), (32, 16, 2, 2)), ((64, 16, 2, 3), (32, 16, 2, 3))]  # fmt: skip
+CANDIDATES = [SHIPPED] + [c for c in OTHERS if c != SHIPPED]
 
 
 def random_experts(depth: int, width: int, generator: torch.Generator) -> PackedExperts:

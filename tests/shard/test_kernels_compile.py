@@ -187,10 +187,10 @@ CASES = {
                                      dict(PACKED_MOE_POINTERS, a_ptr="*fp16", out_ptr="*fp16")),  # fmt: skip
     # ... and a decode batch's pairs, one row each on the CUDA cores (4 bits near the top, 8 exact).
     "moe_packed_pairs_gate_up": ("shard_server.kernels.moe_pairs_packed", "_packed_pairs_kernel",
-                                 dict(GATE_UP=True, BITS=4, BLOCK_N=16, WORDS=16, NEAR_TOP=True, ASM=True),
+                                 dict(GATE_UP=True, BITS=4, BLOCK_N=32, WORDS=16, NEAR_TOP=True, ASM=True),
                                  dict(PACKED_MOE_POINTERS, ids_ptr="*i64", weights_ptr="*fp32")),  # fmt: skip
     "moe_packed_pairs_down_8bit": ("shard_server.kernels.moe_pairs_packed", "_packed_pairs_kernel",
-                                   dict(GATE_UP=False, BITS=8, BLOCK_N=8, WORDS=16, NEAR_TOP=False, ASM=True),
+                                   dict(GATE_UP=False, BITS=8, BLOCK_N=32, WORDS=16, NEAR_TOP=False, ASM=True),
                                    dict(PACKED_MOE_POINTERS, ids_ptr="*i64", weights_ptr="*fp32")),  # fmt: skip
     "moe_align_sorted": ("shard_server.kernels.moe_align", "_align_sorted_kernel",
                          dict(BLOCK_M=16, EXPERTS_POW2=128, PAIRS_POW2=256, CHUNK=128), ALIGN_POINTERS),
